@@ -1,0 +1,3 @@
+"""Engine adapter: span grammar, injector, evaluator clients and engines."""
+
+__all__: list[str] = []
