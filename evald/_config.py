@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from evaluators_wasm import STANDARD_EVALUATORS
 
@@ -52,6 +52,10 @@ _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _ISOLATION_MODES = ("reuse", "fresh")
+_ALLOCATORS = ("auto", "pooling", "default")
+
+IsolationMode = Literal["reuse", "fresh"]
+AllocatorKind = Literal["auto", "pooling", "default"]
 
 
 class ConfigError(ValueError):
@@ -204,17 +208,23 @@ class HostSettings:
     """The ``[host]`` table: engine-wide settings of the wasm host (``evald._host.HostConfig``).
 
     ``cache_dir`` empty means ``<state_dir>/cache``; ``compile_cache = false`` turns the on-disk
-    compiled-module cache off.
+    compiled-module cache off. ``allocator``, ``pool_instances`` and ``pool_memory_bytes`` tune
+    wasmtime's pooling allocator (used by ``isolation = "fresh"``; a tenant's memory cap cannot
+    exceed ``pool_memory_bytes`` there); ``instances_per_thread`` bounds the reuse cache.
     """
 
     max_wasm_stack_bytes: int = 256 * KIB
     module_bytes: int = 4 * MIB
     epoch_tick_ms: float = 1.0
-    isolation: str = "reuse"
+    isolation: IsolationMode = "reuse"
     compile_cache: bool = True
     cache_dir: str = ""
-    load_fuel: int = 1_000_000_000
+    load_fuel: int = 50_000_000
     load_deadline_ms: int = 2000
+    allocator: AllocatorKind = "auto"
+    pool_instances: int = 256
+    pool_memory_bytes: int = 256 * MIB
+    instances_per_thread: int = 64
 
 
 @dataclass(frozen=True)
@@ -412,11 +422,23 @@ def _host(table: _Table) -> HostSettings:
         ),
         module_bytes=table.get_size("module_bytes", base.module_bytes, minimum=8),
         epoch_tick_ms=table.get_float("epoch_tick_ms", base.epoch_tick_ms, minimum=0.1),
-        isolation=table.get_str("isolation", base.isolation, choices=_ISOLATION_MODES),
+        isolation=cast(
+            IsolationMode, table.get_str("isolation", base.isolation, choices=_ISOLATION_MODES)
+        ),
         compile_cache=table.get_bool("compile_cache", base.compile_cache),
         cache_dir=table.get_str("cache_dir", base.cache_dir),
         load_fuel=table.get_int("load_fuel", base.load_fuel),
         load_deadline_ms=table.get_int("load_deadline_ms", base.load_deadline_ms, minimum=1),
+        allocator=cast(
+            AllocatorKind, table.get_str("allocator", base.allocator, choices=_ALLOCATORS)
+        ),
+        pool_instances=table.get_int("pool_instances", base.pool_instances, minimum=1),
+        pool_memory_bytes=table.get_size(
+            "pool_memory_bytes", base.pool_memory_bytes, minimum=64 * KIB
+        ),
+        instances_per_thread=table.get_int(
+            "instances_per_thread", base.instances_per_thread, minimum=1
+        ),
     )
     table.finish()
     return settings

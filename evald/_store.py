@@ -62,8 +62,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _describe(exc: OSError) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return f"{exc.strerror} (free space on the daemon's state folder or lower its usage)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{exc.strerror} (free space in the daemon's state folder)"
+    if exc.errno == errno.EFBIG:
+        return f"{exc.strerror} (the daemon's file size limit, `ulimit -f`, is too low)"
     return exc.strerror or str(exc)
 
 
