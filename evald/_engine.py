@@ -1,0 +1,123 @@
+"""The wasmtime engine the host runs guests in, and the thread that drives its epoch.
+
+One configuration decides what a guest may use and how it is stopped:
+
+* ``consume_fuel``: every instruction costs fuel; a store runs out -> ``OUT_OF_FUEL`` trap.
+* ``epoch_interruption``: compiled code checks the engine epoch at loop heads and function
+  entries; :class:`EpochTicker` increments it every ``epoch_tick_ms`` from a Python thread
+  (guest calls release the GIL, so it runs during them). Every store must get a deadline
+  before each call: an unset one traps at once.
+* ``max_wasm_stack``: the recursion cap (``STACK_OVERFLOW`` trap).
+* Proposals a pure evaluator has no use for (threads, GC, exceptions, memory64, multiple
+  memories, tail calls, the component model, …) are off: less attack surface, and a smaller
+  instruction set for :mod:`evald._instrument` to read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import threading
+import time
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from evald._instrument import INSTRUMENTATION_VERSION
+from evald._limits import HostConfig
+
+__all__ = ["EpochTicker", "engine_fingerprint", "make_engine_config", "wasmtime_version"]
+
+_DISABLED_PROPOSALS = (
+    "wasm_threads", "wasm_gc", "wasm_function_references", "wasm_exceptions", "wasm_memory64",
+    "wasm_multi_memory", "wasm_component_model", "wasm_stack_switching", "wasm_relaxed_simd",
+    "wasm_tail_call", "wasm_custom_page_sizes", "wasm_wide_arithmetic",
+)
+
+
+def wasmtime_version() -> str:
+    """The installed wasmtime-py version (compiled modules are only valid for the same one)."""
+    return importlib.metadata.version("wasmtime")
+
+
+def _settings(config: HostConfig, pooling: bool) -> dict[str, object]:
+    return {
+        "consume_fuel": True,
+        "epoch_interruption": True,
+        "max_wasm_stack": config.max_wasm_stack_bytes,
+        "disabled": list(_DISABLED_PROPOSALS),
+        "pooling": pooling,
+        "pool_instances": config.pool_instances if pooling else None,
+        "pool_memory_bytes": config.pool_memory_bytes if pooling else None,
+    }
+
+
+def make_engine_config(config: HostConfig, *, pooling: bool) -> wasmtime.Config:
+    """A fresh ``wasmtime.Config`` for ``config`` (an engine consumes it)."""
+    engine_config = wasmtime.Config()
+    engine_config.consume_fuel = True
+    engine_config.epoch_interruption = True
+    engine_config.max_wasm_stack = config.max_wasm_stack_bytes
+    for proposal in _DISABLED_PROPOSALS:
+        setattr(engine_config, proposal, False)
+    if pooling:
+        pool = ffi.wasmtime_pooling_allocation_config_new()
+        try:
+            slots = config.pool_instances
+            ffi.wasmtime_pooling_allocation_config_total_core_instances_set(pool, slots)
+            ffi.wasmtime_pooling_allocation_config_total_memories_set(pool, slots)
+            ffi.wasmtime_pooling_allocation_config_total_tables_set(pool, slots)
+            ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, 0)
+            ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, 0)
+            ffi.wasmtime_pooling_allocation_config_total_gc_heaps_set(pool, 0)
+            ffi.wasmtime_pooling_allocation_config_max_memory_size_set(
+                pool, config.pool_memory_bytes)
+            ffi.wasmtime_pooling_allocation_config_max_memories_per_module_set(pool, 1)
+            ffi.wasmtime_pooling_allocation_strategy_set(engine_config.ptr(), pool)
+        finally:
+            ffi.wasmtime_pooling_allocation_config_delete(pool)
+    return engine_config
+
+
+def engine_fingerprint(config: HostConfig, *, pooling: bool) -> str:
+    """A short hash of everything that makes a compiled module valid for an engine."""
+    key = {
+        "wasmtime": wasmtime_version(),
+        "machine": platform.machine(),
+        "instrumentation": INSTRUMENTATION_VERSION,
+        **_settings(config, pooling),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class EpochTicker:
+    """Increments an engine's epoch every ``tick_ms`` of wall-clock time.
+
+    Sleeping threads wake late on a busy machine; the ticker catches up (several increments at
+    once) so that N ticks stay close to N x ``tick_ms`` and deadlines stay in wall-clock time.
+    """
+
+    def __init__(self, engine: wasmtime.Engine, tick_ms: float) -> None:
+        self._engine = engine
+        self._tick_s = tick_ms / 1000.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="evald-epoch-ticker",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        done = 0
+        while not self._stop.wait(self._tick_s):
+            due = int((time.monotonic() - start) / self._tick_s)
+            for _ in range(min(due - done, 10_000)):
+                self._engine.increment_epoch()
+            done = due
+
+    def stop(self) -> None:
+        """Stops the thread and waits for it (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)

@@ -1,0 +1,100 @@
+"""Compiled modules on disk, so a restart deserializes (≈0.1 ms) instead of compiling (≈20 ms).
+
+A file is named ``<module sha256>-<engine fingerprint>.cwasm`` (the fingerprint covers the
+wasmtime version, the engine settings and the host's rewrite of the module) and holds a
+32-byte SHA-256 of the serialized module followed by the module. The digest is checked before
+wasmtime sees the bytes: ``Module.deserialize`` trusts its input (it is native code), so a
+truncated or damaged file must never reach it. A file that fails the check or does not
+deserialize is deleted and the module is compiled again. Writes go to a temporary file in the
+same directory and are renamed into place, so readers see either nothing or a whole file.
+
+The directory must be writable only by the daemon: anyone who can write a valid file there can
+run native code in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import wasmtime
+
+__all__ = ["ModuleCache"]
+
+_log = logging.getLogger("evald.host")
+_DIGEST_BYTES = 32
+
+
+class ModuleCache:
+    """Compile-or-load for one engine; thread-safe (files are written atomically)."""
+
+    def __init__(self, directory: Path | None, engine: wasmtime.Engine, fingerprint: str) -> None:
+        self.directory = directory
+        self._engine = engine
+        self._fingerprint = fingerprint
+        self.hits = 0
+        self.misses = 0
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def path_for(self, sha256: str) -> Path | None:
+        """Where the compiled form of the module with this hash lives (None: no disk cache)."""
+        if self.directory is None:
+            return None
+        return self.directory / f"{sha256}-{self._fingerprint}.cwasm"
+
+    def load(self, sha256: str, compile_module: Callable[[], wasmtime.Module]
+             ) -> tuple[wasmtime.Module, bool]:
+        """Returns (module, True) from the cache, or (compile_module(), False) and stores it."""
+        path = self.path_for(sha256)
+        if path is not None:
+            module = self._read(path)
+            if module is not None:
+                self.hits += 1
+                return module, True
+        self.misses += 1
+        module = compile_module()
+        if path is not None:
+            self._write(path, module)
+        return module, False
+
+    def _read(self, path: Path) -> wasmtime.Module | None:
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            _log.warning("cannot read compiled module %s: %s", path, exc)
+            return None
+        digest, payload = blob[:_DIGEST_BYTES], blob[_DIGEST_BYTES:]
+        if len(digest) == _DIGEST_BYTES and hashlib.sha256(payload).digest() == digest:
+            try:
+                return wasmtime.Module.deserialize(self._engine, payload)
+            except wasmtime.WasmtimeError as exc:
+                _log.warning("compiled module %s does not load (%s); recompiling", path, exc)
+        else:
+            _log.warning("compiled module %s is damaged (checksum mismatch); recompiling", path)
+        path.unlink(missing_ok=True)
+        return None
+
+    def _write(self, path: Path, module: wasmtime.Module) -> None:
+        try:
+            payload = bytes(module.serialize())
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".cwasm", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(hashlib.sha256(payload).digest())
+                    out.write(payload)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except (OSError, wasmtime.WasmtimeError) as exc:
+            # the cache is an optimisation: a full disk must not fail a registration
+            _log.warning("cannot write compiled module %s: %s", path, exc)
