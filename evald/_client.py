@@ -106,7 +106,7 @@ class Client:
             self._channel = grpc.secure_channel(self.target, credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(self.target, options=options)
-        self._stub = pb_grpc.EvaluatorStub(self._channel)
+        self._stub = pb_grpc.EvaluatorStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __enter__(self) -> Client:

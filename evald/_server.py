@@ -1,0 +1,891 @@
+"""The evald daemon: ``evald.v1.Evaluator`` over gRPC (``grpc.aio``), plus health and reflection.
+
+Threading: the event loop only parses requests, authenticates, resolves evaluators, admits work
+against quotas and sends responses. Guest code always runs on a pool of worker threads (a ctypes
+call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's slow
+evaluation never delays the loop. A batch is drained by at most ``threads`` jobs that pull items
+from a shared queue in time slices, so a large batch costs a handful of thread hand-offs rather
+than one per item, and yields the workers back to other calls between slices.
+Registration and deletion (compiling, fsync) run on a separate single control thread, so they
+never take a worker from evaluations.
+
+Errors: a failed evaluation is data (``EvaluateResponse.error``); a failed call (authentication,
+a malformed request, a refused registration) is a gRPC status plus the trailing metadata
+``evald-error-code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import logging
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from evald._config import Config, TenantConfig, TenantLimits
+from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
+from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
+from evald._logging import configure_logging
+from evald._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
+from evald._registry import Evaluator, Registry
+from evald._store import ModuleStore
+from evald.v1 import evald_pb2 as pb
+from evald.v1 import evald_pb2_grpc as pb_grpc
+from evaluators_wasm import STANDARD_EVALUATORS, wasm_path
+
+__all__ = ["SERVICE_NAME", "EvaldServer", "serve"]
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Evaluator"].full_name
+
+_log = logging.getLogger("evald.server")
+_T = TypeVar("_T")
+
+#: A batch job returns its worker to the pool after this long, so other calls interleave.
+_SLICE_S = 0.002
+#: Longest unix socket path the kernel accepts (sun_path is 108 bytes with the NUL).
+_MAX_UNIX_PATH = 107
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def _host_limits(limits: TenantLimits) -> Limits:
+    return Limits(
+        fuel=limits.fuel,
+        memory_bytes=limits.memory_bytes,
+        deadline_ms=limits.deadline_ms,
+        input_bytes=limits.input_bytes,
+        output_bytes=limits.output_bytes,
+    )
+
+
+class _TenantState:
+    """A tenant's live state: its config, host limits and quota counters (thread-safe)."""
+
+    def __init__(self, config: TenantConfig, metrics: Metrics) -> None:
+        self.config = config
+        self.name = config.name
+        self.limits = _host_limits(config.limits)
+        self._metrics_inflight = metrics.inflight.labels(config.name)
+        self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._rate = config.limits.rate_per_s
+        self._burst = float(config.limits.effective_burst)
+        self._tokens = self._burst
+        self._refilled = time.monotonic()
+
+    def limits_for(self, requested_deadline_ms: int) -> Limits:
+        """Host limits with deadline ``min(requested or tenant limit, tenant limit)``."""
+        ceiling = self.config.limits.deadline_ms
+        deadline_ms = min(requested_deadline_ms, ceiling) if requested_deadline_ms else ceiling
+        limits = self._by_deadline.get(deadline_ms)
+        if limits is None:
+            limits = dataclasses.replace(self.limits, deadline_ms=deadline_ms)
+            self._by_deadline[deadline_ms] = limits
+        return limits
+
+    def admit(self) -> str | None:
+        """Admits one evaluation, or returns why it is refused (a ``quota_exceeded`` message)."""
+        limits = self.config.limits
+        with self._lock:
+            if self._inflight >= limits.max_concurrency:
+                return (
+                    f"tenant {self.name!r} already has {self._inflight} evaluations in flight, "
+                    f"its max_concurrency; retry when some finish"
+                )
+            if self._rate > 0:
+                now = time.monotonic()
+                self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+                self._refilled = now
+                if self._tokens < 1.0:
+                    return (
+                        f"tenant {self.name!r} exceeded its rate of {self._rate:g} evaluations/s "
+                        f"(burst {self._burst:g}); retry later"
+                    )
+                self._tokens -= 1.0
+            self._inflight += 1
+        self._metrics_inflight.inc()
+        return None
+
+    def release(self) -> None:
+        """Ends one admitted evaluation (called once per admission, from any thread)."""
+        with self._lock:
+            self._inflight -= 1
+        self._metrics_inflight.dec()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """One admitted evaluation waiting for a worker."""
+
+    index: int
+    request_id: str
+    evaluator: Evaluator
+    data: bytes
+    limits: Limits
+    tenant: _TenantState
+
+
+_Deliver = Callable[[_Work, pb.EvaluateResponse], None]
+
+
+class _Sink:
+    """Where a stream's workers drop finished results; wakes the sender once per burst."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._results: list[pb.EvaluateResponse] = []
+        self.event = asyncio.Event()
+        self.outstanding = 0
+
+    def put_threadsafe(self, _work: _Work, response: pb.EvaluateResponse) -> None:
+        with self._lock:
+            self._results.append(response)
+            first = len(self._results) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                self._loop.call_soon_threadsafe(self.event.set)
+
+    def put_local(self, responses: Iterable[pb.EvaluateResponse]) -> None:
+        with self._lock:
+            self._results.extend(responses)
+        self.event.set()
+
+    def take(self) -> list[pb.EvaluateResponse]:
+        with self._lock:
+            results, self._results = self._results, []
+        return results
+
+
+#: evald's codes as the protobuf enum (the stubs type the field as ``pb.ErrorCode``).
+_PROTO_CODES: dict[ErrorCode, pb.ErrorCode] = {
+    code: cast("pb.ErrorCode", code.proto_value) for code in ErrorCode
+}
+
+
+def _error_response(request_id: str, code: ErrorCode, message: str) -> pb.EvaluateResponse:
+    return pb.EvaluateResponse(
+        id=request_id, error=pb.Error(code=_PROTO_CODES[code], message=message)
+    )
+
+
+def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
+    manifest = evaluator.module.manifest
+    return pb.EvaluatorInfo(
+        name=evaluator.name,
+        version=str(manifest.version),
+        tag=str(manifest.tag),
+        input_grammar=str(manifest.input_grammar),
+        result_regex=str(manifest.result_regex),
+        semantics_version=str(manifest.semantics_version),
+        description=str(manifest.description),
+        owner=evaluator.owner,
+        sha256=str(evaluator.module.sha256),
+    )
+
+
+class _CallFailed(Exception):
+    """Carries a call-level error out of a handler to the one place that aborts the call."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Service(pb_grpc.EvaluatorServicer):
+    """``evald.v1.Evaluator``: authenticates every call, then evaluates on worker threads."""
+
+    def __init__(self, daemon: EvaldServer) -> None:
+        self._daemon = daemon
+
+    # Plumbing -------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        context: Any,
+        body: Callable[[_TenantState], Awaitable[_T]],
+    ) -> _T:
+        daemon = self._daemon
+        tenant_label = "unauthenticated"
+        code = "ok"
+        failure: _CallFailed | None = None
+        try:
+            tenant = daemon.authenticate(context)
+            tenant_label = tenant.name
+            return await body(tenant)
+        except EvaldError as exc:
+            failure = _CallFailed(exc.code, exc.message)
+        except asyncio.CancelledError:
+            code = "cancelled"
+            raise
+        except Exception:
+            _log.exception("call failed", extra={"fields": {"method": method}})
+            failure = _CallFailed(ErrorCode.INTERNAL, "internal error in the daemon (see its log)")
+        finally:
+            if failure is not None:
+                code = failure.code.value
+            daemon.metrics.observe_rpc(method, tenant_label, code)
+        assert failure is not None
+        await context.abort(
+            failure.code.grpc_status,
+            failure.message,
+            trailing_metadata=((ERROR_CODE_METADATA_KEY, failure.code.value),),
+        )
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    # RPCs -----------------------------------------------------------------------------------
+
+    async def Evaluate(self, request: pb.EvaluateRequest, context: Any) -> pb.EvaluateResponse:
+        async def body(tenant: _TenantState) -> pb.EvaluateResponse:
+            prepared = self._daemon.prepare(tenant, request, 0)
+            if isinstance(prepared, pb.EvaluateResponse):
+                return prepared
+            loop = asyncio.get_running_loop()
+            try:
+                return await loop.run_in_executor(self._daemon.pool, self._daemon.run, prepared)
+            except RuntimeError:  # the pool is shut down: the daemon is stopping
+                raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down") from None
+
+        return await self._call("Evaluate", context, body)
+
+    async def EvaluateBatch(
+        self, request: pb.EvaluateBatchRequest, context: Any
+    ) -> pb.EvaluateBatchResponse:
+        async def body(tenant: _TenantState) -> pb.EvaluateBatchResponse:
+            daemon = self._daemon
+            daemon.check_batch_size(len(request.items))
+            results: list[pb.EvaluateResponse | None] = [None] * len(request.items)
+            queue: collections.deque[_Work] = collections.deque()
+            for index, item in enumerate(request.items):
+                prepared = daemon.prepare(tenant, item, index)
+                if isinstance(prepared, pb.EvaluateResponse):
+                    results[index] = prepared
+                else:
+                    queue.append(prepared)
+
+            def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+                results[work.index] = response
+
+            await daemon.drain(queue, deliver)
+            return pb.EvaluateBatchResponse(results=cast("list[pb.EvaluateResponse]", results))
+
+        return await self._call("EvaluateBatch", context, body)
+
+    async def EvaluateStream(
+        self, request_iterator: AsyncIterator[pb.EvaluateBatchRequest], context: Any
+    ) -> AsyncIterator[pb.EvaluateBatchResponse]:
+        daemon = self._daemon
+        method = "EvaluateStream"
+        try:
+            tenant = daemon.authenticate(context)
+        except EvaldError as exc:
+            daemon.metrics.observe_rpc(method, "unauthenticated", exc.code.value)
+            await context.abort(
+                exc.code.grpc_status,
+                exc.message,
+                trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
+            )
+            return
+        loop = asyncio.get_running_loop()
+        sink = _Sink(loop)
+        drains: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            async for message in request_iterator:
+                daemon.check_batch_size(len(message.items))
+                queue: collections.deque[_Work] = collections.deque()
+                refused: list[pb.EvaluateResponse] = []
+                for index, item in enumerate(message.items):
+                    prepared = daemon.prepare(tenant, item, index)
+                    if isinstance(prepared, pb.EvaluateResponse):
+                        refused.append(prepared)
+                    else:
+                        queue.append(prepared)
+                sink.outstanding += len(message.items)
+                if refused:
+                    sink.put_local(refused)
+                if queue:
+                    task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
+                    drains.add(task)
+                    task.add_done_callback(drains.discard)
+
+        reader = loop.create_task(read())
+        reader.add_done_callback(lambda _task: sink.event.set())
+        daemon.register_sink(sink)
+        code = "ok"
+        try:
+            while True:
+                await sink.event.wait()
+                sink.event.clear()
+                results = sink.take()
+                if results:
+                    sink.outstanding -= len(results)
+                    yield pb.EvaluateBatchResponse(results=results)
+                if daemon.stopping and not reader.done():
+                    reader.cancel()
+                if reader.done() and sink.outstanding <= 0:
+                    break
+            failure: EvaldError | None = None
+            if not reader.cancelled() and reader.exception() is not None:
+                error = reader.exception()
+                if isinstance(error, EvaldError):
+                    failure = error
+                else:
+                    _log.error("stream reader failed", exc_info=error)
+                    failure = EvaldError(ErrorCode.INTERNAL, "internal error in the daemon")
+            elif daemon.stopping:
+                failure = EvaldError(
+                    ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
+                )
+            if failure is not None:
+                code = failure.code.value
+                await context.abort(
+                    failure.code.grpc_status,
+                    failure.message,
+                    trailing_metadata=((ERROR_CODE_METADATA_KEY, failure.code.value),),
+                )
+        except asyncio.CancelledError:
+            code = "cancelled"
+            raise
+        finally:
+            daemon.unregister_sink(sink)
+            reader.cancel()
+            for task in list(drains):
+                task.cancel()
+            daemon.metrics.observe_rpc(method, tenant.name, code)
+
+    async def ListEvaluators(
+        self, request: pb.ListEvaluatorsRequest, context: Any
+    ) -> pb.ListEvaluatorsResponse:
+        async def body(tenant: _TenantState) -> pb.ListEvaluatorsResponse:
+            evaluators = self._daemon.registry.visible(tenant.name)
+            return pb.ListEvaluatorsResponse(evaluators=[_evaluator_info(ev) for ev in evaluators])
+
+        return await self._call("ListEvaluators", context, body)
+
+    async def RegisterEvaluator(
+        self, request: pb.RegisterEvaluatorRequest, context: Any
+    ) -> pb.RegisterEvaluatorResponse:
+        async def body(tenant: _TenantState) -> pb.RegisterEvaluatorResponse:
+            daemon = self._daemon
+            if not tenant.config.allow_register:
+                raise EvaldError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"tenant {tenant.name!r} may not register evaluators "
+                    "(set allow_register = true for it in the daemon config)",
+                )
+            wasm = bytes(request.module)
+            evaluator = await daemon.control(
+                daemon.registry.register, tenant.config, wasm, tenant.limits, request.replace
+            )
+            daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
+            _log.info(
+                "registered evaluator",
+                extra={
+                    "fields": {
+                        "tenant": tenant.name,
+                        "evaluator": evaluator.name,
+                        "sha256": evaluator.module.sha256,
+                        "bytes": len(wasm),
+                        "replace": request.replace,
+                    }
+                },
+            )
+            return pb.RegisterEvaluatorResponse(evaluator=_evaluator_info(evaluator))
+
+        return await self._call("RegisterEvaluator", context, body)
+
+    async def DeleteEvaluator(
+        self, request: pb.DeleteEvaluatorRequest, context: Any
+    ) -> pb.DeleteEvaluatorResponse:
+        async def body(tenant: _TenantState) -> pb.DeleteEvaluatorResponse:
+            daemon = self._daemon
+            evaluator = await daemon.control(daemon.registry.delete, tenant.config, request.name)
+            daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
+            _log.info(
+                "deleted evaluator",
+                extra={"fields": {"tenant": tenant.name, "evaluator": evaluator.name}},
+            )
+            return pb.DeleteEvaluatorResponse()
+
+        return await self._call("DeleteEvaluator", context, body)
+
+
+def _check_unix_socket(path: Path) -> None:
+    """Refuses to take over a socket a live daemon serves; removes a stale one (after kill -9)."""
+    if len(str(path).encode()) > _MAX_UNIX_PATH:
+        raise EvaldError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"unix socket path is {len(str(path).encode())} bytes, over the kernel's limit of "
+            f"{_MAX_UNIX_PATH}: {path}",
+        )
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise EvaldError(
+            ErrorCode.INVALID_ARGUMENT, f"{path} exists and is not a socket; refusing to replace it"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)  # nobody listens: left over from a daemon that died
+        return
+    finally:
+        probe.close()
+    raise EvaldError(
+        ErrorCode.UNAVAILABLE,
+        f"another daemon is already serving on {path}; stop it or pass a different --listen",
+    )
+
+
+class EvaldServer:
+    """The daemon: state, host, registry and the gRPC server. Use from one event loop.
+
+    ``await start()`` loads every evaluator and starts listening; ``await stop()`` drains
+    in-flight calls (at most ``shutdown_grace_s``) and releases everything.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        settings = config.server
+        self.listen = settings.resolved_listen
+        self.state_dir = settings.resolved_state_dir
+        self.threads = settings.resolved_threads
+        self.metrics = Metrics()
+        self.metrics_port: int | None = None
+        self.stopping = False
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="evald-guest")
+        self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
+        self._sinks: set[_Sink] = set()
+        self._store: ModuleStore | None = None
+        self._host: WasmHost | None = None
+        self._registry: Registry | None = None
+        self._server: Any = None
+        self._health: Any = None
+        self._socket_path: Path | None = None
+        self._tenants = {
+            tenant.name: _TenantState(tenant, self.metrics) for tenant in config.tenants
+        }
+        self._tokened = [
+            (bytes.fromhex(state.config.token_sha256), state)
+            for state in self._tenants.values()
+            if not state.config.tokenless
+        ]
+        self._tokenless = next(
+            (state for state in self._tenants.values() if state.config.tokenless), None
+        )
+
+    # Accessors used by the service ----------------------------------------------------------
+
+    @property
+    def registry(self) -> Registry:
+        assert self._registry is not None, "EvaldServer.start() has not run"
+        return self._registry
+
+    @property
+    def host(self) -> WasmHost:
+        assert self._host is not None, "EvaldServer.start() has not run"
+        return self._host
+
+    def register_sink(self, sink: _Sink) -> None:
+        self._sinks.add(sink)
+
+    def unregister_sink(self, sink: _Sink) -> None:
+        self._sinks.discard(sink)
+
+    def authenticate(self, context: Any) -> _TenantState:
+        """The tenant a call belongs to.
+
+        A bearer token is hashed and compared in constant time with every tenant's hash; a call
+        without one is the tokenless tenant's only when it arrives over the unix socket.
+
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix.
+        """
+        authorization: str | None = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                authorization = value if isinstance(value, str) else value.decode("latin-1")
+                break
+        if authorization is None:
+            if self._tokenless is not None and str(context.peer()).startswith("unix:"):
+                return self._tokenless
+            where = "this unix socket" if self._socket_path else "TCP"
+            raise EvaldError(
+                ErrorCode.PERMISSION_DENIED,
+                f"no token: calls over {where} need `authorization: Bearer TOKEN` metadata "
+                "(evald call --token, or $EVALD_TOKEN)",
+            )
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise EvaldError(
+                ErrorCode.PERMISSION_DENIED,
+                "malformed authorization metadata: expected `Bearer TOKEN`",
+            )
+        digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
+        found: _TenantState | None = None
+        for expected, state in self._tokened:
+            if hmac.compare_digest(digest, expected):
+                found = state
+        if found is None:
+            raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token matches no tenant")
+        return found
+
+    def check_batch_size(self, items: int) -> None:
+        limit = self.config.server.max_batch_items
+        if items > limit:
+            raise EvaldError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"a batch carries {items} items, over the daemon's max_batch_items of {limit}; "
+                "split it",
+            )
+
+    def prepare(
+        self, tenant: _TenantState, request: pb.EvaluateRequest, index: int
+    ) -> _Work | pb.EvaluateResponse:
+        """Resolves and admits one evaluation, or answers it at once with the refusal."""
+        try:
+            evaluator = self.registry.resolve(tenant.name, request.evaluator)
+        except EvaldError as exc:
+            self.metrics.observe_evaluation(
+                tenant.name, UNKNOWN_EVALUATOR_LABEL, exc.code.value, 0, 0
+            )
+            return _error_response(request.id, exc.code, exc.message)
+        refusal = tenant.admit()
+        if refusal is not None:
+            self.metrics.observe_evaluation(
+                tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
+            )
+            return _error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
+        return _Work(
+            index=index,
+            request_id=request.id,
+            evaluator=evaluator,
+            data=request.input,
+            limits=tenant.limits_for(request.deadline_ms),
+            tenant=tenant,
+        )
+
+    def run(self, work: _Work) -> pb.EvaluateResponse:
+        """Runs one admitted evaluation on the calling (worker) thread; never raises."""
+        outcome: EvalOutcome | None = None
+        try:
+            outcome = self.host.evaluate(
+                work.evaluator.module, work.data, work.limits, pool_key=work.tenant.name
+            )
+        except Exception:
+            _log.exception(
+                "host failed",
+                extra={"fields": {"tenant": work.tenant.name, "evaluator": work.evaluator.name}},
+            )
+        finally:
+            work.tenant.release()
+        if outcome is None:
+            response = _error_response(
+                work.request_id, ErrorCode.INTERNAL, "internal error in the wasm host (see log)"
+            )
+            self.metrics.observe_evaluation(
+                work.tenant.name, work.evaluator.name, ErrorCode.INTERNAL.value, 0, 0
+            )
+            return response
+        response = pb.EvaluateResponse(
+            id=work.request_id,
+            fuel_used=outcome.fuel_used,
+            eval_time_us=outcome.elapsed_us,
+            semantics_version=work.evaluator.semantics_version,
+        )
+        if outcome.error is None and outcome.value is not None:
+            response.value = outcome.value
+            label = "ok"
+        else:
+            code = outcome.error or ErrorCode.INTERNAL
+            response.error.code = _PROTO_CODES[code]
+            response.error.message = outcome.message
+            label = code.value
+        self.metrics.observe_evaluation(
+            work.tenant.name, work.evaluator.name, label, outcome.elapsed_us, outcome.fuel_used
+        )
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "evaluated",
+                extra={
+                    "fields": {
+                        "tenant": work.tenant.name,
+                        "evaluator": work.evaluator.name,
+                        "outcome": label,
+                        "elapsed_us": outcome.elapsed_us,
+                        "fuel_used": outcome.fuel_used,
+                    }
+                },
+            )
+        return response
+
+    def _run_slice(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
+        end = time.monotonic() + _SLICE_S
+        while True:
+            try:
+                work = queue.popleft()
+            except IndexError:
+                return
+            deliver(work, self.run(work))
+            if time.monotonic() >= end:
+                return
+
+    async def drain(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
+        """Runs every queued evaluation on the workers; ``deliver`` is called on a worker thread
+        as each finishes. Items never started (the call was cancelled) release their quota."""
+        loop = asyncio.get_running_loop()
+        try:
+            while queue:
+                jobs = min(self.threads, len(queue))
+                await asyncio.gather(
+                    *(
+                        loop.run_in_executor(self.pool, self._run_slice, queue, deliver)
+                        for _ in range(jobs)
+                    )
+                )
+        except RuntimeError:  # the pool is shut down: answer what is left
+            pass
+        finally:
+            while queue:
+                try:
+                    work = queue.popleft()
+                except IndexError:
+                    break
+                work.tenant.release()
+                deliver(
+                    work,
+                    _error_response(
+                        work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
+                    ),
+                )
+
+    async def control(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Runs a control-plane operation on the control thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._control_pool, function, *args)
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    def _host_config(self) -> HostConfig:
+        host = self.config.host
+        cache_dir: Path | None = None
+        if host.compile_cache:
+            configured = Path(host.cache_dir).expanduser() if host.cache_dir else None
+            cache_dir = configured or self.state_dir / "cache"
+        return HostConfig(
+            max_wasm_stack_bytes=host.max_wasm_stack_bytes,
+            module_bytes=host.module_bytes,
+            epoch_tick_ms=host.epoch_tick_ms,
+            isolation=host.isolation,
+            cache_dir=cache_dir,
+            load_fuel=host.load_fuel,
+            load_deadline_ms=host.load_deadline_ms,
+            allocator=host.allocator,
+            pool_instances=host.pool_instances,
+            pool_memory_bytes=host.pool_memory_bytes,
+            instances_per_thread=host.instances_per_thread,
+        )
+
+    def _load(self) -> None:
+        """Blocking start-up work: lock the store, start the host, load every evaluator."""
+        store = ModuleStore(self.state_dir)
+        store.lock()
+        self._store = store
+        self._host = WasmHost(self._host_config())
+        registry = Registry(self._host, store, self.config.tenants)
+        standard = registry.load_standard(
+            {name: wasm_path(name) for name in STANDARD_EVALUATORS},
+            _host_limits(self.config.default_limits),
+        )
+        counts = registry.load_registered(
+            {name: state.limits for name, state in self._tenants.items()}
+        )
+        self._registry = registry
+        for name in self._tenants:
+            self.metrics.modules.labels(name).set(registry.owned_count(name))
+        _log.info(
+            "evaluators loaded",
+            extra={"fields": {"standard": standard, "registered": counts}},
+        )
+
+    def _bind(self, server: Any) -> None:
+        settings = self.config.server
+        if self.listen.startswith("unix:"):
+            raw = self.listen[len("unix:") :]
+            if raw.startswith("//"):  # unix:///abs/path
+                raw = raw[2:]
+            path = Path(raw).expanduser().absolute()
+            _check_unix_socket(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Create the socket with the final mode: no window in which others may connect.
+            previous = os.umask(0o777 & ~settings.socket_mode)
+            try:
+                bound = server.add_insecure_port(f"unix:{path}")
+            finally:
+                os.umask(previous)
+            if not bound:
+                raise EvaldError(ErrorCode.UNAVAILABLE, f"cannot listen on unix:{path}")
+            self._socket_path = path
+            return
+        host, _, _port = self.listen.rpartition(":")
+        if settings.tls_cert:
+            try:
+                key = Path(settings.tls_key).read_bytes()
+                cert = Path(settings.tls_cert).read_bytes()
+                ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+            except OSError as exc:
+                raise EvaldError(
+                    ErrorCode.INVALID_ARGUMENT, f"cannot read a TLS file: {exc}"
+                ) from exc
+            credentials = grpc.ssl_server_credentials(
+                ((key, cert),), root_certificates=ca, require_client_auth=ca is not None
+            )
+            bound = server.add_secure_port(self.listen, credentials)
+        else:
+            if host not in _LOOPBACK_HOSTS and not settings.allow_insecure_tcp:
+                raise EvaldError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"refusing to listen on {self.listen} without TLS: tokens would cross the "
+                    "network in clear text. Set tls_cert/tls_key, listen on 127.0.0.1, or set "
+                    "allow_insecure_tcp = true",
+                )
+            bound = server.add_insecure_port(self.listen)
+        if not bound:
+            raise EvaldError(ErrorCode.UNAVAILABLE, f"cannot listen on {self.listen}")
+
+    async def start(self) -> None:
+        """Loads everything and starts serving.
+
+        Raises:
+            EvaldError: the state folder is in use, the address is taken or invalid, or TLS files
+                cannot be read. Nothing is left running.
+        """
+        loop = asyncio.get_running_loop()
+        settings = self.config.server
+        try:
+            await loop.run_in_executor(self._control_pool, self._load)
+            max_message = settings.max_message_bytes
+            server = grpc.aio.server(
+                options=(
+                    ("grpc.max_receive_message_length", max_message),
+                    ("grpc.max_send_message_length", max_message),
+                    ("grpc.so_reuseport", 0),
+                )
+            )
+            pb_grpc.add_EvaluatorServicer_to_server(_Service(self), server)  # type: ignore[no-untyped-call]
+            health = health_aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(health, server)
+            reflection.enable_server_reflection(
+                (
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                server,
+            )
+            self._bind(server)
+            await server.start()
+            self._server = server
+            self._health = health
+            if self._socket_path is not None:
+                os.chmod(self._socket_path, settings.socket_mode)
+            if settings.metrics_listen:
+                self.metrics_port = self.metrics.serve(settings.metrics_listen)
+            await health.set("", health_pb2.HealthCheckResponse.SERVING)
+            await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        except BaseException:
+            await self._release()
+            raise
+        _log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "listen": self.listen,
+                    "state_dir": str(self.state_dir),
+                    "threads": self.threads,
+                    "tenants": sorted(self._tenants),
+                    "metrics_port": self.metrics_port,
+                    "pid": os.getpid(),
+                }
+            },
+        )
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stops accepting calls, lets in-flight ones finish (at most ``grace_s``), releases all."""
+        if self.stopping:
+            return
+        self.stopping = True
+        grace = self.config.server.shutdown_grace_s if grace_s is None else grace_s
+        _log.info("draining", extra={"fields": {"grace_s": grace}})
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        for sink in list(self._sinks):
+            sink.event.set()
+        if self._server is not None:
+            await self._server.stop(grace)
+        await self._release()
+        _log.info("stopped")
+
+    async def _release(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.pool.shutdown, True)
+        await loop.run_in_executor(None, self._control_pool.shutdown, True)
+        self.metrics.close()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        if self._socket_path is not None:
+            self._socket_path.unlink(missing_ok=True)
+            self._socket_path = None
+        if self._store is not None:
+            self._store.unlock()
+            self._store = None
+
+
+async def _serve_until_signal(config: Config) -> None:
+    daemon = EvaldServer(config)
+    await daemon.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await daemon.stop()
+
+
+def serve(config: Config) -> None:
+    """Runs the daemon until SIGTERM or SIGINT, then drains and returns.
+
+    Raises:
+        EvaldError: start-up failed (the message says why: address taken, state folder in use …).
+    """
+    configure_logging(config.server.log_level)
+    asyncio.run(_serve_until_signal(config))
