@@ -34,7 +34,7 @@ MAX_LITERAL_DIGITS = 1000
 """Digits in one number literal, before and after the point, leading zeros included."""
 MAX_DEPTH = 256
 """Nesting levels: each open parenthesis, unary sign and right operand of ``**`` adds one."""
-MAX_BITS = 32768
+MAX_BITS = 16384
 """Bit length bound of the numerator and of the denominator of every value (lowest terms)."""
 MAX_RESULT_EXPONENT = 4300
 """The printed result must satisfy 10**-4300 <= |value| < 10**4300 (or be zero)."""
@@ -205,11 +205,11 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
         return base
     if base == -1:
         return Fraction(-1 if n % 2 else 1)
+    # Refuse early what certainly needs more than MAX_BITS: x >= 2**(b-1) for a b-bit x, so x**k
+    # needs at least k*(b-1) + 1 bits. Anything else is computed and checked exactly by _check.
     size = max(abs(base.numerator).bit_length(), base.denominator.bit_length())
-    if abs(n) * size > MAX_BITS:
-        raise GuestError(
-            "overflow", f"the power would need more than {MAX_BITS} bits (|exponent| x {size})"
-        )
+    if abs(n) * (size - 1) >= MAX_BITS:
+        raise GuestError("overflow", f"the power needs more than {MAX_BITS} bits")
     return base**n
 
 

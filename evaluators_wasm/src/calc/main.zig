@@ -2,12 +2,13 @@
 //! (semantics `calc/1`, docs/semantics/calc.md). ABI v1 (docs/abi.md): no imports, static
 //! buffers, one call.
 //!
-//! Two passes over the input, mirrored by evaluators_wasm/reference/calc.py (which is what keeps
-//! the two in agreement on *which* error an input with several problems gets):
-//!   1. check: an operator-precedence (shunting-yard) parser with explicit stacks finds every
-//!      `syntax` and `too_large` error, left to right, without doing any arithmetic;
-//!   2. evaluate: the same parser again, applying each operator as it leaves the operator stack
-//!      (postfix order), so operands are evaluated left to right.
+//! One left-to-right pass: an operator-precedence (shunting-yard) parser with explicit stacks that
+//! applies each operator as it leaves the operator stack (postfix order), so operands are
+//! evaluated left to right. Every `syntax` and `too_large` error wins over every arithmetic error
+//! (`division_by_zero`, `overflow`, `domain`), as if the whole input were parsed first: the first
+//! arithmetic error is only recorded, evaluation stops, and parsing goes on to the end. This is
+//! what evaluators_wasm/reference/calc.py does in two phases (parse, then evaluate), and what keeps
+//! the two in agreement on *which* error an input with several problems gets.
 //! Nothing recurses, so the 64 KiB guest stack is never at risk; the stacks are static arrays
 //! sized by `max_depth`.
 //!
@@ -28,7 +29,7 @@ const max_literal_digits = 1000;
 /// Nesting levels: open parentheses, unary signs and right operands of `**`.
 const max_depth = 256;
 /// Bit length bound of every numerator and denominator (lowest terms).
-const max_bits = 32768;
+const max_bits = 16384;
 /// Printed results satisfy 10^-4300 <= |x| < 10^4300 (or are zero).
 const max_result_exponent = 4300;
 const significant_digits = 28;
@@ -96,8 +97,7 @@ fn writeError(code: []const u8, message: []const u8) i32 {
 }
 
 fn calculate(input: []const u8) Failure![]const u8 {
-    _ = try run(input, false);
-    var value = try run(input, true);
+    var value = try run(input);
     defer value.deinit();
     return render(&value);
 }
@@ -239,10 +239,10 @@ fn fitsSmall(m: *const Managed) bool {
 /// bound and comes back to `Small` when it fits.
 fn finish(n: *Managed, d: *Managed, coprime: bool) Failure!Value {
     if (n.eqlZero()) return int(0);
-    if (!coprime) {
+    if (!coprime and !isOne(d)) {
         var g = try Managed.init(gpa);
         defer g.deinit();
-        try g.gcd(n, d);
+        try gcd(&g, n, d);
         if (!isOne(&g)) {
             var q = try Managed.init(gpa);
             defer q.deinit();
@@ -295,12 +295,12 @@ fn abs64(n: i64) u64 {
     return @abs(n);
 }
 
-fn checkedMul(a: i64, b: i64) ?i64 {
+inline fn checkedMul(a: i64, b: i64) ?i64 {
     const r = @mulWithOverflow(a, b);
     return if (r[1] != 0 or r[0] == std.math.minInt(i64)) null else r[0];
 }
 
-fn checkedAdd(a: i64, b: i64) ?i64 {
+inline fn checkedAdd(a: i64, b: i64) ?i64 {
     const r = @addWithOverflow(a, b);
     return if (r[1] != 0 or r[0] == std.math.minInt(i64)) null else r[0];
 }
@@ -368,11 +368,196 @@ fn powChecked(base: i64, exponent: u64) ?i64 {
     }
 }
 
+// --- big integer routines -------------------------------------------------------------------------
+// std.math.big.int's gcd, setString and toString are general but slow for this workload (its gcd
+// allocates and multiplies whole numbers in every Lehmer step; the string conversions move four
+// decimal digits per pass on 32-bit limbs). These work on the limbs directly.
+
+const Limb = std.math.big.Limb;
+comptime {
+    std.debug.assert(@bitSizeOf(Limb) == 32); // wasm32: the routines below assume 32-bit limbs
+}
+const chunk_base: u64 = 1_000_000_000; // 9 decimal digits per step
+
+fn setLen(m: *Managed, len_in: usize) void {
+    var len = len_in;
+    while (len > 1 and m.limbs[len - 1] == 0) len -= 1;
+    if (len == 0) {
+        m.limbs[0] = 0;
+        len = 1;
+    }
+    m.setMetadata(true, len);
+}
+
+/// r = the non-negative integer written by `digits` (ASCII 0-9 only).
+fn setDecimal(r: *Managed, digits: []const u8) Failure!void {
+    try r.ensureCapacity(digits.len / 9 + 2);
+    var len: usize = 0;
+    var pos: usize = 0;
+    while (pos < digits.len) {
+        const take = if (pos == 0 and digits.len % 9 != 0) digits.len % 9 else 9;
+        var chunk: u64 = 0;
+        var scale: u64 = 1;
+        for (digits[pos .. pos + take]) |c| {
+            chunk = chunk * 10 + (c - '0');
+            scale *= 10;
+        }
+        pos += take;
+        var carry = chunk;
+        for (r.limbs[0..len]) |*limb| {
+            const x = @as(u64, limb.*) * scale + carry;
+            limb.* = @truncate(x);
+            carry = x >> 32;
+        }
+        if (carry != 0) {
+            r.limbs[len] = @intCast(carry);
+            len += 1;
+        }
+    }
+    setLen(r, len);
+}
+
+var decimal_buf: [max_result_exponent + 16]u8 = undefined;
+
+/// The decimal digits of |n|, which must have at most 14,300 bits (in `decimal_buf`).
+fn decimalDigits(n: *const Managed) Failure![]const u8 {
+    const len = n.len();
+    const work = try gpa.alloc(Limb, len);
+    defer gpa.free(work);
+    @memcpy(work, n.limbs[0..len]);
+    var top = len;
+    var end: usize = decimal_buf.len;
+    while (true) {
+        var rem: u64 = 0;
+        var i = top;
+        while (i > 0) {
+            i -= 1;
+            const x = (rem << 32) | work[i];
+            work[i] = @intCast(x / chunk_base);
+            rem = x % chunk_base;
+        }
+        while (top > 0 and work[top - 1] == 0) top -= 1;
+        // Nine digits of the chunk, or only its significant ones for the leading chunk.
+        var k: usize = 0;
+        while (k < 9 and (top > 0 or rem != 0 or k == 0)) : (k += 1) {
+            end -= 1;
+            decimal_buf[end] = @intCast('0' + rem % 10);
+            rem /= 10;
+        }
+        if (top == 0) break;
+    }
+    return decimal_buf[end..];
+}
+
+/// The top 62 bits of |m| >> shift, where shift = bit length of the larger operand - 62.
+fn topBits(m: *const Managed, shift: usize) u64 {
+    const index = shift / 32;
+    const offset: u6 = @intCast(shift % 32);
+    var window: u128 = 0;
+    var k: usize = 3;
+    while (k > 0) {
+        k -= 1;
+        const limb: u128 = if (index + k < m.len()) m.limbs[index + k] else 0;
+        window = (window << 32) | limb;
+    }
+    return @truncate(window >> offset);
+}
+
+/// (t, w) = (a*x + b*y, c*x + d*y) for the cofactors of one Lehmer step: |a|, |b|, |c|, |d| < 2^30
+/// and both results are non-negative, so every partial sum fits i64.
+fn combine(t: *Managed, w: *Managed, x: *const Managed, y: *const Managed, k: [4]i64) void {
+    const len = x.len();
+    const ylen = y.len();
+    var carry_t: i64 = 0;
+    var carry_w: i64 = 0;
+    for (0..len) |i| {
+        const xi: i64 = x.limbs[i];
+        const yi: i64 = if (i < ylen) y.limbs[i] else 0;
+        const acc_t = k[0] * xi + k[1] * yi + carry_t;
+        const acc_w = k[2] * xi + k[3] * yi + carry_w;
+        t.limbs[i] = @truncate(@as(u64, @bitCast(acc_t)));
+        w.limbs[i] = @truncate(@as(u64, @bitCast(acc_w)));
+        carry_t = acc_t >> 32;
+        carry_w = acc_w >> 32;
+    }
+    setLen(t, len);
+    setLen(w, len);
+}
+
+/// r = gcd(|x|, |y|), Lehmer's algorithm (Knuth, TAOCP 4.5.2, Algorithm L) on 62-bit leading
+/// parts: each step replaces about 30 bits of Euclid's multi-precision divisions by one linear
+/// combination of the two numbers.
+fn gcd(r: *Managed, x: *const Managed, y: *const Managed) Failure!void {
+    var u = try x.clone();
+    defer u.deinit();
+    u.abs();
+    var v = try y.clone();
+    defer v.deinit();
+    v.abs();
+    if (u.order(v) == .lt) u.swap(&v);
+    const capacity = u.len() + 1;
+    var t = try Managed.initCapacity(gpa, capacity);
+    defer t.deinit();
+    var w = try Managed.initCapacity(gpa, capacity);
+    defer w.deinit();
+    var q = try Managed.init(gpa);
+    defer q.deinit();
+    const limit: i64 = 1 << 30;
+    while (v.len() > 2) {
+        const shift = u.bitCountAbs() - 62;
+        var uh: i64 = @intCast(topBits(&u, shift));
+        var vh: i64 = @intCast(topBits(&v, shift));
+        var a: i64 = 1;
+        var b: i64 = 0;
+        var c: i64 = 0;
+        var d: i64 = 1;
+        while (vh + c != 0 and vh + d != 0) {
+            const quotient = @divFloor(uh + a, vh + c);
+            if (quotient != @divFloor(uh + b, vh + d)) break;
+            const na = a - quotient * c;
+            const nb = b - quotient * d;
+            if (na >= limit or na <= -limit or nb >= limit or nb <= -limit) break;
+            a = c;
+            c = na;
+            b = d;
+            d = nb;
+            const nu = uh - quotient * vh;
+            uh = vh;
+            vh = nu;
+        }
+        if (b == 0) {
+            try q.divTrunc(&t, &u, &v);
+            u.swap(&v);
+            v.swap(&t);
+        } else {
+            try t.ensureCapacity(u.len());
+            try w.ensureCapacity(u.len());
+            combine(&t, &w, &u, &v, .{ a, b, c, d });
+            u.swap(&t);
+            v.swap(&w);
+        }
+    }
+    // Both fit in 64 bits after one more division.
+    if (!v.eqlZero()) {
+        try q.divTrunc(&t, &u, &v);
+        var p: u64 = v.toInt(u64) catch unreachable;
+        var s: u64 = t.toInt(u64) catch unreachable;
+        while (s != 0) {
+            const m = p % s;
+            p = s;
+            s = m;
+        }
+        try r.set(p);
+        return;
+    }
+    try r.copy(u.toConst());
+}
+
 // --- operators ------------------------------------------------------------------------------------
 
 const Op = enum(u8) { add, sub, mul, div, mod, pow, neg, pos, open };
 
-fn precedence(op: Op) u8 {
+inline fn precedence(op: Op) u8 {
     return switch (op) {
         .add, .sub => 1,
         .mul, .div, .mod => 2,
@@ -382,7 +567,7 @@ fn precedence(op: Op) u8 {
     };
 }
 
-fn opensLevel(op: Op) bool {
+inline fn opensLevel(op: Op) bool {
     return switch (op) {
         .open, .neg, .pos, .pow => true,
         else => false,
@@ -426,24 +611,10 @@ fn binary(op: Op, a: *Value, b: *Value) Failure!Value {
     var t = try Managed.init(gpa);
     defer t.deinit();
     switch (op) {
-        .add, .sub => {
-            try n.mul(&p.n, &q.d);
-            try t.mul(&q.n, &p.d);
-            if (op == .add) try n.add(&n, &t) else try n.sub(&n, &t);
-            try d.mul(&p.d, &q.d);
-        },
-        .mul => {
-            try n.mul(&p.n, &q.n);
-            try d.mul(&p.d, &q.d);
-        },
-        .div => {
-            try n.mul(&p.n, &q.d);
-            try d.mul(&p.d, &q.n);
-            if (!d.isPositive()) {
-                n.negate();
-                d.negate();
-            }
-        },
+        .add, .sub => return bigAdd(p, q, op == .sub),
+        // Division multiplies by the inverse; the sign is moved to the numerator in bigMul.
+        .mul => return bigMul(&p.n, &p.d, &q.n, &q.d),
+        .div => return bigMul(&p.n, &p.d, &q.d, &q.n),
         .mod => {
             // (p.n * q.d) mod (q.n * p.d), floored, over p.d * q.d.
             var x = try Managed.init(gpa);
@@ -454,10 +625,107 @@ fn binary(op: Op, a: *Value, b: *Value) Failure!Value {
             try t.mul(&q.n, &p.d);
             try quotient.divFloor(&n, &x, &t);
             try d.mul(&p.d, &q.d);
+            return finish(&n, &d, false);
         },
         else => unreachable,
     }
-    return finish(&n, &d, false);
+}
+
+/// r = a / g, exact.
+fn divideExact(r: *Managed, a: *const Managed, g: *const Managed) Failure!void {
+    var rest = try Managed.init(gpa);
+    defer rest.deinit();
+    try r.divTrunc(&rest, a, g);
+}
+
+/// p ± q, Knuth's way (TAOCP 4.5.1): the gcds are taken of the denominators and of a factor of
+/// them, never of the (twice as long) unreduced numerator and denominator.
+fn bigAdd(p: *const Big, q: *const Big, subtract: bool) Failure!Value {
+    var n = try Managed.init(gpa);
+    defer n.deinit();
+    var d = try Managed.init(gpa);
+    defer d.deinit();
+    var t = try Managed.init(gpa);
+    defer t.deinit();
+    var g = try Managed.initSet(gpa, 1);
+    defer g.deinit();
+    if (!isOne(&p.d) and !isOne(&q.d)) try gcd(&g, &p.d, &q.d);
+    if (isOne(&g)) {
+        // Coprime denominators: (a*d ± c*b) / (b*d) is in lowest terms.
+        try n.mul(&p.n, &q.d);
+        try t.mul(&q.n, &p.d);
+        if (subtract) try n.sub(&n, &t) else try n.add(&n, &t);
+        try d.mul(&p.d, &q.d);
+        return finish(&n, &d, true);
+    }
+    var pd = try Managed.init(gpa);
+    defer pd.deinit();
+    var qd = try Managed.init(gpa);
+    defer qd.deinit();
+    try divideExact(&pd, &p.d, &g);
+    try divideExact(&qd, &q.d, &g);
+    try n.mul(&p.n, &qd);
+    try t.mul(&q.n, &pd);
+    if (subtract) try n.sub(&n, &t) else try n.add(&n, &t);
+    // gcd(numerator, b*d/g) = gcd(numerator, g).
+    var g2 = try Managed.init(gpa);
+    defer g2.deinit();
+    try gcd(&g2, &n, &g);
+    if (!isOne(&g2)) {
+        try divideExact(&t, &n, &g2);
+        n.swap(&t);
+        try divideExact(&t, &q.d, &g2);
+    } else {
+        try t.copy(q.d.toConst());
+    }
+    try d.mul(&pd, &t);
+    return finish(&n, &d, true);
+}
+
+/// (a/b) * (c/e) with the cross gcds taken first, so the product is in lowest terms. b or e may
+/// be negative (division passes the divisor's numerator as e): the sign ends on the numerator.
+fn bigMul(a: *const Managed, b: *const Managed, c: *const Managed, e: *const Managed) Failure!Value {
+    var a1 = try a.clone();
+    defer a1.deinit();
+    var b1 = try b.clone();
+    defer b1.deinit();
+    var c1 = try c.clone();
+    defer c1.deinit();
+    var e1 = try e.clone();
+    defer e1.deinit();
+    var g = try Managed.init(gpa);
+    defer g.deinit();
+    var t = try Managed.init(gpa);
+    defer t.deinit();
+    if (!isOne(e) and !a.eqlZero()) {
+        try gcd(&g, a, e);
+        if (!isOne(&g)) {
+            try divideExact(&t, &a1, &g);
+            a1.swap(&t);
+            try divideExact(&t, &e1, &g);
+            e1.swap(&t);
+        }
+    }
+    if (!isOne(b) and !c.eqlZero()) {
+        try gcd(&g, c, b);
+        if (!isOne(&g)) {
+            try divideExact(&t, &c1, &g);
+            c1.swap(&t);
+            try divideExact(&t, &b1, &g);
+            b1.swap(&t);
+        }
+    }
+    var n = try Managed.init(gpa);
+    defer n.deinit();
+    var d = try Managed.init(gpa);
+    defer d.deinit();
+    try n.mul(&a1, &c1);
+    try d.mul(&b1, &e1);
+    if (!d.isPositive()) {
+        n.negate();
+        d.negate();
+    }
+    return finish(&n, &d, true);
 }
 
 fn power(a: *Value, b: *Value) Failure!Value {
@@ -490,8 +758,9 @@ fn power(a: *Value, b: *Value) Failure!Value {
         };
         return int(if (odd) -1 else 1);
     }
-    // 4. Refuse before computing when |exponent| x max(bits(|numerator|), bits(denominator)) is
-    //    beyond the bound (the result's size is at most that).
+    // 4. A result that certainly needs more than max_bits is refused before computing: x >= 2^(b-1)
+    //    for a b-bit x, so x^k needs at least k*(b-1) + 1 bits. Otherwise the result has fewer
+    //    than k*b < 2*max_bits bits and `finish` applies the exact bound.
     const size: u64 = switch (a.*) {
         .small => |s| @max(64 - @clz(abs64(s.n)), 64 - @clz(abs64(s.d))),
         .big => |*ab| @max(ab.n.bitCountAbs(), ab.d.bitCountAbs()),
@@ -500,10 +769,10 @@ fn power(a: *Value, b: *Value) Failure!Value {
         .small => |s| abs64(s.n),
         .big => max_bits + 1,
     };
-    if (magnitude > max_bits or magnitude * size > max_bits) {
-        return fail(error.Overflow, "the power would need more than {d} bits", .{max_bits});
+    if (magnitude > max_bits or magnitude * (size - 1) >= max_bits) {
+        return fail(error.Overflow, "the power needs more than {d} bits", .{max_bits});
     }
-    // 5. Compute: p^k / q^k is already in lowest terms.
+    // 5. Compute.
     const k: u32 = @intCast(magnitude);
     if (a.* == .small) {
         const s = a.small;
@@ -528,6 +797,7 @@ fn power(a: *Value, b: *Value) Failure!Value {
             d.negate();
         }
     }
+    // p^k / q^k is in lowest terms: only the size bound is left to check.
     return finish(&n, &d, true);
 }
 
@@ -543,13 +813,15 @@ fn negate(v: *Value) void {
 var ops: [stack_capacity]Op = undefined;
 var values: [stack_capacity]Value = undefined;
 
-/// Parser state for one pass.
+/// Parser state.
 const Pass = struct {
     ops_len: usize = 0,
     values_len: usize = 0,
     depth: usize = 0,
+    /// The first arithmetic error; once set, the rest of the input is only parsed.
+    deferred: ?Failure = null,
 
-    fn pushOp(self: *Pass, op: Op, at: usize) Failure!void {
+    inline fn pushOp(self: *Pass, op: Op, at: usize) Failure!void {
         if (opensLevel(op)) {
             self.depth += 1;
             if (self.depth > max_depth) {
@@ -561,24 +833,60 @@ const Pass = struct {
         self.ops_len += 1;
     }
 
-    fn popOp(self: *Pass) Op {
+    inline fn popOp(self: *Pass) Op {
         self.ops_len -= 1;
         const op = ops[self.ops_len];
         if (opensLevel(op)) self.depth -= 1;
         return op;
     }
 
-    fn top(self: *const Pass) ?Op {
+    inline fn top(self: *const Pass) ?Op {
         return if (self.ops_len == 0) null else ops[self.ops_len - 1];
     }
 
-    fn pushValue(self: *Pass, v: Value) Failure!void {
+    inline fn pushValue(self: *Pass, v: Value) Failure!void {
         if (self.values_len == stack_capacity) return fail(error.TooLarge, "expression too complex", .{});
         values[self.values_len] = v;
         self.values_len += 1;
     }
 
-    /// Applies an operator that leaves the stack (evaluating pass only).
+    /// Pushes a literal's value, unless evaluation has stopped.
+    inline fn operand(self: *Pass, input: []const u8, literal: Literal) void {
+        if (self.deferred != null) return;
+        const v = literalValue(input, literal) catch |err| return self.stop(err);
+        self.pushValue(v) catch |err| return self.stop(err);
+    }
+
+    /// Applies an operator that leaves the stack, unless evaluation has stopped.
+    inline fn evaluate(self: *Pass, op: Op) void {
+        if (self.deferred != null) return;
+        // The most common case, inline: integers that stay in i64.
+        if (op == .add or op == .sub or op == .mul) {
+            const a = &values[self.values_len - 2];
+            const b = &values[self.values_len - 1];
+            if (a.* == .small and b.* == .small and a.small.d == 1 and b.small.d == 1) {
+                const x = a.small.n;
+                const y = b.small.n;
+                const r = switch (op) {
+                    .add => checkedAdd(x, y),
+                    .sub => checkedAdd(x, -y),
+                    else => checkedMul(x, y),
+                };
+                if (r) |n| {
+                    a.small.n = n;
+                    self.values_len -= 1;
+                    return;
+                }
+            }
+        }
+        self.apply(op) catch |err| self.stop(err);
+    }
+
+    fn stop(self: *Pass, err: Failure) void {
+        self.deferred = err;
+        self.releaseValues();
+    }
+
     fn apply(self: *Pass, op: Op) Failure!void {
         switch (op) {
             .neg => negate(&values[self.values_len - 1]),
@@ -603,11 +911,11 @@ const Pass = struct {
     }
 };
 
-fn isWhitespace(c: u8) bool {
+inline fn isWhitespace(c: u8) bool {
     return c == ' ' or c == '\t' or c == '\n' or c == '\r';
 }
 
-fn isDigit(c: u8) bool {
+inline fn isDigit(c: u8) bool {
     return c >= '0' and c <= '9';
 }
 
@@ -618,10 +926,10 @@ fn syntaxFound(comptime expected: []const u8, input: []const u8, pos: usize) Fai
     return fail(error.Syntax, expected ++ "; found byte 0x{x:0>2} at offset {d}", .{ c, pos });
 }
 
-/// One pass over the input. The checking pass (`evaluate` false) returns a dummy value.
-fn run(input: []const u8, comptime evaluate: bool) Failure!Value {
+/// Parses and evaluates the input; returns its value (owned by the caller).
+fn run(input: []const u8) Failure!Value {
     var pass = Pass{};
-    errdefer if (evaluate) pass.releaseValues();
+    errdefer pass.releaseValues();
     var expect_operand = true;
     var pos: usize = 0;
     while (true) {
@@ -631,7 +939,7 @@ fn run(input: []const u8, comptime evaluate: bool) Failure!Value {
             switch (input[pos]) {
                 '0'...'9', '.' => {
                     const literal = try scanLiteral(input, pos);
-                    if (evaluate) try pass.pushValue(try literalValue(input, literal));
+                    pass.operand(input, literal);
                     pos = literal.end;
                     expect_operand = false;
                 },
@@ -655,9 +963,9 @@ fn run(input: []const u8, comptime evaluate: bool) Failure!Value {
             while (pass.top()) |_| {
                 const op = pass.popOp();
                 if (op == .open) return fail(error.Syntax, "missing ')' at end of input", .{});
-                if (evaluate) try pass.apply(op);
+                pass.evaluate(op);
             }
-            if (!evaluate) return int(0);
+            if (pass.deferred) |err| return err;
             pass.values_len = 0;
             return values[0];
         }
@@ -666,7 +974,7 @@ fn run(input: []const u8, comptime evaluate: bool) Failure!Value {
             while (pass.top()) |t| {
                 if (t == .open) break;
                 const op = pass.popOp();
-                if (evaluate) try pass.apply(op);
+                pass.evaluate(op);
             }
             if (pass.top() == null) return fail(error.Syntax, "unmatched ')' at offset {d}", .{pos});
             _ = pass.popOp();
@@ -687,7 +995,7 @@ fn run(input: []const u8, comptime evaluate: bool) Failure!Value {
             const tp = precedence(t);
             if (tp > p or (tp == p and op != .pow)) {
                 _ = pass.popOp();
-                if (evaluate) try pass.apply(t);
+                pass.evaluate(t);
             } else break;
         }
         try pass.pushOp(op, pos);
@@ -705,7 +1013,7 @@ const Literal = struct {
     end: usize,
 };
 
-fn scanLiteral(input: []const u8, start: usize) Failure!Literal {
+inline fn scanLiteral(input: []const u8, start: usize) Failure!Literal {
     var pos = start;
     while (pos < input.len and isDigit(input[pos])) {
         pos += 1;
@@ -743,6 +1051,10 @@ fn literalValue(input: []const u8, lit: Literal) Failure!Value {
     const fraction = input[lit.fraction_start..lit.end];
     if (whole.len + fraction.len <= 18) {
         var n: u64 = 0;
+        if (fraction.len == 0) {
+            for (whole) |c| n = n * 10 + (c - '0');
+            return int(@intCast(n));
+        }
         for (whole) |c| n = n * 10 + (c - '0');
         for (fraction) |c| n = n * 10 + (c - '0');
         const d = pow10_table[fraction.len];
@@ -754,7 +1066,7 @@ fn literalValue(input: []const u8, lit: Literal) Failure!Value {
     @memcpy(digit_buf[whole.len .. whole.len + fraction.len], fraction);
     var n = try Managed.init(gpa);
     defer n.deinit();
-    n.setString(10, digit_buf[0 .. whole.len + fraction.len]) catch return error.OutOfMemory;
+    try setDecimal(&n, digit_buf[0 .. whole.len + fraction.len]);
     var d = try pow10(@intCast(fraction.len));
     defer d.deinit();
     return finish(&n, &d, false);
@@ -820,12 +1132,15 @@ fn writeInteger(negative: bool, magnitude: u64) []const u8 {
 fn writeBigInteger(n: *const Managed) Failure![]const u8 {
     // 2^14284 < 10^4300 < 2^14285: only a 14285-bit value needs its digits counted.
     if (n.bitCountAbs() > 14285) return outOfRange();
-    const text = n.toString(gpa, 10, .lower) catch return error.OutOfMemory;
-    defer gpa.free(text);
-    const digits = if (text[0] == '-') text.len - 1 else text.len;
-    if (digits > max_result_exponent) return outOfRange();
-    @memcpy(output_buf[0..text.len], text);
-    return output_buf[0..text.len];
+    const digits = try decimalDigits(n);
+    if (digits.len > max_result_exponent) return outOfRange();
+    var len: usize = 0;
+    if (!n.isPositive()) {
+        output_buf[0] = '-';
+        len = 1;
+    }
+    @memcpy(output_buf[len .. len + digits.len], digits);
+    return output_buf[0 .. len + digits.len];
 }
 
 /// Long division of |n| by d (d >= 2), 29 significant digits and a sticky bit, then half-even
@@ -917,6 +1232,9 @@ fn bigDecimal(b: *const Big) Failure!Decimal {
     // e = floor(log10(p/q)): estimated from bit lengths, then corrected exactly.
     const bit_difference = @as(i64, @intCast(p.bitCountAbs())) - @as(i64, @intCast(q.bitCountAbs()));
     var e: i64 = @divFloor(bit_difference * 30103, 100000);
+    // The estimate is within 1 of floor(log10(p/q)), and rounding adds at most 1: far outside the
+    // printable range, refuse before computing powers of ten.
+    if (e >= max_result_exponent + 3 or e < -max_result_exponent - 3) return outOfRange();
     while (try atLeastPowerOfTen(&p, q, e + 1)) e += 1;
     while (!try atLeastPowerOfTen(&p, q, e)) e -= 1;
     var shift: i64 = significant_digits - 1 - e;
@@ -941,8 +1259,7 @@ fn bigDecimal(b: *const Big) Failure!Decimal {
     try rest.shiftLeft(&rest, 1);
     const half = rest.order(den);
     if (half == .gt or (half == .eq and digits.isOdd())) try digits.addScalar(&digits, 1);
-    const text = digits.toString(gpa, 10, .lower) catch return error.OutOfMemory;
-    defer gpa.free(text);
+    const text = try decimalDigits(&digits);
     // 10^28 after rounding up: one digit more, same leading "1000...".
     if (text.len == significant_digits + 1) shift -= 1;
     const exponent = significant_digits - 1 - shift;
