@@ -283,22 +283,28 @@ class RawMemory:
         return size
 
     def _base(self, offset: int, length: int) -> int:
-        if offset < 0 or length < 0 or offset + length > self.size():
+        context, address = self._context, self._memory_address
+        size: int = _memory_data_size(context, address)
+        if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"[{offset}, {offset + length}) is outside linear memory "
-                             f"of {self.size()} bytes")
-        base: int | None = _memory_data(self._context, self._memory_address)
-        if not base:
-            raise IndexError("linear memory has no data")
+                             f"of {size} bytes")
+        base: int = _memory_data(context, address)
         return base + offset
 
     def write(self, offset: int, data: bytes) -> None:
         """Copies ``data`` to ``offset`` (one memmove)."""
-        ctypes.memmove(self._base(offset, len(data)), data, len(data))
+        length = len(data)
+        address = self._base(offset, length)
+        if length:
+            ctypes.memmove(address, data, length)
 
     def read(self, offset: int, length: int) -> bytes:
         """Copies ``length`` bytes from ``offset``."""
-        return ctypes.string_at(self._base(offset, length), length)
+        address = self._base(offset, length)
+        return ctypes.string_at(address, length) if length else b""
 
     def fill(self, offset: int, length: int, byte: int = 0) -> None:
         """Sets ``length`` bytes at ``offset`` to ``byte`` (one memset)."""
-        ctypes.memset(self._base(offset, length), byte, length)
+        address = self._base(offset, length)
+        if length:
+            ctypes.memset(address, byte, length)

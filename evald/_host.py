@@ -350,10 +350,10 @@ class WasmHost:
             if failure.code is ErrorCode.GUEST_FAULT:
                 self._discard(instance, pool_key)
             elif not fresh:
-                self._clear_buffers(instance, size)
+                self._clear_buffers(instance, size, result)
             raise
         if not fresh:
-            self._clear_buffers(instance, size)
+            self._clear_buffers(instance, size, result)
         return value, used
 
     def _read_output(self, instance: _Instance, result: int, limits: Limits,
@@ -462,11 +462,16 @@ class WasmHost:
         if instances.get(key) is instance:
             del instances[key]
 
-    def _clear_buffers(self, instance: _Instance, input_size: int) -> None:
+    def _clear_buffers(self, instance: _Instance, input_size: int, result: int) -> None:
+        """Zeroes what crossed the boundary: the input written and the output returned.
+
+        Bytes the guest wrote elsewhere (its heap, or output-buffer scratch past the returned
+        length) are guest state, like any other, and persist in reuse mode; ``fresh`` mode is
+        the setting for requests that must not share any state.
+        """
         memory = instance.memory
-        if input_size:
-            memory.fill(instance.in_ptr, input_size)
-        memory.fill(instance.out_ptr, instance.out_cap)
+        memory.fill(instance.in_ptr, input_size)
+        memory.fill(instance.out_ptr, min(abs(result), instance.out_cap))
 
     def _instantiate(self, module: LoadedModule, memory_cap: int, fuel: int, ticks: int, *,
                      check_version: bool = False) -> _Instance:

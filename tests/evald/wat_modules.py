@@ -94,6 +94,24 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
     if kind == "dump_input":  # returns the first K bytes of the input buffer, whatever len is
         return "", (f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) "
                     f"(i32.const {param})) (i32.const {param})"), ""
+    if kind == "count":  # calls on this instance so far, as one digit; an empty input traps
+        return "", (
+            "(if (i32.eqz (local.get 0)) (then (unreachable))) "
+            "(global.set $count (i32.add (global.get $count) (i32.const 1))) "
+            f"(i32.store8 (i32.const {out_ptr}) (i32.add (i32.const 48) "
+            "(i32.rem_u (global.get $count) (i32.const 10)))) (i32.const 1)"), (
+                "(global $count (mut i32) (i32.const 0))")
+    if kind == "stale_output":  # writes len bytes "x"; an empty input returns param bytes as is
+        return "", (
+            f"(if (i32.eqz (local.get 0)) (then (return (i32.const {param})))) "
+            f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) (local.get 0)) (local.get 0)"
+        ), ""
+    if kind == "grow_or_trap":  # input "g": a refused huge grow, then "ok"; otherwise a trap
+        return "", (
+            f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x67)) (then "
+            "(drop (memory.grow (i32.const 60000))) "
+            f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (return (i32.const 2)))) "
+            "(unreachable)"), ""
     if kind == "trap":
         return "", "(unreachable)", ""
     if kind == "oob":
@@ -126,14 +144,14 @@ def wat_text(kind: str = "echo", param: Any = None, *, pages: int = 1,
         if name in omit:
             continue
         signature = retype.get(name, "(result i32)")
-        result = f"(i32.const {value})" if signature == "(result i32)" else ""
+        result = f"(i32.const {value})" if signature == "(result i32)" else "(unreachable)"
         lines.append(f'(func (export "{name}") {signature} {result})')
     if "evald_eval" not in omit:
         signature = retype.get("evald_eval", "(param i32) (result i32)")
         if signature == "(param i32) (result i32)":
             lines.append(f'(func $eval (export "evald_eval") {signature} {locals_} {body})')
         else:
-            lines.append(f'(func $eval (export "evald_eval") {signature})')
+            lines.append(f'(func $eval (export "evald_eval") {signature} (unreachable))')
     lines.append(fields)
     if start is not None:
         lines.append(f"(func $start {start}) (start $start)")
@@ -161,7 +179,9 @@ def guest(kind: str = "echo", param: Any = None, *, manifest: bytes | None = Non
     when refused); ``grow_soft`` (N pages, ``too_large`` when refused); ``grow_pages`` (1 page
     N times, trap on refusal); ``recurse`` (N deep); ``output`` (N bytes); ``payload``
     (``param=(bytes, is_error)``); ``return`` (``param`` as the result); ``dump_input``
-    (``param`` bytes of the input buffer); ``trap``; ``oob``. N comes from :func:`arg`.
+    (``param`` bytes of the input buffer); ``count`` (calls so far on this instance, one digit;
+    an empty input traps); ``stale_output`` (an empty input returns ``param`` bytes of whatever
+    the output buffer holds); ``grow_or_trap``; ``trap``; ``oob``. N comes from :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword
     arguments go to :func:`wat_text`.
