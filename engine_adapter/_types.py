@@ -24,6 +24,9 @@ class SpanBinding:
     result_end: str = "</result>"
     error_begin: str = "<result_error>"
     error_end: str = "</result_error>"
+    result_regex: str | None = None
+    """The evaluator's ``result_regex``: a value that does not match it is replaced by a
+    ``guest_fault`` error before forcing, since the grammar would refuse its tokens."""
 
 
 @dataclass(frozen=True)

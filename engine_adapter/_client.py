@@ -1,0 +1,430 @@
+"""The engine-wide evald client: one bidirectional ``EvaluateStream`` per engine worker.
+
+Engines submit spans from their decode loop (:meth:`EvaluatorClient.submit` never blocks) and call
+:meth:`~EvaluatorClient.flush` once per step, so every span that closed in one step travels in one
+message (a stream round trip costs ~0.5 ms; a unary RPC ~1 ms each, DESIGN §6). Results come back
+as they complete and resolve the futures by id.
+
+Failure rules, so that a request never stalls on evald:
+
+- every future completes no later than its ``deadline_ms`` (``deadline_exceeded``), whatever the
+  daemon does — even when it hangs (stopped, overloaded);
+- when the daemon cannot be reached or the stream breaks, pending and new spans get
+  ``unavailable`` at once, and a background thread reconnects with exponential backoff
+  (a submission while disconnected also triggers an early retry);
+- call-level refusals (a bad token) become the daemon's error code for the spans concerned.
+
+Threads: one reads the stream (and reconnects), one enforces deadlines. gRPC's own threads
+consume the outgoing queue. The client is thread-safe: many injectors may share it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from engine_adapter._grammar import EvaluatorSpec
+from engine_adapter._types import EvalResult
+
+__all__ = ["ClientStats", "EvaluatorClient", "list_evaluators"]
+
+_UNAVAILABLE = "unavailable"
+_DEADLINE = "deadline_exceeded"
+
+
+def list_evaluators(
+    target: str | None = None, token: str | None = None, *, timeout_s: float = 10.0
+) -> list[EvaluatorSpec]:
+    """The evaluators a tenant may call, as grammar inputs (``ListEvaluators``).
+
+    Parameters:
+        target: ``unix:PATH`` or ``HOST:PORT``; default ``evald.default_target()``.
+        token: bearer token; default ``$EVALD_TOKEN``; none for the unix socket's local tenant.
+
+    Raises:
+        evald.CallError: the daemon refused (``permission_denied``) or could not be reached
+            (``unreachable``).
+    """
+    from evald._client import Client
+
+    with Client(target, token, timeout_s=timeout_s) as client:
+        return [EvaluatorSpec.from_info(info) for info in client.list_evaluators()]
+
+
+@dataclass
+class ClientStats:
+    """Counters for benchmarks and logs (read without locking: approximate while running)."""
+
+    submitted: int = 0
+    completed: int = 0
+    unavailable: int = 0
+    deadline_exceeded: int = 0
+    messages_sent: int = 0
+    connects: int = 0
+    disconnects: int = 0
+
+
+@dataclass
+class _Pending:
+    future: concurrent.futures.Future[EvalResult]
+    deadline_at: float
+
+
+class _Connection:
+    """One stream: its outgoing queue and the call object (for cancellation)."""
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.call: Any = None
+
+    def requests(self) -> Iterator[Any]:
+        while True:
+            item = self.outbox.get()
+            if item is self._END:
+                return
+            yield item
+
+    def close(self) -> None:
+        self.outbox.put(self._END)
+        if self.call is not None:
+            self.call.cancel()
+
+
+class EvaluatorClient:
+    """A :class:`~engine_adapter.SpanEvaluator` backed by the evald daemon.
+
+    Parameters:
+        target: ``unix:PATH`` or ``HOST:PORT``; default ``evald.default_target()``.
+        token: bearer token sent as ``authorization: Bearer TOKEN``; default ``$EVALD_TOKEN``.
+        connect_timeout_s: how long one connection attempt may take.
+        backoff_initial_s, backoff_max_s: reconnect delays (doubling after each failure).
+        tls_ca, tls_cert, tls_key: PEM files for TLS / mutual TLS over TCP.
+
+    Connecting starts at once in the background; spans submitted before the first connection
+    is up wait for it (until their deadline), spans submitted after a failure fail fast.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        token: str | None = None,
+        *,
+        connect_timeout_s: float = 2.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        max_message_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        from evald._config import default_target
+
+        self.target = target or default_target()
+        token = token if token is not None else os.environ.get("EVALD_TOKEN") or None
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._connect_timeout_s = connect_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._options = (
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.enable_retries", 0),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        )
+        self._credentials = None
+        if tls_ca or tls_cert:
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes() if tls_ca else None,
+                private_key=Path(tls_key).read_bytes() if tls_key else None,
+                certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
+            )
+        self.stats = ClientStats()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[str, _Pending] = {}
+        self._unsent: list[Any] = []
+        self._deadlines: list[tuple[float, str]] = []
+        self._deadline_wake = threading.Condition(self._lock)
+        self._state = "connecting"  # connecting → up ⇄ down; closed
+        self._down_code = _UNAVAILABLE
+        self._down_message = f"evald at {self.target} is not reachable"
+        self._connection: _Connection | None = None
+        self._channel: grpc.Channel | None = None
+        self._kick = threading.Event()
+        self._closed = threading.Event()
+        self._io = threading.Thread(target=self._run_io, name="evald-stream", daemon=True)
+        self._reaper = threading.Thread(
+            target=self._run_reaper, name="evald-deadlines", daemon=True
+        )
+        self._io.start()
+        self._reaper.start()
+
+    # ------------------------------------------------------------------ SpanEvaluator
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        """Queues one evaluation; returns at once. The future never raises."""
+        from evald.v1 import evald_pb2 as pb
+
+        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+        request_id = str(next(self._ids))
+        deadline_ms = max(1, int(deadline_ms))
+        now = time.monotonic()
+        with self._lock:
+            self.stats.submitted += 1
+            state = self._state
+            if state in ("connecting", "up"):
+                self._pending[request_id] = _Pending(future, now + deadline_ms / 1000.0)
+                self._unsent.append(
+                    pb.EvaluateRequest(
+                        evaluator=evaluator,
+                        input=content.encode("utf-8", errors="surrogateescape"),
+                        deadline_ms=deadline_ms,
+                        id=request_id,
+                    )
+                )
+                heapq.heappush(self._deadlines, (now + deadline_ms / 1000.0, request_id))
+                self._deadline_wake.notify()
+        if state == "down":
+            self._kick.set()
+            self._fail(future, self._down_code, self._down_message)
+        elif state == "closed":
+            self._fail(future, _UNAVAILABLE, "the evaluator client is closed")
+        return future
+
+    def flush(self) -> None:
+        """Sends every span submitted since the last flush as one stream message."""
+        from evald.v1 import evald_pb2 as pb
+
+        with self._lock:
+            if self._state != "up" or not self._unsent or self._connection is None:
+                return
+            items = [r for r in self._unsent if r.id in self._pending]
+            self._unsent = []
+            connection = self._connection
+            if items:
+                self.stats.messages_sent += 1
+        if items:
+            connection.outbox.put(pb.EvaluateBatchRequest(items=items))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def connected(self) -> bool:
+        return self._state == "up"
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Blocks until the stream is up (for start-up checks and tests)."""
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            if self._state == "up":
+                return True
+            if self._state == "down":
+                self._kick.set()
+            time.sleep(0.01)
+        return self._state == "up"
+
+    def close(self) -> None:
+        """Stops the threads; pending spans get ``unavailable``. Idempotent."""
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            connection, self._connection = self._connection, None
+            self._deadline_wake.notify_all()
+        self._closed.set()
+        self._kick.set()
+        if connection is not None:
+            connection.close()
+        self._fail_all("the evaluator client was closed")
+        self._io.join(timeout=5)
+        self._reaper.join(timeout=5)
+        if self._channel is not None:
+            self._channel.close()
+
+    def __enter__(self) -> EvaluatorClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ threads
+
+    def _new_channel(self) -> grpc.Channel:
+        if self._channel is not None:
+            self._channel.close()
+        if self._credentials is not None:
+            channel = grpc.secure_channel(self.target, self._credentials, options=self._options)
+        else:
+            channel = grpc.insecure_channel(self.target, options=self._options)
+        self._channel = channel
+        return channel
+
+    def _run_io(self) -> None:
+        from evald.v1 import evald_pb2_grpc as pb_grpc
+
+        backoff = self._backoff_initial_s
+        while not self._closed.is_set():
+            channel = self._new_channel()
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self._connect_timeout_s)
+            except (grpc.FutureTimeoutError, grpc.RpcError, ValueError):
+                self._go_down(f"cannot connect to evald at {self.target}")
+                self._sleep(backoff)
+                backoff = min(backoff * 2, self._backoff_max_s)
+                continue
+            connection = _Connection()
+            stub = pb_grpc.EvaluatorStub(channel)  # type: ignore[no-untyped-call]
+            try:
+                connection.call = stub.EvaluateStream(
+                    connection.requests(), metadata=self._metadata
+                )
+            except grpc.RpcError:
+                self._go_down(f"cannot open a stream to evald at {self.target}")
+                self._sleep(backoff)
+                backoff = min(backoff * 2, self._backoff_max_s)
+                continue
+            with self._lock:
+                if self._state == "closed":
+                    connection.close()
+                    return
+                self._state = "up"
+                self._connection = connection
+                self.stats.connects += 1
+            self.flush()  # whatever was submitted while connecting
+            code, message = self._read(connection)
+            with self._lock:
+                if self._connection is connection:
+                    self._connection = None
+            connection.close()
+            if self._closed.is_set():
+                return
+            self.stats.disconnects += 1
+            self._go_down(message, code)
+            if code == _UNAVAILABLE:
+                backoff = self._backoff_initial_s  # it was up: retry soon
+            self._sleep(backoff)
+            backoff = min(backoff * 2, self._backoff_max_s)
+
+    def _read(self, connection: _Connection) -> tuple[str, str]:
+        """Reads results until the stream ends; returns the code and message for the rest."""
+        from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode
+
+        try:
+            for message in connection.call:
+                for response in message.results:
+                    self._complete(response.id, _result_from_proto(response))
+        except grpc.RpcError as error:
+            status = error.code() if hasattr(error, "code") else None
+            details = (error.details() if hasattr(error, "details") else None) or str(status)
+            for key, value in (
+                error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+            ) or ():
+                if key == ERROR_CODE_METADATA_KEY:
+                    try:
+                        return ErrorCode(value).value, details
+                    except ValueError:
+                        return "internal", details
+            if status in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return "permission_denied", details
+            return _UNAVAILABLE, f"the stream to evald at {self.target} broke: {details}"
+        return _UNAVAILABLE, f"evald at {self.target} closed the stream"
+
+    def _run_reaper(self) -> None:
+        while True:
+            expired: list[str] = []
+            with self._lock:
+                if self._state == "closed":
+                    return
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    expired.append(heapq.heappop(self._deadlines)[1])
+                if not expired:
+                    timeout = self._deadlines[0][0] - now if self._deadlines else None
+                    self._deadline_wake.wait(timeout)
+                    continue
+            for request_id in expired:
+                self._complete(
+                    request_id,
+                    EvalResult(None, _DEADLINE, "no answer from evald within the deadline"),
+                )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _sleep(self, seconds: float) -> None:
+        self._kick.wait(seconds)
+        self._kick.clear()
+
+    def _go_down(self, message: str, code: str = _UNAVAILABLE) -> None:
+        with self._lock:
+            if self._state != "closed":
+                self._state = "down"
+                self._down_code, self._down_message = code, message
+        self._fail_all(message, code)
+
+    def _fail_all(self, message: str, code: str = _UNAVAILABLE) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._unsent = []
+            self._deadlines = []
+        for item in pending.values():
+            self._fail(item.future, code, message)
+
+    def _fail(
+        self, future: concurrent.futures.Future[EvalResult], code: str, message: str
+    ) -> None:
+        self._settle(future, EvalResult(None, code, message))
+
+    def _complete(self, request_id: str, result: EvalResult) -> None:
+        with self._lock:
+            item = self._pending.pop(request_id, None)
+        if item is not None:
+            self._settle(item.future, result)
+
+    def _settle(self, future: concurrent.futures.Future[EvalResult], result: EvalResult) -> None:
+        if result.error_code == _UNAVAILABLE:
+            self.stats.unavailable += 1
+        elif result.error_code == _DEADLINE:
+            self.stats.deadline_exceeded += 1
+        self.stats.completed += 1
+        try:
+            future.set_result(result)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled by its owner
+
+
+def _result_from_proto(response: Any) -> EvalResult:
+    from evald._errors import ErrorCode
+
+    outcome = response.WhichOneof("outcome")
+    if outcome == "value":
+        return EvalResult(
+            str(response.value), None, "", int(response.fuel_used), int(response.eval_time_us)
+        )
+    if outcome == "error":
+        return EvalResult(
+            None,
+            ErrorCode.from_proto(int(response.error.code)).value,
+            str(response.error.message),
+            int(response.fuel_used),
+            int(response.eval_time_us),
+        )
+    return EvalResult(None, "internal", "evald answered with neither a value nor an error")

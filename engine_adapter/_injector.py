@@ -1,0 +1,589 @@
+"""Per-request span detection and result forcing, independent of any engine.
+
+An engine feeds the :class:`Injector` every token that enters the sequence (sampled or forced) and,
+before sampling each step, asks it what to force::
+
+    while not done:
+        forced = injector.forced_tokens()
+        if forced:                      # the local engine forwards them all at once;
+            feed(forced)                # SGLang forces forced[0] per step
+        elif injector.pending:          # a span closed and its value is not known yet
+            injector.wait()             # bounded by the span's deadline
+            continue
+        else:
+            feed([sample(masked_logits)])
+    # feed(ids): forward ids, then matcher.accept_token(i) and injector.accept_token(i) for each
+
+Spans are detected on the **decoded bytes**, never by token ids: SmolLM2's BPE merges ``><``,
+``)<``, ``></`` and ``Ġ<``, so a tag can begin or end in the middle of a token. For the same reason
+only the *remainder* of the result text after what the sequence already holds is forced (the
+model may have sampled ``><``, the ``<`` of ``<result``, as the token that closed the span).
+
+While the evaluation runs, the value-independent prefix shared by success and error (``<result``)
+can be forced already: that is the slack the engine can use to hide the evaluation's latency.
+A deadline always ends in ``<result_error>deadline_exceeded</result_error>``: generation never
+hangs on a slow or absent evaluator.
+
+Thread-safety: one injector belongs to one request and must be driven from one thread (the
+evaluations complete on other threads; the injector only reads their futures).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine_adapter._grammar import ERROR_CODE_REGEX, check_bindings, common_prefix
+from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
+
+__all__ = ["Injector", "SpanRecord", "TokenCodec"]
+
+_ERROR_CODE = re.compile(ERROR_CODE_REGEX)
+
+
+class TokenCodec:
+    """The bytes of every token, and the encoding of a continuation, for one tokenizer.
+
+    Engine-wide and immutable after construction: share one among all requests (building it
+    from a 49k vocabulary takes about a second).
+
+    Parameters:
+        token_bytes: the exact bytes each token id decodes to (``TokenizerInfo.decoded_vocab``);
+            ids beyond the list decode to nothing (padding rows of a larger LM head).
+        encode: the tokenizer's own encoding (no special tokens added). Its output is used only
+            when the tokens decode back to exactly the text asked for; otherwise (a tokenizer
+            that prepends a space to every encoding, or a text that starts inside a UTF-8
+            character) a greedy longest-match over the vocabulary is used.
+        special_ids: ids never used to force text (chat markers that happen to spell text).
+    """
+
+    def __init__(
+        self,
+        token_bytes: Sequence[bytes],
+        encode: Callable[[str], Sequence[int]] | None = None,
+        *,
+        special_ids: Iterable[int] = (),
+    ) -> None:
+        self._bytes = list(token_bytes)
+        self._encode = encode
+        self._special = frozenset(special_ids)
+        self._greedy: dict[bytes, int] | None = None
+        self._greedy_lock = threading.Lock()
+        self._max_len = 1
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: Any, *, vocab_size: int | None = None, tokenizer_info: Any = None
+    ) -> TokenCodec:
+        """From a transformers tokenizer (and its ``xgrammar.TokenizerInfo`` if already built).
+
+        ``vocab_size`` is the model's LM-head size when it differs from the tokenizer's.
+        """
+        if tokenizer_info is None:
+            import xgrammar
+
+            tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=vocab_size
+            )
+        decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        special = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
+        special.update(tokenizer_info.special_token_ids)
+        special.update(tokenizer_info.stop_token_ids)
+
+        def encode(text: str) -> Sequence[int]:
+            ids: Sequence[int] = tokenizer.encode(text, add_special_tokens=False)
+            return ids
+
+        return cls(tokenizer_info.decoded_vocab, encode, special_ids=special)
+
+    @classmethod
+    def shared(cls, tokenizer: Any) -> TokenCodec:
+        """One codec per tokenizer object in this process (built on first use)."""
+        with _SHARED_LOCK:
+            entry = _SHARED.get(id(tokenizer))
+            if entry is not None and entry[0] is tokenizer:
+                return entry[1]
+        codec = cls.from_tokenizer(tokenizer)
+        with _SHARED_LOCK:
+            _SHARED[id(tokenizer)] = (tokenizer, codec)
+        return codec
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._bytes)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token (empty for ids outside the vocabulary)."""
+        if 0 <= token_id < len(self._bytes):
+            return self._bytes[token_id]
+        return b""
+
+    def decode(self, token_ids: Iterable[int]) -> bytes:
+        return b"".join(self.token_bytes(t) for t in token_ids)
+
+    def encode_continuation(self, data: bytes) -> list[int]:
+        """Tokens whose bytes are exactly ``data``, to be appended after what came before.
+
+        The tokenizer's own encoding is preferred (it is what the model saw in training); the
+        result always decodes to ``data`` byte for byte, so the grammar matcher accepts it
+        wherever it accepts the text.
+        """
+        if not data:
+            return []
+        if self._encode is not None:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                ids = list(self._encode(text))
+                if self.decode(ids) == data and not self._special.intersection(ids):
+                    return ids
+        return self._greedy_encode(data)
+
+    def _greedy_encode(self, data: bytes) -> list[int]:
+        table = self._greedy_table()
+        out: list[int] = []
+        i = 0
+        while i < len(data):
+            for size in range(min(self._max_len, len(data) - i), 0, -1):
+                tid = table.get(data[i : i + size])
+                if tid is not None:
+                    out.append(tid)
+                    i += size
+                    break
+            else:
+                raise ValueError(f"no token spells byte {data[i : i + 1]!r}: cannot force it")
+        return out
+
+    def _greedy_table(self) -> dict[bytes, int]:
+        with self._greedy_lock:
+            if self._greedy is None:
+                table: dict[bytes, int] = {}
+                for tid, raw in enumerate(self._bytes):
+                    if raw and tid not in self._special:
+                        table.setdefault(raw, tid)
+                self._max_len = max((len(raw) for raw in table), default=1)
+                self._greedy = table
+            return self._greedy
+
+
+_SHARED: dict[int, tuple[Any, TokenCodec]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+@dataclass(eq=False)
+class SpanRecord:
+    """One span as it happened: what the model wrote, what came back, and how long it took.
+
+    Times are ``time.monotonic()`` seconds. ``result`` is ``None`` until the value is known (or
+    the deadline passes); ``injected`` is the result text forced after the span.
+    """
+
+    evaluator: str
+    content: str
+    begin_offset: int
+    """Byte offset of the span's opening string in the generated text."""
+    closed_at_token: int
+    """Number of tokens the sequence held when the span closed."""
+    submitted_at: float
+    deadline_at: float
+    future: concurrent.futures.Future[EvalResult] | None = field(default=None, repr=False)
+    result: EvalResult | None = None
+    ready_at: float | None = None
+    injected: str | None = None
+    waited_s: float = 0.0
+    """Time the engine spent blocked in :meth:`Injector.wait` for this span."""
+    diverged: bool = False
+    """The sequence left the result region before it was complete (only possible without the
+    grammar, or when an engine samples instead of forcing); nothing more was forced."""
+
+    @property
+    def value(self) -> str | None:
+        return self.result.value if self.result else None
+
+    @property
+    def error_code(self) -> str | None:
+        return self.result.error_code if self.result else None
+
+    @property
+    def latency_ms(self) -> float | None:
+        """Submit → value known, in milliseconds."""
+        if self.ready_at is None:
+            return None
+        return (self.ready_at - self.submitted_at) * 1000.0
+
+
+class _Phase(enum.Enum):
+    OUTSIDE = "outside"
+    INSIDE = "inside"
+    RESULT = "result"
+
+
+@dataclass(frozen=True)
+class _State:
+    """Everything rollback must restore; one per accepted token (cheap, immutable)."""
+
+    text_len: int = 0
+    phase: _Phase = _Phase.OUTSIDE
+    # OUTSIDE: where the search for an opener resumes; INSIDE: start of the content;
+    # RESULT: start of the result region (just after the closing string).
+    mark: int = 0
+    binding: int = -1
+    span_count: int = 0
+    plan: tuple[int, ...] = ()
+    plan_at: int = -1
+    """``text_len`` the plan was computed for; any other value means the plan is stale."""
+    plan_full: bool = False
+    """The plan covers the whole result text (else only the shared prefix ``<result``)."""
+
+
+class Injector:
+    """Detects closed spans, submits them, and tells the engine which tokens to force.
+
+    Parameters:
+        codec: the tokenizer's :class:`TokenCodec` (or a transformers tokenizer, for which the
+            process-wide shared codec is used).
+        bindings: the span kinds (``SpanGrammar.bindings``).
+        evaluator: where spans are evaluated; ``None`` records spans without evaluating or
+            forcing anything (``grammar-no-eval`` and ``no-grammar``, for the study's records).
+        deadline_ms: per span, from the moment it closes until its value must be known. At the
+            deadline the result becomes ``deadline_exceeded`` whatever the evaluator does.
+        auto_flush: call ``evaluator.flush()`` right after each submission. Engines that batch
+            many requests per step pass ``False`` and flush once per step themselves;
+            :meth:`wait` flushes in any case before it blocks.
+
+    Raises:
+        ValueError: bindings the text scanner cannot tell apart (see ``check_bindings``).
+    """
+
+    def __init__(
+        self,
+        codec: TokenCodec | Any,
+        bindings: Sequence[SpanBinding],
+        evaluator: SpanEvaluator | None,
+        *,
+        deadline_ms: int = 1000,
+        auto_flush: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if deadline_ms <= 0:
+            raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
+        check_bindings(list(bindings))
+        self._codec = codec if isinstance(codec, TokenCodec) else TokenCodec.shared(codec)
+        self._bindings = tuple(bindings)
+        self._evaluator = evaluator
+        self._deadline_s = deadline_ms / 1000.0
+        self._deadline_ms = deadline_ms
+        self._auto_flush = auto_flush
+        self._clock = clock
+        self._begins = [b.begin.encode() for b in self._bindings]
+        self._ends = [b.end.encode() for b in self._bindings]
+        self._max_begin = max((len(b) for b in self._begins), default=1)
+        self._prefixes = [
+            common_prefix(b.result_begin, b.error_begin).encode() for b in self._bindings
+        ]
+        self._value_checks: list[re.Pattern[str] | None] = []
+        for b in self._bindings:
+            try:
+                self._value_checks.append(re.compile(b.result_regex) if b.result_regex else None)
+            except re.error:
+                self._value_checks.append(None)  # XGrammar-only syntax: the grammar still checks
+        self._text = bytearray()
+        self._spans: list[SpanRecord] = []
+        self._history: list[_State] = [_State()]
+
+    # ----------------------------------------------------------------- what engines call
+
+    def accept_token(self, token_id: int) -> None:
+        """Records one token that entered the sequence (sampled or forced), in order."""
+        state = self._history[-1]
+        before = len(self._text)
+        if state.plan and state.plan_at == before and state.plan[0] == token_id:
+            rest = state.plan[1:]
+        else:
+            rest = ()
+        self._text += self._codec.token_bytes(token_id)
+        after = len(self._text)
+        state = replace(state, text_len=after, plan=rest, plan_at=after if rest else -1)
+        self._history.append(self._advance(state, before))
+
+    def accept_tokens(self, token_ids: Iterable[int]) -> None:
+        for token_id in token_ids:
+            self.accept_token(token_id)
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens to force next, in order; empty when the model may sample (or must wait).
+
+        Does not block and does not consume: feed the tokens back through :meth:`accept_token`
+        as they enter the sequence. An engine may force any prefix of the list (SGLang forces
+        one per step); the rest stays queued.
+        """
+        state = self._refresh()
+        if state.phase is not _Phase.RESULT:
+            return []
+        record = self._spans[state.span_count - 1]
+        if state.plan_at == state.text_len and (state.plan_full or record.result is None):
+            return list(state.plan)
+        emitted = bytes(self._text[state.mark :])
+        if record.result is not None:
+            target = self._render(state.binding, record.result)
+            remaining, full = target[len(emitted) :], True
+        else:
+            prefix = self._prefixes[state.binding]
+            remaining, full = prefix[len(emitted) :], False
+        try:
+            plan = tuple(self._codec.encode_continuation(remaining))
+        except ValueError:
+            record.diverged = True  # the vocabulary cannot spell it: give the sequence back
+            self._history[-1] = self._leave(state, state.mark)
+            return []
+        self._history[-1] = replace(state, plan=plan, plan_at=state.text_len, plan_full=full)
+        return list(plan)
+
+    @property
+    def pending(self) -> bool:
+        """A span closed and its result region is not complete: the engine must not sample.
+
+        Then either :meth:`forced_tokens` has tokens, or the value is not known yet and the
+        engine should :meth:`wait`.
+        """
+        return self._refresh().phase is _Phase.RESULT
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Blocks until the pending span's value is known, the deadline passes, or ``timeout_s``.
+
+        Flushes the evaluator first (a submission must be on its way before anyone waits for
+        it). After the deadline the result is ``deadline_exceeded``, so a loop of ``wait`` and
+        :meth:`forced_tokens` always terminates.
+
+        Returns:
+            Whether there is something to force now.
+        """
+        state = self._refresh()
+        if state.phase is not _Phase.RESULT:
+            return False
+        record = self._spans[state.span_count - 1]
+        if record.result is None:
+            if self._evaluator is not None:
+                self._evaluator.flush()
+            budget = record.deadline_at - self._clock()
+            if timeout_s is not None:
+                budget = min(budget, timeout_s)
+            if budget > 0 and record.future is not None:
+                started = self._clock()
+                concurrent.futures.wait([record.future], timeout=budget)
+                record.waited_s += self._clock() - started
+        return bool(self.forced_tokens())
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forgets the last ``num_tokens`` accepted tokens: text, span detection and queue.
+
+        Spans that closed within the forgotten tokens are dropped from :attr:`spans` (their
+        evaluations, if still running, are ignored); a span closed again is submitted again.
+
+        Raises:
+            ValueError: more tokens than were accepted.
+        """
+        if num_tokens < 0 or num_tokens >= len(self._history):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: {len(self._history) - 1} accepted"
+            )
+        if num_tokens == 0:
+            return
+        del self._history[len(self._history) - num_tokens :]
+        state = self._history[-1]
+        del self._text[state.text_len :]
+        del self._spans[state.span_count :]
+        if state.phase is _Phase.RESULT:
+            self._spans[state.span_count - 1].diverged = False  # decided again from here
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def spans(self) -> list[SpanRecord]:
+        """Every span that closed in the current sequence, in order."""
+        return list(self._spans[: self._history[-1].span_count])
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._history) - 1
+
+    @property
+    def text(self) -> str:
+        """The decoded text of all accepted tokens (invalid UTF-8 replaced)."""
+        return self._text.decode("utf-8", errors="replace")
+
+    @property
+    def in_span(self) -> bool:
+        """Inside a span's content (opened, not yet closed)."""
+        return self._history[-1].phase is _Phase.INSIDE
+
+    @property
+    def bindings(self) -> tuple[SpanBinding, ...]:
+        return self._bindings
+
+    # ----------------------------------------------------------------- internals
+
+    def _refresh(self) -> _State:
+        """Resolves the current span's result if it became known and moves on if that decides
+        anything (the sequence may already hold more than the shared prefix)."""
+        state = self._history[-1]
+        if state.phase is _Phase.RESULT:
+            record = self._spans[state.span_count - 1]
+            if record.result is None and self._resolve(state.binding, record):
+                state = self._advance(state, state.text_len)
+                self._history[-1] = state
+        return state
+
+    def _advance(self, state: _State, before: int) -> _State:
+        """Runs the scanner over the bytes added since ``before`` (possibly several phases:
+        ``><`` both closes a span and starts its result region)."""
+        text = self._text
+        while True:
+            if state.phase is _Phase.OUTSIDE:
+                start = max(state.mark, before - self._max_begin + 1)
+                found = self._find_begin(start)
+                if found is None:
+                    mark = max(state.mark, len(text) - self._max_begin + 1)
+                    return replace(state, mark=mark)
+                index, at = found
+                state = replace(
+                    state, phase=_Phase.INSIDE, binding=index, mark=at + len(self._begins[index])
+                )
+            elif state.phase is _Phase.INSIDE:
+                end = self._ends[state.binding]
+                at = text.find(end, max(state.mark, before - len(end) + 1))
+                if at < 0:
+                    return state
+                state = self._close(state, at)
+            else:
+                record = self._spans[state.span_count - 1]
+                emitted = bytes(text[state.mark :])
+                if record.result is not None:
+                    target = self._render(state.binding, record.result)
+                    if emitted.startswith(target):
+                        state = self._leave(state, state.mark + len(target))
+                        continue
+                    if target.startswith(emitted):
+                        return state
+                else:
+                    prefix = self._prefixes[state.binding]
+                    if prefix.startswith(emitted) or emitted.startswith(prefix):
+                        return state  # consistent so far; decided once the value is known
+                record.diverged = True
+                state = self._leave(state, state.mark)
+
+    def _find_begin(self, start: int) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        for index, begin in enumerate(self._begins):
+            at = self._text.find(begin, start)
+            if at >= 0 and (best is None or at < best[1]):
+                best = (index, at)
+        return best
+
+    def _close(self, state: _State, end_at: int) -> _State:
+        binding = self._bindings[state.binding]
+        content_bytes = bytes(self._text[state.mark : end_at])
+        now = self._clock()
+        record = SpanRecord(
+            evaluator=binding.evaluator,
+            content=content_bytes.decode("utf-8", errors="replace"),
+            begin_offset=state.mark - len(self._begins[state.binding]),
+            closed_at_token=len(self._history),
+            submitted_at=now,
+            deadline_at=now + self._deadline_s,
+        )
+        del self._spans[state.span_count :]
+        self._spans.append(record)
+        result_at = end_at + len(self._ends[state.binding])
+        state = replace(
+            state,
+            phase=_Phase.RESULT,
+            mark=result_at,
+            span_count=state.span_count + 1,
+            plan=(),
+            plan_at=-1,
+            plan_full=False,
+        )
+        if self._evaluator is None:
+            return self._leave(state, result_at)
+        try:
+            record.future = self._evaluator.submit(
+                binding.evaluator, record.content, self._deadline_ms
+            )
+            if self._auto_flush:
+                self._evaluator.flush()
+        except Exception as exc:  # a client must not raise; if it does, the span still ends
+            self._set_result(
+                state.binding, record, EvalResult(None, "internal", f"submit failed: {exc}")
+            )
+        return state
+
+    def _leave(self, state: _State, mark: int) -> _State:
+        return replace(
+            state, phase=_Phase.OUTSIDE, mark=mark, binding=-1, plan=(), plan_at=-1,
+            plan_full=False,
+        )
+
+    def _resolve(self, binding_index: int, record: SpanRecord) -> bool:
+        """Takes the value if it is known, or the deadline error if it is due. Never blocks."""
+        if record.result is not None:
+            return True
+        future = record.future
+        if future is not None and future.done():
+            try:
+                result = future.result()
+            except Exception as exc:
+                result = EvalResult(None, "internal", f"evaluator failed: {exc}")
+        elif self._clock() >= record.deadline_at:
+            result = EvalResult(
+                None,
+                "deadline_exceeded",
+                f"no result within the span deadline of {self._deadline_ms} ms",
+            )
+        else:
+            return False
+        self._set_result(binding_index, record, result)
+        return True
+
+    def _set_result(self, binding_index: int, record: SpanRecord, result: EvalResult) -> None:
+        record.result = self._sanitize(binding_index, result)
+        record.ready_at = self._clock()
+        record.injected = self._render(binding_index, record.result).decode("utf-8", "replace")
+
+    def _sanitize(self, binding_index: int, result: EvalResult) -> EvalResult:
+        """Makes sure the grammar will accept the rendered result (its tokens are forced)."""
+        binding = self._bindings[binding_index]
+        if result.value is not None and result.error_code is None:
+            check = self._value_checks[binding_index]
+            bad = binding.result_end in result.value or (
+                check is not None and check.fullmatch(result.value) is None
+            )
+            if not bad:
+                return result
+            return EvalResult(
+                None,
+                "guest_fault",
+                f"the evaluator's value {result.value[:40]!r} does not match its result_regex",
+                result.fuel_used,
+                result.eval_time_us,
+            )
+        code = result.error_code or "internal"
+        if not _ERROR_CODE.fullmatch(code):
+            code = "internal"
+        if code == result.error_code and result.value is None:
+            return result
+        return EvalResult(None, code, result.message, result.fuel_used, result.eval_time_us)
+
+    def _render(self, binding_index: int, result: EvalResult) -> bytes:
+        b = self._bindings[binding_index]
+        if result.value is not None and result.error_code is None:
+            return (b.result_begin + result.value + b.result_end).encode()
+        return (b.error_begin + (result.error_code or "internal") + b.error_end).encode()
