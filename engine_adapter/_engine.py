@@ -1,0 +1,488 @@
+"""The local CPU engine: a decode loop over a real model, with the span grammar and injection.
+
+One step: fill the grammar's token bitmask, mask the logits, sample, feed the token to the
+grammar matcher and to the :class:`~engine_adapter.Injector`; when the injector has forced tokens
+queued (a span closed and its result is ready), feed them to the matcher too and run the sampled
+token **and all forced tokens in one forward**, so the KV cache holds the injected result exactly
+as if the model had written it, at the cost of one decode step. SGLang cannot do that yet (each
+forced token is a step there); this engine shows the floor.
+
+Only :class:`~engine_adapter._backend.Backend` touches the model, so the loop is the same on
+llama.cpp and on transformers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine_adapter._backend import Backend
+from engine_adapter._grammar import EvaluatorSpec, Mode, build_structural_tag, special_token_texts
+from engine_adapter._injector import Injector, TokenCodec
+
+if TYPE_CHECKING:
+    from engine_adapter._types import SpanEvaluator
+
+__all__ = [
+    "EngineError",
+    "GenerationResult",
+    "LocalEngine",
+    "SpanTiming",
+    "StepTiming",
+    "TextCallback",
+]
+
+#: Called with each new piece of text as it is produced; ``forced`` is true for text the engine
+#: forced (the prefix and injected results) rather than text the model sampled.
+TextCallback = Callable[[str, bool], None]
+
+_REPLACEMENT = "\ufffd"
+
+
+class EngineError(ValueError):
+    """A request the engine cannot run: a prefix the grammar refuses, a prompt longer than the
+    context window, a mode that needs an evaluator when none was given."""
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One decode step. ``kind`` is ``prefill`` (prompt and prefix), ``sample`` (one sampled
+    token forwarded) or ``inject`` (a sampled token plus forced result tokens in one forward)."""
+
+    kind: str
+    n_forwarded: int
+    forward_us: int
+    mask_us: int = 0
+    sample_us: int = 0
+    accept_us: int = 0
+    wait_us: int = 0
+    """Time spent blocked on an evaluation result (0 when it was ready)."""
+
+
+@dataclass(frozen=True)
+class SpanTiming:
+    """One evaluated span, as the engine saw it."""
+
+    evaluator: str
+    content: str
+    forced_text: str
+    """The text the engine forced after the span (``<result>482</result>`` or an error)."""
+    value: str | None
+    error_code: str | None
+    n_forced_tokens: int
+    wait_us: int
+    """Blocked on the evaluation after the span closed (0 if the result was already there)."""
+    eval_latency_us: int
+    """From submission to the result being available, as measured by the injector."""
+    inject_forward_us: int
+    """The one forward that carried the sampled token plus the forced tokens."""
+    step: int
+
+
+@dataclass
+class GenerationResult:
+    """What :meth:`LocalEngine.generate` returns.
+
+    ``text`` is the answer as the model's context holds it: the forced prefix, sampled text and
+    injected results, without the end-of-turn token.
+    """
+
+    text: str
+    mode: str
+    backend: str
+    prompt_tokens: int
+    reused_cache_tokens: int
+    token_ids: list[int]
+    n_sampled: int
+    n_forced: int
+    stop_reason: str
+    """``eos`` (the model ended its turn), ``max_new_tokens``, ``context`` (window full) or
+    ``grammar`` (the grammar allowed no token, which a correct grammar never does)."""
+    spans: list[SpanTiming] = field(default_factory=list)
+    steps: list[StepTiming] = field(default_factory=list)
+    prefill_us: int = 0
+    decode_us: int = 0
+    total_us: int = 0
+    grammar_compile_us: int = 0
+
+    @property
+    def n_forwards(self) -> int:
+        """Forward passes after the prefill."""
+        return sum(1 for step in self.steps if step.kind != "prefill")
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Sampled plus forced tokens per second of decoding (prefill excluded)."""
+        n = self.n_sampled + self.n_forced
+        return n / (self.decode_us / 1e6) if self.decode_us > 0 else 0.0
+
+    def to_dict(self, *, with_steps: bool = False) -> dict[str, Any]:
+        """A JSON-ready summary (per-step timings only when asked: they are long)."""
+        out = asdict(self)
+        if not with_steps:
+            out.pop("steps")
+        out["n_forwards"] = self.n_forwards
+        out["tokens_per_s"] = round(self.tokens_per_s, 2)
+        return out
+
+
+def _us(start_ns: int) -> int:
+    return (time.perf_counter_ns() - start_ns) // 1000
+
+
+class _Detokenizer:
+    """Incremental decoding that never emits half a UTF-8 character.
+
+    Decoding the whole answer each step is simple and exact (merged BPE tokens such as ``><``
+    decode correctly only in context); for answers of a few hundred tokens it costs well under a
+    millisecond per step.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def text(self) -> str:
+        decoded: str = self._tokenizer.decode(self.ids, skip_special_tokens=False)
+        return decoded
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Adds ids; returns the newly complete text (empty while a character is incomplete)."""
+        self.ids.extend(ids)
+        text = self.text()
+        if text.endswith(_REPLACEMENT) or not text.startswith(self.emitted):
+            return ""
+        delta = text[len(self.emitted) :]
+        self.emitted = text
+        return delta
+
+
+class LocalEngine:
+    """Generates one answer at a time over a :class:`Backend`, with the span grammar.
+
+    Compiled grammars are cached per (mode, prefix); the KV cache of the previous request is
+    reused for the longest shared prompt prefix (the system prompt, in the accuracy study).
+    Not thread-safe.
+
+    Parameters:
+        backend: the model runtime (see :func:`engine_adapter.load_backend`).
+        tokenizer: SmolLM2's transformers tokenizer (:func:`engine_adapter.load_tokenizer`).
+        evaluators: the evaluators whose spans the grammar allows (from ``ListEvaluators`` or
+            :func:`engine_adapter.standard_evaluators`).
+        evaluator: where ``grammar-eval`` sends spans (evald stream client, in-process WASM host
+            or Python reference); not needed for the other modes.
+        deadline_ms: per-span evaluation deadline; past it the engine forces
+            ``<result_error>deadline_exceeded</result_error>`` and goes on.
+        system_prompt: the chat system message (``None``: the template's default).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Any,
+        evaluators: Sequence[EvaluatorSpec],
+        *,
+        evaluator: SpanEvaluator | None = None,
+        deadline_ms: int = 1000,
+        system_prompt: str | None = None,
+    ) -> None:
+        import xgrammar as xgr
+
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.evaluators = tuple(evaluators)
+        self.evaluator = evaluator
+        self.deadline_ms = deadline_ms
+        self.system_prompt = system_prompt
+        self._xgr = xgr
+        self._tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=backend.vocab_size, stop_token_ids=[backend.eos_token_id]
+        )
+        self._codec = TokenCodec.from_tokenizer(
+            tokenizer, vocab_size=backend.vocab_size, tokenizer_info=self._tokenizer_info
+        )
+        self._compiler = xgr.GrammarCompiler(self._tokenizer_info, max_threads=1)
+        self._specials = special_token_texts(tokenizer)
+        self._grammars: dict[tuple[Mode, str], tuple[Any, Any]] = {}
+        self._bitmask = xgr.allocate_token_bitmask(1, backend.vocab_size)
+
+    # -- request preparation --------------------------------------------------------------
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The chat-templated prompt, ending with the assistant turn's opening."""
+        messages = []
+        if self.system_prompt is not None:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        return [int(token) for token in ids]
+
+    def compiled_grammar(self, mode: Mode | str, prefix: str = "") -> tuple[Any, Any]:
+        """``(SpanGrammar, CompiledGrammar)`` for a grammar mode and prefix, compiled once.
+
+        Raises:
+            EngineError: no-grammar mode, or a prefix the span grammar cannot express.
+        """
+        mode = Mode.parse(mode)
+        if mode is Mode.NO_GRAMMAR:
+            raise EngineError("no-grammar mode has no grammar")
+        key = (mode, prefix)
+        if key not in self._grammars:
+            try:
+                span_grammar = build_structural_tag(
+                    self.evaluators, mode, prefix=prefix or None, special_tokens=self._specials
+                )
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+            compiled = self._compiler.compile_structural_tag(span_grammar.json())
+            self._grammars[key] = (span_grammar, compiled)
+        return self._grammars[key]
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        mode: Mode | str = Mode.GRAMMAR_EVAL,
+        prefix: str = "",
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        on_text: TextCallback | None = None,
+    ) -> GenerationResult:
+        """Generates one answer.
+
+        Parameters:
+            prompt: the user message (the chat template is applied here).
+            mode: ``no-grammar``, ``grammar-no-eval`` or ``grammar-eval``.
+            prefix: text the answer is forced to begin with, passed through the model and the
+                grammar (``"The expression is <calc>"`` enters a span at once).
+            max_new_tokens: most tokens to *sample*; forced tokens do not count, and a result
+                being injected is always completed.
+            temperature: ``0`` for greedy decoding, else the softmax temperature.
+            top_p: nucleus sampling mass (with ``temperature > 0``).
+            seed: seeds the sampler; the same seed, prompt and backend give the same answer.
+            on_text: streaming callback, called with each new piece of text.
+
+        Raises:
+            EngineError: the prefix does not fit the grammar, the prompt does not fit the
+                context window, or ``grammar-eval`` without an evaluator.
+        """
+        mode = Mode.parse(mode)
+        if max_new_tokens < 0:
+            raise EngineError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise EngineError("temperature must be >= 0 and top_p in (0, 1]")
+        if mode is Mode.GRAMMAR_EVAL and self.evaluator is None:
+            raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
+        started = time.perf_counter_ns()
+        xgr = self._xgr
+        backend = self.backend
+        eos = backend.eos_token_id
+
+        matcher: Any = None
+        injector: Injector | None = None
+        compile_us = 0
+        if mode is not Mode.NO_GRAMMAR:
+            t0 = time.perf_counter_ns()
+            span_grammar, compiled = self.compiled_grammar(mode, prefix)
+            compile_us = _us(t0)
+            matcher = xgr.GrammarMatcher(compiled)
+            # Without an evaluator the injector only records the spans the model writes.
+            injector = Injector(
+                self._codec,
+                span_grammar.bindings,
+                self.evaluator if mode is Mode.GRAMMAR_EVAL else None,
+                deadline_ms=self.deadline_ms,
+            )
+
+        prompt_ids = self.prompt_ids(prompt)
+        prefix_ids = (
+            [int(t) for t in self.tokenizer.encode(prefix, add_special_tokens=False)]
+            if prefix
+            else []
+        )
+        detok = _Detokenizer(self.tokenizer)
+        for prefix_token in prefix_ids:
+            if matcher is not None and not matcher.accept_token(prefix_token):
+                raise EngineError(
+                    f"the prefix {prefix!r} does not fit the {mode.value} grammar (token "
+                    f"{prefix_token} = {self.tokenizer.decode([prefix_token])!r} refused)"
+                )
+            if injector is not None:
+                injector.accept_token(prefix_token)
+        result = GenerationResult(
+            text="",
+            mode=mode.value,
+            backend=backend.name,
+            prompt_tokens=len(prompt_ids),
+            reused_cache_tokens=0,
+            token_ids=[],
+            n_sampled=0,
+            n_forced=len(prefix_ids),
+            stop_reason="max_new_tokens",
+            grammar_compile_us=compile_us,
+        )
+        if len(prompt_ids) + len(prefix_ids) + 1 > backend.n_ctx:
+            raise EngineError(
+                f"the prompt takes {len(prompt_ids) + len(prefix_ids)} tokens; the context "
+                f"window holds {backend.n_ctx}"
+            )
+
+        # Prefill, reusing the longest prefix the KV cache already holds (at least one token
+        # must be forwarded to get logits).
+        full = prompt_ids + prefix_ids
+        reuse = _common_prefix_len(backend.tokens, full)
+        reuse = min(reuse, len(full) - 1)
+        t0 = time.perf_counter_ns()
+        backend.truncate(reuse)
+        logits = backend.forward(full[reuse:])
+        result.prefill_us = _us(t0)
+        result.reused_cache_tokens = reuse
+        result.steps.append(StepTiming("prefill", len(full) - reuse, result.prefill_us))
+        emitted = detok.push(prefix_ids)
+        if emitted and on_text is not None:
+            on_text(emitted, True)
+
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(seed)
+        decode_start = time.perf_counter_ns()
+        span_count = 0
+        while result.n_sampled < max_new_tokens:
+            # 1. mask
+            t0 = time.perf_counter_ns()
+            if matcher is not None:
+                matcher.fill_next_token_bitmask(self._bitmask)
+                xgr.apply_token_bitmask_inplace(logits.unsqueeze(0), self._bitmask)
+            mask_us = _us(t0)
+            # 2. sample
+            t0 = time.perf_counter_ns()
+            token = _sample(logits, temperature, top_p, generator)
+            sample_us = _us(t0)
+            if token is None:
+                result.stop_reason = "grammar"
+                break
+            result.n_sampled += 1
+            # 3. accept
+            t0 = time.perf_counter_ns()
+            if matcher is not None and not matcher.accept_token(token):
+                # Cannot happen with a correct mask; stop rather than emit an illegal token.
+                result.stop_reason = "grammar"
+                break
+            if token == eos:
+                result.stop_reason = "eos"
+                break
+            if injector is not None:
+                injector.accept_token(token)
+            accept_us = _us(t0)
+            emitted = detok.push([token])
+            if emitted and on_text is not None:
+                on_text(emitted, False)
+            # 4. forced tokens: a closed span's result, all in the next forward. The value is
+            # awaited first (bounded by the span deadline) so that the whole result text is
+            # tokenized canonically in one piece rather than as "<result" + the rest.
+            forced: list[int] = []
+            wait_us = 0
+            while injector is not None and injector.pending:
+                t0 = time.perf_counter_ns()
+                injector.wait()
+                wait_us += _us(t0)
+                more = injector.forced_tokens()
+                if not more:
+                    break
+                for forced_token in more:
+                    if not matcher.accept_token(forced_token):
+                        raise RuntimeError(  # the injector promises grammar-legal tokens
+                            f"the grammar refused forced token {forced_token}"
+                        )
+                    injector.accept_token(forced_token)
+                forced.extend(more)
+            if backend.n_tokens + 1 + len(forced) > backend.n_ctx:
+                result.stop_reason = "context"
+                break
+            t0 = time.perf_counter_ns()
+            logits = backend.forward([token, *forced])
+            forward_us = _us(t0)
+            result.steps.append(
+                StepTiming(
+                    "inject" if forced else "sample",
+                    1 + len(forced),
+                    forward_us,
+                    mask_us,
+                    sample_us,
+                    accept_us,
+                    wait_us,
+                )
+            )
+            if forced:
+                result.n_forced += len(forced)
+                emitted = detok.push(forced)
+                if emitted and on_text is not None:
+                    on_text(emitted, True)
+            if injector is not None and len(injector.spans) > span_count:
+                for record in injector.spans[span_count:]:
+                    result.spans.append(
+                        SpanTiming(
+                            evaluator=record.evaluator,
+                            content=record.content,
+                            forced_text=record.injected or "",
+                            value=record.value,
+                            error_code=record.error_code,
+                            n_forced_tokens=len(forced),
+                            wait_us=wait_us,
+                            eval_latency_us=int((record.latency_ms or 0.0) * 1000),
+                            inject_forward_us=forward_us if forced else 0,
+                            step=result.n_sampled,
+                        )
+                    )
+                span_count = len(injector.spans)
+            if matcher is not None and matcher.is_terminated():
+                result.stop_reason = "eos"
+                break
+        result.token_ids = list(detok.ids)
+        result.text = detok.text()
+        if on_text is not None and result.text.startswith(detok.emitted):
+            tail = result.text[len(detok.emitted) :]
+            if tail:
+                on_text(tail, False)
+        result.decode_us = _us(decode_start)
+        result.total_us = _us(started)
+        return result
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _sample(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> int | None:
+    """Greedy (``temperature == 0``) or seeded nucleus sampling over masked logits; ``None``
+    when every token is masked."""
+    if temperature == 0:
+        token = int(torch.argmax(logits))
+        return None if logits[token] == float("-inf") else token
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
+        return None
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+        sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+        choice = int(torch.multinomial(sorted_probs, 1, generator=generator))
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=generator))
