@@ -524,11 +524,7 @@ def test_hardened_unit_serves_under_systemd(start_sandbox: SandboxFactory) -> No
 
     # The live process carries the hardening.
     main_pid_inside = int(box.show("evald.service", "MainPID"))
-    host_pid = next(
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _ns_pid(int(p.name)) == (box.pid, main_pid_inside)
-    )
+    host_pid = _host_pid(box, main_pid_inside)
     status = _status(host_pid)
     evald_uid = int(box.run("id", "-u", "evald", check=True).stdout)
     assert status["Uid"].split()[0] == str(evald_uid) != "0"
@@ -577,27 +573,20 @@ def test_hardened_unit_serves_under_systemd(start_sandbox: SandboxFactory) -> No
     assert "draining" in box.log()
 
 
-def _ns_pid(host_pid: int) -> tuple[int, int] | None:
-    """(namespace's PID 1 on the host, pid inside) for a process in a nested PID namespace."""
-    try:
-        status = _status(host_pid)
-    except OSError:
-        return None
-    pids = status.get("NSpid", "").split()
-    if len(pids) < 2:
-        return None
-    return (_ns_init(host_pid), int(pids[-1]))
-
-
-def _ns_init(host_pid: int) -> int:
-    """The host pid of PID 1 in ``host_pid``'s PID namespace (its ancestor with NSpid ... 1)."""
-    pid = host_pid
-    while pid > 1:
-        status = _status(pid)
-        if status.get("NSpid", "").split()[-1:] == ["1"]:
-            return pid
-        pid = int(status["PPid"])
-    return 0
+def _host_pid(box: Sandbox, pid_inside: int) -> int:
+    """The host's pid of the process that is ``pid_inside`` in the sandbox's PID namespace."""
+    namespace = os.readlink(f"/proc/{box.pid}/ns/pid")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            if _status(int(entry.name)).get("NSpid", "").split()[-1:] == [str(pid_inside)]:
+                return int(entry.name)
+        except OSError:
+            continue  # the process ended while we looked
+    raise AssertionError(f"no process {pid_inside} in the sandbox")
 
 
 def test_memory_deny_write_execute_would_break_the_evaluators(
