@@ -192,11 +192,21 @@ class Registry:
         standard = self._standard.get(name_or_tag) or next(
             (ev for ev in self._standard.values() if ev.tag == name_or_tag), None
         )
-        if standard is not None:
+        config = self._tenants.get(tenant)
+        standard_name = standard.name if standard is not None else None
+        if standard_name is None and name_or_tag in STANDARD_EVALUATORS:
+            standard_name = name_or_tag
+        if standard_name is not None:
+            if config is None or not config.may_use_standard(standard_name):
+                raise EvaldError(
+                    ErrorCode.PERMISSION_DENIED,
+                    f"tenant {tenant!r} may not use the standard evaluator {standard_name!r} "
+                    "(add it to the tenant's `evaluators` in the daemon config)",
+                )
             raise EvaldError(
-                ErrorCode.PERMISSION_DENIED,
-                f"tenant {tenant!r} may not use the standard evaluator {standard.name!r} "
-                "(add it to the tenant's `evaluators` in the daemon config)",
+                ErrorCode.UNKNOWN_EVALUATOR,
+                f"the standard evaluator {standard_name!r} is not installed on this daemon "
+                "(build it with `python -m evaluators_wasm.build`)",
             )
         shown = name_or_tag if len(name_or_tag) <= 64 else name_or_tag[:64] + "..."
         raise EvaldError(

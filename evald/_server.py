@@ -145,6 +145,34 @@ class _Work:
 _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
 
 
+class _Batch:
+    """Items of one call being drained by worker jobs; ``done`` resolves when all finished."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: collections.deque[_Work], deliver: _Deliver
+    ) -> None:
+        self.loop = loop
+        self.queue = queue
+        self.deliver = deliver
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._remaining = len(queue)
+        self._lock = threading.Lock()
+
+    def finish(self, work: _Work, response: pb.EvaluateResponse) -> None:
+        """Delivers one result (any thread); the last one resolves ``done``."""
+        self.deliver(work, response)
+        with self._lock:
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 class _Sink:
     """Where a stream's workers drop finished results; wakes the sender once per burst."""
 
@@ -643,40 +671,52 @@ class EvaldServer:
             )
         return response
 
-    def _run_slice(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
+    def _drain_job(self, batch: _Batch) -> None:
+        """Runs queued items on this worker for one time slice, then re-queues itself behind
+        other work, so a big batch shares the workers and a slow item holds back only the
+        worker it runs on."""
         end = time.monotonic() + _SLICE_S
         while True:
             try:
-                work = queue.popleft()
+                work = batch.queue.popleft()
             except IndexError:
                 return
-            deliver(work, self.run(work))
-            if time.monotonic() >= end:
-                return
+            batch.finish(work, self.run(work))
+            if batch.queue and time.monotonic() >= end:
+                try:
+                    self.pool.submit(self._drain_job, batch)
+                    return
+                except RuntimeError:  # the pool is shutting down: finish here
+                    end = float("inf")
 
     async def drain(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
-        """Runs every queued evaluation on the workers; ``deliver`` is called on a worker thread
-        as each finishes. Items never started (the call was cancelled) release their quota."""
+        """Runs every queued evaluation on the workers and returns when all have finished.
+
+        ``deliver`` is called on a worker thread as each finishes. When the caller is
+        cancelled, items not yet started are answered ``unavailable`` and release their quota.
+        """
+        if not queue:
+            return
         loop = asyncio.get_running_loop()
+        batch = _Batch(loop, queue, deliver)
+        submitted = 0
         try:
-            while queue:
-                jobs = min(self.threads, len(queue))
-                await asyncio.gather(
-                    *(
-                        loop.run_in_executor(self.pool, self._run_slice, queue, deliver)
-                        for _ in range(jobs)
-                    )
-                )
-        except RuntimeError:  # the pool is shut down: answer what is left
+            for _ in range(min(self.threads, len(queue))):
+                self.pool.submit(self._drain_job, batch)
+                submitted += 1
+        except RuntimeError:  # the pool is shut down: answer what is left below
             pass
+        try:
+            if submitted:  # one job is enough to finish every item
+                await batch.done
         finally:
-            while queue:
+            while True:
                 try:
-                    work = queue.popleft()
+                    work = batch.queue.popleft()
                 except IndexError:
                     break
                 work.tenant.release()
-                deliver(
+                batch.finish(
                     work,
                     _error_response(
                         work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
