@@ -135,6 +135,12 @@ fn isDigit(c: u8) bool {
     return c >= '0' and c <= '9';
 }
 
+/// Eight input bytes as one word: the scans of runs of ASCII and of spaces go a word at a time,
+/// so a 1 MiB input costs a fraction of the fuel of a byte loop.
+fn word64(s: []const u8, i: usize) u64 {
+    return std.mem.readInt(u64, s[i..][0..8], .little);
+}
+
 fn isSpace(c: u8) bool {
     return c == ' ' or c == '\t' or c == '\n' or c == '\r';
 }
@@ -159,6 +165,7 @@ const Parser = struct {
     fn skipWs(p: *Parser) void {
         const text = p.text;
         var i = p.pos;
+        while (i + 8 <= text.len and word64(text, i) == 0x2020202020202020) i += 8;
         while (i < text.len and isSpace(text[i])) i += 1;
         p.pos = i;
     }
@@ -280,8 +287,10 @@ fn formatInt(value: i64) []const u8 {
 }
 
 fn run(text: []const u8) Error![]const u8 {
-    for (text, 0..) |byte, i| {
-        if (byte >= 0x80) return fail(error.Syntax, "non-ASCII byte at byte {d}", .{i});
+    var i: usize = 0;
+    while (i + 8 <= text.len and word64(text, i) & 0x8080808080808080 == 0) i += 8;
+    for (text[i..], i..) |byte, at| {
+        if (byte >= 0x80) return fail(error.Syntax, "non-ASCII byte at byte {d}", .{at});
     }
     var p = Parser{ .text = text };
     const result = try p.top();
