@@ -41,18 +41,23 @@ MAX_RESULT_EXPONENT = 4300
 SIGNIFICANT_DIGITS = 28
 """Non-integer results are rounded half-even to this many significant digits."""
 
-_WHITESPACE = frozenset(b" \t\n\r")
-_DIGITS = re.compile(rb"[0-9]*")
+# One token after optional whitespace: a number (group 1: digits, 2: the point, 3: digits after
+# it), an operator or parenthesis (group 4), or nothing (the byte at the match's end is invalid).
+_TOKEN = re.compile(rb"[ \t\n\r]*(?:(?=[0-9.])([0-9]*)(?:(\.)([0-9]*))?|(\*\*|[-+*/%()]))?")
 
 # Operators on the parser's stack. Binary ones by their text; unary signs and the group marker
 # get names that cannot clash.
 _NEG, _POS, _OPEN = "neg", "pos", "("
+_PREFIX = {b"-": _NEG, b"+": _POS, b"(": _OPEN}
+_BINARY = {b"+": "+", b"-": "-", b"*": "*", b"/": "/", b"%": "%", b"**": "**"}
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "%": 2, _NEG: 3, _POS: 3, "**": 4}
-_RIGHT_ASSOCIATIVE = frozenset({"**"})
 # Operators that open a nesting level (counted against MAX_DEPTH while on the stack).
 _NESTING = frozenset({_OPEN, _NEG, _POS, "**"})
 
-_Item = Fraction | str
+# Values are ints while they are integers (faster than Fraction); both have .numerator and
+# .denominator, which is all the checks and the formatting look at.
+_Value = int | Fraction
+_Item = _Value | str
 
 
 def evaluate(data: bytes) -> str:
@@ -78,168 +83,163 @@ def _describe(data: bytes, pos: int) -> str:
 
 
 def _parse(data: bytes) -> list[_Item]:
-    """Returns the expression in postfix order (numbers as Fractions, operators as strings)."""
+    """Returns the expression in postfix order (numbers as values, operators as strings)."""
     out: list[_Item] = []
     ops: list[str] = []
     depth = 0
     expect_operand = True
     pos, end = 0, len(data)
-
-    def push_nesting(op: str, at: int) -> None:
-        nonlocal depth
-        depth += 1
-        if depth > MAX_DEPTH:
-            raise GuestError("too_large", f"nesting deeper than {MAX_DEPTH} levels at offset {at}")
-        ops.append(op)
-
-    def pop() -> str:
-        nonlocal depth
-        op = ops.pop()
-        if op in _NESTING:
-            depth -= 1
-        return op
-
+    token = _TOKEN.match
     while True:
-        while pos < end and data[pos] in _WHITESPACE:
-            pos += 1
+        m = token(data, pos)
+        assert m is not None  # every part of the pattern is optional
+        whole, point, fraction, symbol = m.groups()
+        pos = m.end()
         if expect_operand:
-            char = data[pos] if pos < end else -1
-            if 0x30 <= char <= 0x39 or char == 0x2E:  # digit or '.'
-                number, pos = _literal(data, pos)
-                out.append(number)
+            if whole is not None:
+                out.append(_literal(m.start(1), whole, point, fraction))
                 expect_operand = False
-            elif char == 0x28:  # (
-                push_nesting(_OPEN, pos)
-                pos += 1
-            elif char == 0x2D:  # -
-                push_nesting(_NEG, pos)
-                pos += 1
-            elif char == 0x2B:  # +
-                push_nesting(_POS, pos)
-                pos += 1
+            elif symbol in _PREFIX:
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _too_deep(m.start(4))
+                ops.append(_PREFIX[symbol])
             else:
+                at = pos if symbol is None else m.start(4)
                 raise GuestError(
-                    "syntax", f"expected a number, '(' or a sign; found {_describe(data, pos)}"
+                    "syntax", f"expected a number, '(' or a sign; found {_describe(data, at)}"
                 )
             continue
-        if pos >= end:
-            while ops:
-                op = pop()
+        if symbol is None or whole is not None:
+            at = pos if whole is None else m.start(1)
+            if at < end:
+                raise GuestError(
+                    "syntax", f"expected an operator or ')'; found {_describe(data, at)}"
+                )
+            while ops:  # end of input
+                op = ops.pop()
                 if op == _OPEN:
                     raise GuestError("syntax", "missing ')' at end of input")
                 out.append(op)
             return out
-        char = data[pos]
-        if char == 0x29:  # )
+        if symbol == b")":
             while ops and ops[-1] != _OPEN:
-                out.append(pop())
+                op = ops.pop()
+                depth -= op in _NESTING
+                out.append(op)
             if not ops:
-                raise GuestError("syntax", f"unmatched ')' at offset {pos}")
-            pop()
-            pos += 1
+                raise GuestError("syntax", f"unmatched ')' at offset {m.start(4)}")
+            ops.pop()
+            depth -= 1
             continue
-        if char == 0x2A and data[pos + 1 : pos + 2] == b"*":
-            op = "**"
-        elif char in b"+-*/%":
-            op = chr(char)
-        else:
-            raise GuestError("syntax", f"expected an operator or ')'; found {_describe(data, pos)}")
+        if symbol in _PREFIX and symbol != b"-" and symbol != b"+":  # "(" after an operand
+            raise GuestError(
+                "syntax", f"expected an operator or ')'; found {_describe(data, m.start(4))}"
+            )
+        op = _BINARY[symbol]
         precedence = _PRECEDENCE[op]
         while ops and ops[-1] != _OPEN:
             top = _PRECEDENCE[ops[-1]]
-            if top > precedence or (top == precedence and op not in _RIGHT_ASSOCIATIVE):
-                out.append(pop())
+            if top > precedence or (top == precedence and op != "**"):
+                popped = ops.pop()
+                depth -= popped in _NESTING
+                out.append(popped)
             else:
                 break
         if op == "**":
-            push_nesting(op, pos)
-        else:
-            ops.append(op)
-        pos += len(op)
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(m.start(4))
+        ops.append(op)
         expect_operand = True
 
 
-def _literal(data: bytes, start: int) -> tuple[Fraction, int]:
-    """Reads the number at ``start``; returns it and the offset just after it."""
-    match = _DIGITS.match(data, start)
-    assert match is not None
-    whole = match.group()
+def _too_deep(at: int) -> GuestError:
+    return GuestError("too_large", f"nesting deeper than {MAX_DEPTH} levels at offset {at}")
+
+
+def _too_many_digits(start: int) -> GuestError:
+    return GuestError(
+        "too_large", f"number at offset {start} has more than {MAX_LITERAL_DIGITS} digits"
+    )
+
+
+def _literal(start: int, whole: bytes, point: bytes | None, fraction: bytes | None) -> _Value:
     if len(whole) > MAX_LITERAL_DIGITS:
+        raise _too_many_digits(start)
+    if point is None:
+        return int(whole)
+    assert fraction is not None
+    if not fraction:
         raise GuestError(
-            "too_large", f"number at offset {start} has more than {MAX_LITERAL_DIGITS} digits"
+            "syntax", f"'.' at offset {start + len(whole)} must be followed by a digit"
         )
-    pos = match.end()
-    fraction = b""
-    if data[pos : pos + 1] == b".":
-        match = _DIGITS.match(data, pos + 1)
-        assert match is not None
-        fraction = match.group()
-        if not fraction:
-            raise GuestError("syntax", f"'.' at offset {pos} must be followed by a digit")
-        if len(whole) + len(fraction) > MAX_LITERAL_DIGITS:
-            raise GuestError(
-                "too_large", f"number at offset {start} has more than {MAX_LITERAL_DIGITS} digits"
-            )
-        pos = match.end()
-    return Fraction(int(whole + fraction), 10 ** len(fraction)), pos
+    if len(whole) + len(fraction) > MAX_LITERAL_DIGITS:
+        raise _too_many_digits(start)
+    return Fraction(int(whole + fraction), 10 ** len(fraction))
 
 
 # --- phase 2: evaluate ----------------------------------------------------------------------------
 
 
-def _check(value: Fraction) -> Fraction:
+def _check(value: _Value) -> _Value:
     if value.numerator.bit_length() > MAX_BITS or value.denominator.bit_length() > MAX_BITS:
         raise GuestError("overflow", f"an intermediate value needs more than {MAX_BITS} bits")
     return value
 
 
-def _power(base: Fraction, exponent: Fraction) -> Fraction:
+def _power(base: _Value, exponent: _Value) -> _Value:
     if exponent.denominator != 1:
         raise GuestError("domain", "the exponent of ** must be an integer")
     n = exponent.numerator
     if base == 0:
         if n < 0:
             raise GuestError("division_by_zero", "0 raised to a negative power")
-        return Fraction(1 if n == 0 else 0)
-    if base == 1:
-        return base
-    if base == -1:
-        return Fraction(-1 if n % 2 else 1)
+        return 1 if n == 0 else 0
+    if base == 1 or base == -1:
+        return -1 if base == -1 and n % 2 else 1
     # Refuse early what certainly needs more than MAX_BITS: x >= 2**(b-1) for a b-bit x, so x**k
     # needs at least k*(b-1) + 1 bits. Anything else is computed and checked exactly by _check.
     size = max(abs(base.numerator).bit_length(), base.denominator.bit_length())
     if abs(n) * (size - 1) >= MAX_BITS:
         raise GuestError("overflow", f"the power needs more than {MAX_BITS} bits")
+    if n < 0:
+        return Fraction(base.denominator**-n, base.numerator**-n)
     return base**n
 
 
-def _run(program: list[_Item]) -> Fraction:
-    stack: list[Fraction] = []
+def _run(program: list[_Item]) -> _Value:
+    stack: list[_Value] = []
+    push = stack.append
     for item in program:
-        if isinstance(item, Fraction):
-            stack.append(item)
-        elif item == _NEG:
+        if type(item) is not str:
+            push(item)
+            continue
+        if item == _NEG:
             stack[-1] = -stack[-1]
-        elif item == _POS:
-            pass
-        else:
-            b = stack.pop()
-            a = stack[-1]
-            if item == "+":
-                r = a + b
-            elif item == "-":
-                r = a - b
-            elif item == "*":
-                r = a * b
-            elif item == "**":
-                r = _power(a, b)
-            elif b == 0:
-                raise GuestError("division_by_zero", f"'{item}' by zero")
-            elif item == "/":
-                r = a / b
-            else:  # %: floored, the result has the sign of the divisor
-                r = a % b
-            stack[-1] = _check(r)
+            continue
+        if item == _POS:
+            continue
+        b = stack.pop()
+        a = stack[-1]
+        if item == "+":
+            r = a + b
+        elif item == "-":
+            r = a - b
+        elif item == "*":
+            r = a * b
+        elif item == "**":
+            r = _power(a, b)
+        elif b == 0:
+            raise GuestError("division_by_zero", f"'{item}' by zero")
+        elif item == "/":
+            if type(a) is int and type(b) is int and a % b == 0:
+                r = a // b
+            else:
+                r = Fraction(a) / b
+        else:  # %: floored, the result has the sign of the divisor
+            r = a % b
+        stack[-1] = _check(r)
     return stack[0]
 
 
@@ -251,7 +251,7 @@ _OUT_OF_RANGE = (
 )
 
 
-def _format(value: Fraction) -> str:
+def _format(value: _Value) -> str:
     p, q = abs(value.numerator), value.denominator
     sign = "-" if value < 0 else ""
     if q == 1:

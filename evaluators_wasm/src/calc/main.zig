@@ -263,9 +263,12 @@ fn finish(n: *Managed, d: *Managed, coprime: bool) Failure!Value {
             .d = d.toInt(i64) catch unreachable,
         } };
     }
-    var cn = try n.clone();
+    // Move the limbs out; the caller is left with empty numbers to free.
+    var cn = try Managed.init(gpa);
     errdefer cn.deinit();
-    const cd = try d.clone();
+    var cd = try Managed.init(gpa);
+    cn.swap(n);
+    cd.swap(d);
     return .{ .big = .{ .n = cn, .d = cd } };
 }
 
@@ -296,6 +299,9 @@ fn abs64(n: i64) u64 {
 }
 
 inline fn checkedMul(a: i64, b: i64) ?i64 {
+    // Products of operands below 2^31 cannot overflow; skip the costly 128-bit check for them.
+    const limit = 1 << 31;
+    if (a > -limit and a < limit and b > -limit and b < limit) return a * b;
     const r = @mulWithOverflow(a, b);
     return if (r[1] != 0 or r[0] == std.math.minInt(i64)) null else r[0];
 }
@@ -488,6 +494,24 @@ fn combine(t: *Managed, w: *Managed, x: *const Managed, y: *const Managed, k: [4
 /// parts: each step replaces about 30 bits of Euclid's multi-precision divisions by one linear
 /// combination of the two numbers.
 fn gcd(r: *Managed, x: *const Managed, y: *const Managed) Failure!void {
+    // Shortcuts: a unit, or one number below 2^32 (one pass of single-limb remainders).
+    if ((x.len() == 1 and x.limbs[0] == 1) or (y.len() == 1 and y.limbs[0] == 1)) return r.set(1);
+    if (x.len() == 1 or y.len() == 1) {
+        const big = if (x.len() == 1) y else x;
+        const small: u64 = if (x.len() == 1) x.limbs[0] else y.limbs[0];
+        if (small == 0) {
+            try r.copy(big.toConst());
+            r.abs();
+            return;
+        }
+        var rem: u64 = 0;
+        var i = big.len();
+        while (i > 0) {
+            i -= 1;
+            rem = ((rem << 32) | big.limbs[i]) % small;
+        }
+        return r.set(gcd64(small, rem));
+    }
     var u = try x.clone();
     defer u.deinit();
     u.abs();
@@ -685,42 +709,35 @@ fn bigAdd(p: *const Big, q: *const Big, subtract: bool) Failure!Value {
 /// (a/b) * (c/e) with the cross gcds taken first, so the product is in lowest terms. b or e may
 /// be negative (division passes the divisor's numerator as e): the sign ends on the numerator.
 fn bigMul(a: *const Managed, b: *const Managed, c: *const Managed, e: *const Managed) Failure!Value {
-    var a1 = try a.clone();
-    defer a1.deinit();
-    var b1 = try b.clone();
-    defer b1.deinit();
-    var c1 = try c.clone();
-    defer c1.deinit();
-    var e1 = try e.clone();
-    defer e1.deinit();
+    // The four factors after cancelling the cross gcds; each points to its input or to a reduced
+    // copy below.
+    var reduced: [4]Managed = undefined;
+    var reduced_count: usize = 0;
+    defer for (reduced[0..reduced_count]) |*m| m.deinit();
+    var f = [4]*const Managed{ a, b, c, e };
     var g = try Managed.init(gpa);
     defer g.deinit();
-    var t = try Managed.init(gpa);
-    defer t.deinit();
-    if (!isOne(e) and !a.eqlZero()) {
-        try gcd(&g, a, e);
-        if (!isOne(&g)) {
-            try divideExact(&t, &a1, &g);
-            a1.swap(&t);
-            try divideExact(&t, &e1, &g);
-            e1.swap(&t);
-        }
-    }
-    if (!isOne(b) and !c.eqlZero()) {
-        try gcd(&g, c, b);
-        if (!isOne(&g)) {
-            try divideExact(&t, &c1, &g);
-            c1.swap(&t);
-            try divideExact(&t, &b1, &g);
-            b1.swap(&t);
+    var rest = try Managed.init(gpa);
+    defer rest.deinit();
+    // Pairs (numerator index, denominator index): a with e, c with b.
+    for ([2][2]usize{ .{ 0, 3 }, .{ 2, 1 } }) |pair| {
+        if (f[pair[0]].eqlZero() or isOne(f[pair[1]])) continue;
+        try gcd(&g, f[pair[0]], f[pair[1]]);
+        if (isOne(&g)) continue;
+        for (pair) |index| {
+            reduced[reduced_count] = try Managed.init(gpa);
+            reduced_count += 1;
+            const target = &reduced[reduced_count - 1];
+            try target.divTrunc(&rest, f[index], &g);
+            f[index] = target;
         }
     }
     var n = try Managed.init(gpa);
     defer n.deinit();
     var d = try Managed.init(gpa);
     defer d.deinit();
-    try n.mul(&a1, &c1);
-    try d.mul(&b1, &e1);
+    try n.mul(f[0], f[2]);
+    try d.mul(f[1], f[3]);
     if (!d.isPositive()) {
         n.negate();
         d.negate();
@@ -860,8 +877,8 @@ const Pass = struct {
     /// Applies an operator that leaves the stack, unless evaluation has stopped.
     inline fn evaluate(self: *Pass, op: Op) void {
         if (self.deferred != null) return;
-        // The most common case, inline: integers that stay in i64.
-        if (op == .add or op == .sub or op == .mul) {
+        // The most common case, inline: integers that stay integers in i64.
+        if (op != .neg and op != .pos and op != .pow) {
             const a = &values[self.values_len - 2];
             const b = &values[self.values_len - 1];
             if (a.* == .small and b.* == .small and a.small.d == 1 and b.small.d == 1) {
@@ -870,7 +887,10 @@ const Pass = struct {
                 const r = switch (op) {
                     .add => checkedAdd(x, y),
                     .sub => checkedAdd(x, -y),
-                    else => checkedMul(x, y),
+                    .mul => checkedMul(x, y),
+                    // Exact quotients and remainders only; zero divisors take the general path.
+                    .div => if (y != 0 and @rem(x, y) == 0) @divExact(x, y) else null,
+                    else => if (y > 0 and x >= 0) @rem(x, y) else null,
                 };
                 if (r) |n| {
                     a.small.n = n;
