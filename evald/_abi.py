@@ -50,24 +50,40 @@ DEFAULT_MAX_MEMORY_BYTES: Final = 64 * 2**20
 VERSION_EXPORT: Final = "evald_abi_version"
 EVAL_EXPORT: Final = "evald_eval"
 #: The buffer getters, in the order the host reads them.
-BUFFER_EXPORTS: Final = ("evald_input_ptr", "evald_input_cap", "evald_output_ptr",
-                         "evald_output_cap")
+BUFFER_EXPORTS: Final = (
+    "evald_input_ptr",
+    "evald_input_cap",
+    "evald_output_ptr",
+    "evald_output_cap",
+)
 
 _I32 = 0x7F
 _GETTER = FuncType((), (_I32,))
 _EVAL = FuncType((_I32,), (_I32,))
-_REQUIRED_FUNCTIONS: Final = {VERSION_EXPORT: _GETTER, **dict.fromkeys(BUFFER_EXPORTS, _GETTER),
-                              EVAL_EXPORT: _EVAL}
+_REQUIRED_FUNCTIONS: Final = {
+    VERSION_EXPORT: _GETTER,
+    **dict.fromkeys(BUFFER_EXPORTS, _GETTER),
+    EVAL_EXPORT: _EVAL,
+}
 
 _IDENT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?")
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
+)
 _SEMANTICS = re.compile(r"[a-z][a-z0-9_]{0,31}/(0|[1-9][0-9]*)")
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
-_FIELDS: Final = ("abi", "name", "version", "tag", "semantics_version", "description",
-                  "input_grammar", "result_regex")
+_FIELDS: Final = (
+    "abi",
+    "name",
+    "version",
+    "tag",
+    "semantics_version",
+    "description",
+    "input_grammar",
+    "result_regex",
+)
 
 
 @dataclass(frozen=True)
@@ -102,16 +118,20 @@ def parse_manifest(payload: bytes) -> Manifest:
         EvaldError: ``INVALID_MODULE`` naming the first field that breaks its rule.
     """
     if len(payload) > MANIFEST_MAX_BYTES:
-        raise _refuse(f"the manifest is {len(payload)} bytes; at most {MANIFEST_MAX_BYTES} "
-                      "bytes are allowed (shorten the grammar or description)")
+        raise _refuse(
+            f"the manifest is {len(payload)} bytes; at most {MANIFEST_MAX_BYTES} "
+            "bytes are allowed (shorten the grammar or description)"
+        )
     try:
         data = json.loads(payload.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise _refuse(f"the manifest is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-                      ) from exc
+        raise _refuse(
+            f"the manifest is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
     except json.JSONDecodeError as exc:
-        raise _refuse(f"the manifest is not valid JSON: {exc.msg} at line {exc.lineno} "
-                      f"column {exc.colno}") from exc
+        raise _refuse(
+            f"the manifest is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
     if not isinstance(data, dict):
         raise _refuse("the manifest must be a JSON object")
     missing = [name for name in _FIELDS if name not in data]
@@ -119,31 +139,42 @@ def parse_manifest(payload: bytes) -> Manifest:
         raise _refuse(f"the manifest lacks the field(s) {', '.join(missing)}")
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
-        raise _refuse(f"the manifest has unknown field(s) {', '.join(unknown)}; the ABI v1 "
-                      f"fields are {', '.join(_FIELDS)}")
+        raise _refuse(
+            f"the manifest has unknown field(s) {', '.join(unknown)}; the ABI v1 "
+            f"fields are {', '.join(_FIELDS)}"
+        )
     abi = data["abi"]
     if type(abi) is not int or abi != ABI_VERSION:
         raise _refuse(f"manifest field abi is {abi!r}; this daemon speaks ABI {ABI_VERSION}")
     for name in _FIELDS[1:]:
         if not isinstance(data[name], str):
-            raise _refuse(f"manifest field {name} must be a string, not "
-                          f"{type(data[name]).__name__}")
+            raise _refuse(
+                f"manifest field {name} must be a string, not {type(data[name]).__name__}"
+            )
     for name in ("name", "tag"):
         if not _IDENT.fullmatch(data[name]):
-            raise _refuse(f"manifest field {name} is {data[name]!r}; it must match "
-                          "[a-z][a-z0-9_]{0,31} (lower-case letter, then up to 31 lower-case "
-                          "letters, digits or underscores)")
+            raise _refuse(
+                f"manifest field {name} is {data[name]!r}; it must match "
+                "[a-z][a-z0-9_]{0,31} (lower-case letter, then up to 31 lower-case "
+                "letters, digits or underscores)"
+            )
     if not _SEMVER.fullmatch(data["version"]):
-        raise _refuse(f"manifest field version is {data['version']!r}; it must be a semantic "
-                      "version MAJOR.MINOR.PATCH such as 1.0.0")
+        raise _refuse(
+            f"manifest field version is {data['version']!r}; it must be a semantic "
+            "version MAJOR.MINOR.PATCH such as 1.0.0"
+        )
     if not _SEMANTICS.fullmatch(data["semantics_version"]):
-        raise _refuse(f"manifest field semantics_version is {data['semantics_version']!r}; it "
-                      "must be NAME/N such as calc/1")
+        raise _refuse(
+            f"manifest field semantics_version is {data['semantics_version']!r}; it "
+            "must be NAME/N such as calc/1"
+        )
     if "\n" in data["description"] or "\r" in data["description"]:
         raise _refuse("manifest field description must be one line")
     if not _ROOT_RULE.search(data["input_grammar"]):
-        raise _refuse("manifest field input_grammar must be XGrammar EBNF with a root rule "
-                      "(a line starting with `root ::=`)")
+        raise _refuse(
+            "manifest field input_grammar must be XGrammar EBNF with a root rule "
+            "(a line starting with `root ::=`)"
+        )
     if not data["result_regex"]:
         raise _refuse("manifest field result_regex must not be empty")
     return Manifest(**{name: data[name] for name in _FIELDS})
@@ -153,7 +184,9 @@ def check_manifest_grammars(manifest: Manifest) -> bool:
     """Compiles the manifest's grammar and regex with XGrammar, if XGrammar is installed.
 
     XGrammar is not a daemon dependency (the engine adapter compiles the grammars it uses);
-    this is the stricter check for ``evald build`` and for hosts that have it.
+    this is the stricter check for ``evald build`` and for hosts that have it. Importing it
+    loads ``tvm_ffi``, which replaces the process's SIGSEGV handler: harmless for a
+    :class:`~evald._host.WasmHost` with the default ``signals_based_traps=False``.
 
     Returns:
         True when both compiled, False when XGrammar is not installed (nothing was checked).
@@ -163,18 +196,20 @@ def check_manifest_grammars(manifest: Manifest) -> bool:
     """
     try:
         import xgrammar
-    except ImportError:
+    except Exception:  # not installed, or installed without a usable torch
         return False
-    for label, build, text in (("input_grammar", xgrammar.Grammar.from_ebnf,
-                                manifest.input_grammar),
-                               ("result_regex", xgrammar.Grammar.from_regex,
-                                manifest.result_regex)):
+    for label, build, text in (
+        ("input_grammar", xgrammar.Grammar.from_ebnf, manifest.input_grammar),
+        ("result_regex", xgrammar.Grammar.from_regex, manifest.result_regex),
+    ):
         try:
             build(text)
         except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
             detail = str(exc).strip().splitlines()
-            raise _refuse(f"manifest field {label} does not compile with XGrammar: "
-                          f"{detail[-1] if detail else exc!r}") from exc
+            raise _refuse(
+                f"manifest field {label} does not compile with XGrammar: "
+                f"{detail[-1] if detail else exc!r}"
+            ) from exc
     return True
 
 
@@ -186,29 +221,39 @@ def _validation_engine() -> wasmtime.Engine:
     if _VALIDATION_ENGINE is None:
         from evald._engine import make_engine_config
         from evald._limits import HostConfig
+
         _VALIDATION_ENGINE = wasmtime.Engine(make_engine_config(HostConfig(), pooling=False))
     return _VALIDATION_ENGINE
 
 
-def inspect_module(wasm: bytes, *, max_module_bytes: int = DEFAULT_MAX_MODULE_BYTES,
-                   max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
-                   engine: wasmtime.Engine | None = None) -> tuple[Manifest, ModuleInfo]:
+def inspect_module(
+    wasm: bytes,
+    *,
+    max_module_bytes: int = DEFAULT_MAX_MODULE_BYTES,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+    engine: wasmtime.Engine | None = None,
+) -> tuple[Manifest, ModuleInfo]:
     """:func:`validate_module`, also returning the parsed declarations (for the host)."""
     if not isinstance(wasm, bytes | bytearray):
         raise _refuse("the module must be bytes")
     if len(wasm) > max_module_bytes:
-        raise _refuse(f"the module is {len(wasm)} bytes; the module size cap is "
-                      f"{max_module_bytes} bytes (build with -O ReleaseSmall, strip debug "
-                      "sections, or ask for a larger cap)")
+        raise _refuse(
+            f"the module is {len(wasm)} bytes; the module size cap is "
+            f"{max_module_bytes} bytes (build with -O ReleaseSmall, strip debug "
+            "sections, or ask for a larger cap)"
+        )
     if wasm[:4] != b"\0asm":
-        raise _refuse("not a WebAssembly module: it does not start with the \\0asm magic "
-                      "number (upload the compiled .wasm file, not source or text)")
+        raise _refuse(
+            "not a WebAssembly module: it does not start with the \\0asm magic "
+            "number (upload the compiled .wasm file, not source or text)"
+        )
     try:
         wasmtime.Module.validate(engine or _validation_engine(), bytes(wasm))
     except wasmtime.WasmtimeError as exc:
         detail = str(exc).strip().splitlines()
-        raise _refuse("not valid WebAssembly for this host: "
-                      + "; ".join(line.strip() for line in detail[:3])) from exc
+        raise _refuse(
+            "not valid WebAssembly for this host: " + "; ".join(line.strip() for line in detail[:3])
+        ) from exc
     try:
         info = parse_module(bytes(wasm))
     except WasmFormatError as exc:
@@ -217,62 +262,80 @@ def inspect_module(wasm: bytes, *, max_module_bytes: int = DEFAULT_MAX_MODULE_BY
     if info.imports:
         listed = ", ".join(f"{i.module}.{i.name} ({i.kind})" for i in info.imports[:5])
         more = f" and {len(info.imports) - 5} more" if len(info.imports) > 5 else ""
-        raise _refuse(f"the module imports {listed}{more}; an evaluator may import nothing "
-                      "(ABI v1: no clock, randomness, I/O or host calls). For Zig, build with "
-                      "-target wasm32-freestanding and avoid std.os/std.time")
+        raise _refuse(
+            f"the module imports {listed}{more}; an evaluator may import nothing "
+            "(ABI v1: no clock, randomness, I/O or host calls). For Zig, build with "
+            "-target wasm32-freestanding and avoid std.os/std.time"
+        )
 
     exports = {export.name: export for export in info.exports}
     reserved = sorted(name for name in exports if name.startswith(RESERVED_EXPORT_PREFIX))
     if reserved:
-        raise _refuse(f"export name(s) {', '.join(reserved)} use the prefix "
-                      f"{RESERVED_EXPORT_PREFIX}, which is reserved for the host")
+        raise _refuse(
+            f"export name(s) {', '.join(reserved)} use the prefix "
+            f"{RESERVED_EXPORT_PREFIX}, which is reserved for the host"
+        )
     missing = [name for name in ("memory", *_REQUIRED_FUNCTIONS) if name not in exports]
     if missing:
-        raise _refuse(f"the module does not export {', '.join(missing)}; ABI v1 requires "
-                      "memory, evald_abi_version, evald_input_ptr, evald_input_cap, "
-                      "evald_output_ptr, evald_output_cap and evald_eval (with Zig, mark them "
-                      "`export fn` and build with -rdynamic)")
+        raise _refuse(
+            f"the module does not export {', '.join(missing)}; ABI v1 requires "
+            "memory, evald_abi_version, evald_input_ptr, evald_input_cap, "
+            "evald_output_ptr, evald_output_cap and evald_eval (with Zig, mark them "
+            "`export fn` and build with -rdynamic)"
+        )
     for name, expected in _REQUIRED_FUNCTIONS.items():
         export = exports[name]
         if export.kind != "func":
-            raise _refuse(f"export {name} is a {export.kind}; it must be a function of type "
-                          f"{expected.describe()}")
+            raise _refuse(
+                f"export {name} is a {export.kind}; it must be a function of type "
+                f"{expected.describe()}"
+            )
         actual = info.function_type(export.index)
         if actual != expected:
             got = actual.describe() if actual else "an unknown type"
-            raise _refuse(f"export {name} has type {got}; ABI v1 requires "
-                          f"{expected.describe()}")
+            raise _refuse(f"export {name} has type {got}; ABI v1 requires {expected.describe()}")
     if exports["memory"].kind != "memory":
-        raise _refuse(f"export memory is a {exports['memory'].kind}; it must be the module's "
-                      "linear memory")
+        raise _refuse(
+            f"export memory is a {exports['memory'].kind}; it must be the module's linear memory"
+        )
     if len(info.memories) != 1:
-        raise _refuse(f"the module defines {len(info.memories)} memories; ABI v1 requires "
-                      "exactly one")
+        raise _refuse(
+            f"the module defines {len(info.memories)} memories; ABI v1 requires exactly one"
+        )
     memory = info.memories[0]
     if memory.shared or memory.memory64:
         raise _refuse("the memory must be a plain 32-bit, unshared memory")
     minimum_bytes = memory.minimum_pages * WASM_PAGE_BYTES
     if minimum_bytes > max_memory_bytes:
-        raise _refuse(f"the memory's declared minimum is {memory.minimum_pages} pages "
-                      f"({minimum_bytes} bytes), above the memory cap of {max_memory_bytes} "
-                      "bytes; lower the initial memory (for Zig, --initial-memory or fewer "
-                      "static buffers)")
+        raise _refuse(
+            f"the memory's declared minimum is {memory.minimum_pages} pages "
+            f"({minimum_bytes} bytes), above the memory cap of {max_memory_bytes} "
+            "bytes; lower the initial memory (for Zig, --initial-memory or fewer "
+            "static buffers)"
+        )
 
     sections = info.custom_sections(MANIFEST_SECTION)
     if not sections:
-        raise _refuse(f"the module has no {MANIFEST_SECTION} custom section; build it with "
-                      "`evald build` (or evald._toolchain.append_custom_section)")
+        raise _refuse(
+            f"the module has no {MANIFEST_SECTION} custom section; build it with "
+            "`evald build` (or evald._toolchain.append_custom_section)"
+        )
     if len(sections) > 1:
-        raise _refuse(f"the module has {len(sections)} {MANIFEST_SECTION} sections; exactly "
-                      "one is allowed")
+        raise _refuse(
+            f"the module has {len(sections)} {MANIFEST_SECTION} sections; exactly one is allowed"
+        )
     section = sections[0]
-    manifest = parse_manifest(bytes(wasm[section.payload_start:section.end]))
+    manifest = parse_manifest(bytes(wasm[section.payload_start : section.end]))
     return manifest, info
 
 
-def validate_module(wasm: bytes, *, max_module_bytes: int = DEFAULT_MAX_MODULE_BYTES,
-                    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
-                    engine: wasmtime.Engine | None = None) -> Manifest:
+def validate_module(
+    wasm: bytes,
+    *,
+    max_module_bytes: int = DEFAULT_MAX_MODULE_BYTES,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+    engine: wasmtime.Engine | None = None,
+) -> Manifest:
     """Checks ``wasm`` against ABI v1 without instantiating it and returns its manifest.
 
     Parameters:
@@ -285,6 +348,7 @@ def validate_module(wasm: bytes, *, max_module_bytes: int = DEFAULT_MAX_MODULE_B
     Raises:
         EvaldError: ``INVALID_MODULE`` with the first rule the module breaks.
     """
-    manifest, _ = inspect_module(wasm, max_module_bytes=max_module_bytes,
-                                 max_memory_bytes=max_memory_bytes, engine=engine)
+    manifest, _ = inspect_module(
+        wasm, max_module_bytes=max_module_bytes, max_memory_bytes=max_memory_bytes, engine=engine
+    )
     return manifest

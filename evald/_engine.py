@@ -8,6 +8,10 @@ One configuration decides what a guest may use and how it is stopped:
   (guest calls release the GIL, so it runs during them). Every store must get a deadline
   before each call: an unset one traps at once.
 * ``max_wasm_stack``: the recursion cap (``STACK_OVERFLOW`` trap).
+* no signal handlers by default (``signals_based_traps``): bounds are checked in the compiled
+  code, so the host keeps working when another library in the process replaces the SIGSEGV
+  handler (``tvm_ffi``, under XGrammar, does; wasmtime's handler is then gone and an
+  out-of-bounds guest access would crash the process).
 * Proposals a pure evaluator has no use for (threads, GC, exceptions, memory64, multiple
   memories, tail calls, the component model, …) are off: less attack surface, and a smaller
   instruction set for :mod:`evald._instrument` to read.
@@ -31,9 +35,18 @@ from evald._limits import HostConfig
 __all__ = ["EpochTicker", "engine_fingerprint", "make_engine_config", "wasmtime_version"]
 
 _DISABLED_PROPOSALS = (
-    "wasm_threads", "wasm_gc", "wasm_function_references", "wasm_exceptions", "wasm_memory64",
-    "wasm_multi_memory", "wasm_component_model", "wasm_stack_switching", "wasm_relaxed_simd",
-    "wasm_tail_call", "wasm_custom_page_sizes", "wasm_wide_arithmetic",
+    "wasm_threads",
+    "wasm_gc",
+    "wasm_function_references",
+    "wasm_exceptions",
+    "wasm_memory64",
+    "wasm_multi_memory",
+    "wasm_component_model",
+    "wasm_stack_switching",
+    "wasm_relaxed_simd",
+    "wasm_tail_call",
+    "wasm_custom_page_sizes",
+    "wasm_wide_arithmetic",
 )
 
 
@@ -49,6 +62,7 @@ def _settings(config: HostConfig, pooling: bool) -> dict[str, object]:
         "max_wasm_stack": config.max_wasm_stack_bytes,
         "disabled": list(_DISABLED_PROPOSALS),
         "pooling": pooling,
+        "signals_based_traps": config.signals_based_traps,
         "pool_instances": config.pool_instances if pooling else None,
         "pool_memory_bytes": config.pool_memory_bytes if pooling else None,
     }
@@ -62,6 +76,7 @@ def make_engine_config(config: HostConfig, *, pooling: bool) -> wasmtime.Config:
     engine_config.max_wasm_stack = config.max_wasm_stack_bytes
     for proposal in _DISABLED_PROPOSALS:
         setattr(engine_config, proposal, False)
+    ffi.wasmtime_config_signals_based_traps_set(engine_config.ptr(), config.signals_based_traps)
     if pooling:
         pool = ffi.wasmtime_pooling_allocation_config_new()
         try:
@@ -73,7 +88,8 @@ def make_engine_config(config: HostConfig, *, pooling: bool) -> wasmtime.Config:
             ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, 0)
             ffi.wasmtime_pooling_allocation_config_total_gc_heaps_set(pool, 0)
             ffi.wasmtime_pooling_allocation_config_max_memory_size_set(
-                pool, config.pool_memory_bytes)
+                pool, config.pool_memory_bytes
+            )
             ffi.wasmtime_pooling_allocation_config_max_memories_per_module_set(pool, 1)
             ffi.wasmtime_pooling_allocation_strategy_set(engine_config.ptr(), pool)
         finally:
@@ -103,8 +119,7 @@ class EpochTicker:
         self._engine = engine
         self._tick_s = tick_ms / 1000.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="evald-epoch-ticker",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="evald-epoch-ticker", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

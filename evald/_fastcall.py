@@ -107,8 +107,9 @@ def context_address(store: wasmtime.Store) -> int:
     return address
 
 
-def export(store: wasmtime.Store, instance: wasmtime.Instance,
-           name: str) -> wasmtime.Func | wasmtime.Memory | wasmtime.Global | None:
+def export(
+    store: wasmtime.Store, instance: wasmtime.Instance, name: str
+) -> wasmtime.Func | wasmtime.Memory | wasmtime.Global | None:
     """One export of ``instance`` by name, or None (also for tables and tags).
 
     ``Instance.exports(store)`` wraps every export of the instance (about 100 µs); this looks up
@@ -118,8 +119,13 @@ def export(store: wasmtime.Store, instance: wasmtime.Instance,
         raise wasmtime.WasmtimeError("the instance belongs to another store")
     item = ffi.wasmtime_extern_t()
     encoded = name.encode("utf-8")
-    if not _export_get(context_address(store), ctypes.addressof(instance._instance), encoded,
-                       len(encoded), ctypes.addressof(item)):
+    if not _export_get(
+        context_address(store),
+        ctypes.addressof(instance._instance),
+        encoded,
+        len(encoded),
+        ctypes.addressof(item),
+    ):
         return None
     kind = cast(int, item.kind)  # a ctypes field reads as int at run time
     if kind == _EXTERN_FUNC:
@@ -160,15 +166,27 @@ def set_epoch_deadline(context: int, ticks_after_current: int) -> None:
 class RawFunc:
     """One exported function bound to one store for raw calls; see the module contract."""
 
-    __slots__ = ("_args", "_args_address", "_context", "_func", "_func_address", "_nargs",
-                 "_store", "_trap", "_trap_address", "_width", "name")
+    __slots__ = (
+        "_args",
+        "_args_address",
+        "_context",
+        "_func",
+        "_func_address",
+        "_nargs",
+        "_store",
+        "_trap",
+        "_trap_address",
+        "_width",
+        "name",
+    )
 
     _args: ctypes.Array[ffi.wasmtime_val_raw_t]
     _func: ffi.wasmtime_func_t
     _trap: ctypes.c_void_p
 
-    def __init__(self, store: wasmtime.Store, func: wasmtime.Func, params: int, results: int,
-                 name: str) -> None:
+    def __init__(
+        self, store: wasmtime.Store, func: wasmtime.Func, params: int, results: int, name: str
+    ) -> None:
         """Private: use :meth:`bind`, which checks the contract first."""
         self.name = name or "function"
         self._store = store
@@ -183,8 +201,16 @@ class RawFunc:
         self._trap_address = ctypes.addressof(self._trap)
 
     @classmethod
-    def bind(cls, store: wasmtime.Store, func: wasmtime.Func, *, params: int, results: int,
-             name: str = "", type_checked: bool = False) -> RawFunc:
+    def bind(
+        cls,
+        store: wasmtime.Store,
+        func: wasmtime.Func,
+        *,
+        params: int,
+        results: int,
+        name: str = "",
+        type_checked: bool = False,
+    ) -> RawFunc:
         """Binds ``func`` (an export of an instance in ``store``) for raw calls.
 
         Parameters:
@@ -212,7 +238,8 @@ class RawFunc:
                 raise TypeError(
                     f"{label} has type ({', '.join(map(str, got_params))}) -> "
                     f"({', '.join(map(str, got_results))}); expected "
-                    f"({', '.join(['i32'] * params)}) -> ({', '.join(['i32'] * results)})")
+                    f"({', '.join(['i32'] * params)}) -> ({', '.join(['i32'] * results)})"
+                )
         return cls(store, func, params, results, name)
 
     def __call__(self, *args: int) -> int:
@@ -223,8 +250,7 @@ class RawFunc:
             wasmtime.WasmtimeError: the call failed for another reason.
         """
         if len(args) != self._nargs:
-            raise TypeError(f"{self.name} takes {self._nargs} arguments, "
-                            f"got {len(args)}")
+            raise TypeError(f"{self.name} takes {self._nargs} arguments, got {len(args)}")
         raw = self._args
         for index, value in enumerate(args):
             raw[index].i32 = value
@@ -244,15 +270,15 @@ class RawFunc:
         return self._invoke()
 
     def _invoke(self) -> int:
-        error = _call_unchecked(self._context, self._func_address, self._args_address,
-                                self._width, self._trap_address)
+        error = _call_unchecked(
+            self._context, self._func_address, self._args_address, self._width, self._trap_address
+        )
         if error:
             _raise_error(error)
         trap = self._trap.value
         if trap:
             self._trap.value = None
-            raise wasmtime.Trap._from_ptr(
-                ctypes.cast(_VP(trap), ctypes.POINTER(ffi.wasm_trap_t)))
+            raise wasmtime.Trap._from_ptr(ctypes.cast(_VP(trap), ctypes.POINTER(ffi.wasm_trap_t)))
         result: int = self._args[0].i32
         return result
 
@@ -286,8 +312,9 @@ class RawMemory:
         context, address = self._context, self._memory_address
         size: int = _memory_data_size(context, address)
         if offset < 0 or length < 0 or offset + length > size:
-            raise IndexError(f"[{offset}, {offset + length}) is outside linear memory "
-                             f"of {size} bytes")
+            raise IndexError(
+                f"[{offset}, {offset + length}) is outside linear memory of {size} bytes"
+            )
         base: int = _memory_data(context, address)
         return base + offset
 

@@ -104,13 +104,33 @@ class LoadedModule:
         grow_observed: the host can tell a refused ``memory.grow`` (the module was rewritten).
     """
 
-    __slots__ = ("_eval_export", "_flag_export", "_minimum_memory_bytes", "_module",
-                 "from_cache", "grow_observed", "input_cap", "manifest", "output_cap",
-                 "sha256", "size_bytes")
+    __slots__ = (
+        "_eval_export",
+        "_flag_export",
+        "_minimum_memory_bytes",
+        "_module",
+        "from_cache",
+        "grow_observed",
+        "input_cap",
+        "manifest",
+        "output_cap",
+        "sha256",
+        "size_bytes",
+    )
 
-    def __init__(self, *, manifest: Manifest, sha256: str, size_bytes: int,
-                 module: wasmtime.Module, grow_observed: bool, minimum_memory_bytes: int,
-                 input_cap: int, output_cap: int, from_cache: bool) -> None:
+    def __init__(
+        self,
+        *,
+        manifest: Manifest,
+        sha256: str,
+        size_bytes: int,
+        module: wasmtime.Module,
+        grow_observed: bool,
+        minimum_memory_bytes: int,
+        input_cap: int,
+        output_cap: int,
+        from_cache: bool,
+    ) -> None:
         self.manifest = manifest
         self.sha256 = sha256
         self.size_bytes = size_bytes
@@ -124,8 +144,10 @@ class LoadedModule:
         self._minimum_memory_bytes = minimum_memory_bytes
 
     def __repr__(self) -> str:
-        return (f"LoadedModule({self.manifest.name} {self.manifest.version}, "
-                f"sha256={self.sha256[:12]}, {self.size_bytes} bytes)")
+        return (
+            f"LoadedModule({self.manifest.name} {self.manifest.version}, "
+            f"sha256={self.sha256[:12]}, {self.size_bytes} bytes)"
+        )
 
 
 class _Failure(Exception):
@@ -141,8 +163,19 @@ class _Failure(Exception):
 class _Instance:
     """One live instance with its raw call bindings; used by one thread only."""
 
-    __slots__ = ("context", "eval", "flag", "in_cap", "in_ptr", "memory", "memory_cap",
-                 "module", "out_cap", "out_ptr", "store")
+    __slots__ = (
+        "context",
+        "eval",
+        "flag",
+        "in_cap",
+        "in_ptr",
+        "memory",
+        "memory_cap",
+        "module",
+        "out_cap",
+        "out_ptr",
+        "store",
+    )
 
     def __init__(self, module: LoadedModule, store: wasmtime.Store, memory_cap: int) -> None:
         self.module = module
@@ -180,11 +213,13 @@ class WasmHost:
         self.config = config
         self._pooling = config.pooling
         self._engine = wasmtime.Engine(make_engine_config(config, pooling=self._pooling))
-        self._cache = ModuleCache(config.cache_dir, self._engine,
-                                  engine_fingerprint(config, pooling=self._pooling))
+        self._cache = ModuleCache(
+            config.cache_dir, self._engine, engine_fingerprint(config, pooling=self._pooling)
+        )
         self._tick_ms = config.epoch_tick_ms if config.epoch_tick_ms > 0 else 1.0
-        self._ticker = (EpochTicker(self._engine, config.epoch_tick_ms)
-                        if config.epoch_tick_ms > 0 else None)
+        self._ticker = (
+            EpochTicker(self._engine, config.epoch_tick_ms) if config.epoch_tick_ms > 0 else None
+        )
         self._local = threading.local()
         self._compiled: dict[str, tuple[wasmtime.Module, bool, bool]] = {}
         self._compile_lock = threading.Lock()
@@ -231,39 +266,57 @@ class WasmHost:
         """
         wasm = bytes(wasm)
         memory_cap = self._memory_cap(limits)
-        manifest, info = inspect_module(wasm, max_module_bytes=self.config.module_bytes,
-                                        max_memory_bytes=memory_cap, engine=self._engine)
+        manifest, info = inspect_module(
+            wasm,
+            max_module_bytes=self.config.module_bytes,
+            max_memory_bytes=memory_cap,
+            engine=self._engine,
+        )
         sha256 = hashlib.sha256(wasm).hexdigest()
         eval_index = next(e.index for e in info.exports if e.name == EVAL_EXPORT)
         with self._compile_lock:
             known = self._compiled.get(sha256)
         if known is None:
+
             def compile_module() -> wasmtime.Module:
                 code = instrument_memory_grow(wasm, info, eval_index) or wasm
                 try:
                     return wasmtime.Module(self._engine, code)
                 except wasmtime.WasmtimeError as exc:
-                    raise EvaldError(ErrorCode.INVALID_MODULE,
-                                     f"wasmtime cannot compile the module: {_first_line(exc)}"
-                                     ) from exc
+                    raise EvaldError(
+                        ErrorCode.INVALID_MODULE,
+                        f"wasmtime cannot compile the module: {_first_line(exc)}",
+                    ) from exc
+
             compiled, from_cache = self._cache.load(sha256, compile_module)
             grow_observed = any(e.name == GROW_FLAG_EXPORT for e in compiled.exports)
             known = (compiled, grow_observed, from_cache)
             with self._compile_lock:
                 self._compiled[sha256] = known
         compiled, grow_observed, from_cache = known
-        loaded = LoadedModule(manifest=manifest, sha256=sha256, size_bytes=len(wasm),
-                              module=compiled, grow_observed=grow_observed,
-                              minimum_memory_bytes=info.memories[0].minimum_pages
-                              * WASM_PAGE_BYTES,
-                              input_cap=0, output_cap=0, from_cache=from_cache)
+        loaded = LoadedModule(
+            manifest=manifest,
+            sha256=sha256,
+            size_bytes=len(wasm),
+            module=compiled,
+            grow_observed=grow_observed,
+            minimum_memory_bytes=info.memories[0].minimum_pages * WASM_PAGE_BYTES,
+            input_cap=0,
+            output_cap=0,
+            from_cache=from_cache,
+        )
         try:
-            instance = self._instantiate(loaded, memory_cap, self.config.load_fuel,
-                                         self._ticks(self.config.load_deadline_ms),
-                                         check_version=True)
+            instance = self._instantiate(
+                loaded,
+                memory_cap,
+                self.config.load_fuel,
+                self._ticks(self.config.load_deadline_ms),
+                check_version=True,
+            )
         except _Failure as failure:
-            raise EvaldError(ErrorCode.INVALID_MODULE,
-                             f"trial instantiation failed: {failure.message}") from None
+            raise EvaldError(
+                ErrorCode.INVALID_MODULE, f"trial instantiation failed: {failure.message}"
+            ) from None
         loaded.input_cap, loaded.output_cap = instance.in_cap, instance.out_cap
         return loaded
 
@@ -280,8 +333,9 @@ class WasmHost:
 
     # -- evaluation ------------------------------------------------------------------------
 
-    def evaluate(self, module: LoadedModule, data: bytes, limits: Limits, *,
-                 pool_key: str = "") -> EvalOutcome:
+    def evaluate(
+        self, module: LoadedModule, data: bytes, limits: Limits, *, pool_key: str = ""
+    ) -> EvalOutcome:
         """Runs ``module`` on ``data`` under ``limits``; never raises for guest or limit problems.
 
         Parameters:
@@ -298,28 +352,42 @@ class WasmHost:
             if self._closed:
                 raise _Failure(ErrorCode.UNAVAILABLE, "the wasm host is shut down")
             value, fuel_used = self._evaluate(module, bytes(data), limits, pool_key)
-            return EvalOutcome(value, None, "", fuel_used,
-                               (time.perf_counter_ns() - started) // 1000)
+            return EvalOutcome(
+                value, None, "", fuel_used, (time.perf_counter_ns() - started) // 1000
+            )
         except _Failure as failure:
-            return EvalOutcome(None, failure.code, failure.message, failure.fuel_used,
-                               (time.perf_counter_ns() - started) // 1000)
+            return EvalOutcome(
+                None,
+                failure.code,
+                failure.message,
+                failure.fuel_used,
+                (time.perf_counter_ns() - started) // 1000,
+            )
         except Exception as exc:  # a host bug must not take the daemon down
             _log.exception("evaluation of %s failed inside the host", module)
-            return EvalOutcome(None, ErrorCode.INTERNAL,
-                               f"internal error in the wasm host: {_first_line(exc)}", 0,
-                               (time.perf_counter_ns() - started) // 1000)
+            return EvalOutcome(
+                None,
+                ErrorCode.INTERNAL,
+                f"internal error in the wasm host: {_first_line(exc)}",
+                0,
+                (time.perf_counter_ns() - started) // 1000,
+            )
 
-    def _evaluate(self, module: LoadedModule, data: bytes, limits: Limits,
-                  pool_key: str) -> tuple[str, int]:
+    def _evaluate(
+        self, module: LoadedModule, data: bytes, limits: Limits, pool_key: str
+    ) -> tuple[str, int]:
         size = len(data)
         if size > limits.input_bytes:
-            raise _Failure(ErrorCode.INPUT_TOO_LARGE,
-                           f"the input is {size} bytes; the limit is {limits.input_bytes} "
-                           "bytes (input_bytes)")
+            raise _Failure(
+                ErrorCode.INPUT_TOO_LARGE,
+                f"the input is {size} bytes; the limit is {limits.input_bytes} bytes (input_bytes)",
+            )
         if size > module.input_cap:
-            raise _Failure(ErrorCode.INPUT_TOO_LARGE,
-                           f"the input is {size} bytes; evaluator {module.manifest.name} "
-                           f"accepts at most {module.input_cap} bytes")
+            raise _Failure(
+                ErrorCode.INPUT_TOO_LARGE,
+                f"the input is {size} bytes; evaluator {module.manifest.name} "
+                f"accepts at most {module.input_cap} bytes",
+            )
         memory_cap = self._memory_cap(limits)
         fresh = self.config.isolation == "fresh"
         fuel = limits.fuel or _UNMETERED_FUEL
@@ -341,8 +409,9 @@ class WasmHost:
             raise self._trap_failure(trap, instance, limits, used) from None
         except wasmtime.WasmtimeError as exc:
             self._discard(instance, pool_key)
-            raise _Failure(ErrorCode.INTERNAL,
-                           f"wasmtime failed the call: {_first_line(exc)}") from None
+            raise _Failure(
+                ErrorCode.INTERNAL, f"wasmtime failed the call: {_first_line(exc)}"
+            ) from None
         used = fuel - fast.get_fuel(context)
         try:
             value = self._read_output(instance, result, limits, used)
@@ -356,67 +425,91 @@ class WasmHost:
             self._clear_buffers(instance, size, result)
         return value, used
 
-    def _read_output(self, instance: _Instance, result: int, limits: Limits,
-                     used: int) -> str:
+    def _read_output(self, instance: _Instance, result: int, limits: Limits, used: int) -> str:
         name = instance.module.manifest.name
         length = abs(result)
         if length > instance.out_cap:
-            raise _Failure(ErrorCode.GUEST_FAULT,
-                           f"evaluator {name} returned {result}, but its output buffer holds "
-                           f"{instance.out_cap} bytes", used)
+            raise _Failure(
+                ErrorCode.GUEST_FAULT,
+                f"evaluator {name} returned {result}, but its output buffer holds "
+                f"{instance.out_cap} bytes",
+                used,
+            )
         if length > limits.output_bytes:
             kind = "value" if result >= 0 else "error payload"
-            raise _Failure(ErrorCode.OUTPUT_TOO_LARGE,
-                           f"evaluator {name} produced a {kind} of {length} bytes; the limit "
-                           f"is {limits.output_bytes} bytes (output_bytes)", used)
+            raise _Failure(
+                ErrorCode.OUTPUT_TOO_LARGE,
+                f"evaluator {name} produced a {kind} of {length} bytes; the limit "
+                f"is {limits.output_bytes} bytes (output_bytes)",
+                used,
+            )
         try:
             raw = instance.memory.read(instance.out_ptr, length)
         except IndexError:
-            raise _Failure(ErrorCode.GUEST_FAULT,
-                           f"evaluator {name}'s output lies outside its memory", used) from None
+            raise _Failure(
+                ErrorCode.GUEST_FAULT, f"evaluator {name}'s output lies outside its memory", used
+            ) from None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _Failure(ErrorCode.GUEST_FAULT,
-                           f"evaluator {name} returned bytes that are not UTF-8 "
-                           f"({exc.reason} at byte {exc.start})", used) from None
+            raise _Failure(
+                ErrorCode.GUEST_FAULT,
+                f"evaluator {name} returned bytes that are not UTF-8 "
+                f"({exc.reason} at byte {exc.start})",
+                used,
+            ) from None
         if result >= 0:
             return text
         code_text, _, message = text.partition(":")
         code = _GUEST_CODES.get(code_text)
         if code is None:
             shown = code_text[:40]
-            raise _Failure(ErrorCode.GUEST_FAULT,
-                           f"evaluator {name} returned an error with the unknown code "
-                           f"{shown!r}; guests may return only "
-                           f"{', '.join(sorted(_GUEST_CODES))}", used)
+            raise _Failure(
+                ErrorCode.GUEST_FAULT,
+                f"evaluator {name} returned an error with the unknown code "
+                f"{shown!r}; guests may return only "
+                f"{', '.join(sorted(_GUEST_CODES))}",
+                used,
+            )
         message = message.strip()[:_MAX_MESSAGE_CHARS] or f"{name}: {code.value}"
         raise _Failure(code, message, used)
 
-    def _trap_failure(self, trap: wasmtime.Trap, instance: _Instance, limits: Limits,
-                      used: int) -> _Failure:
+    def _trap_failure(
+        self, trap: wasmtime.Trap, instance: _Instance, limits: Limits, used: int
+    ) -> _Failure:
         code = trap.trap_code
         if code is wasmtime.TrapCode.OUT_OF_FUEL:
-            return _Failure(ErrorCode.FUEL_EXHAUSTED,
-                            f"the evaluation used all {limits.fuel} units of fuel (fuel limit)",
-                            used)
+            return _Failure(
+                ErrorCode.FUEL_EXHAUSTED,
+                f"the evaluation used all {limits.fuel} units of fuel (fuel limit)",
+                used,
+            )
         if code is wasmtime.TrapCode.INTERRUPT:
-            return _Failure(ErrorCode.DEADLINE_EXCEEDED,
-                            f"the evaluation ran past its deadline of {limits.deadline_ms} ms",
-                            used)
+            return _Failure(
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the evaluation ran past its deadline of {limits.deadline_ms} ms",
+                used,
+            )
         if code is wasmtime.TrapCode.STACK_OVERFLOW:
-            return _Failure(ErrorCode.STACK_OVERFLOW,
-                            "the evaluation exhausted the wasm stack "
-                            f"({self.config.max_wasm_stack_bytes} bytes): recursion too deep",
-                            used)
+            return _Failure(
+                ErrorCode.STACK_OVERFLOW,
+                "the evaluation exhausted the wasm stack "
+                f"({self.config.max_wasm_stack_bytes} bytes): recursion too deep",
+                used,
+            )
         if instance.grow_was_refused():
-            return _Failure(ErrorCode.MEMORY_LIMIT,
-                            f"the evaluator needed more than the memory limit of "
-                            f"{instance.memory_cap} bytes (memory_bytes) and stopped "
-                            f"({_trap_name(trap)})", used)
-        return _Failure(ErrorCode.GUEST_FAULT,
-                        f"evaluator {instance.module.manifest.name} trapped: {_trap_name(trap)}",
-                        used)
+            return _Failure(
+                ErrorCode.MEMORY_LIMIT,
+                f"the evaluator needed more than the memory limit of "
+                f"{instance.memory_cap} bytes (memory_bytes) and stopped "
+                f"({_trap_name(trap)})",
+                used,
+            )
+        return _Failure(
+            ErrorCode.GUEST_FAULT,
+            f"evaluator {instance.module.manifest.name} trapped: {_trap_name(trap)}",
+            used,
+        )
 
     # -- instances -------------------------------------------------------------------------
 
@@ -430,14 +523,16 @@ class WasmHost:
 
     def _thread_instances(self) -> OrderedDict[tuple[str, str], _Instance]:
         instances: OrderedDict[tuple[str, str], _Instance] | None = getattr(
-            self._local, "instances", None)
+            self._local, "instances", None
+        )
         if instances is None:
             instances = OrderedDict()
             self._local.instances = instances
         return instances
 
-    def _reused_instance(self, module: LoadedModule, memory_cap: int, fuel: int, ticks: int,
-                         pool_key: str) -> _Instance:
+    def _reused_instance(
+        self, module: LoadedModule, memory_cap: int, fuel: int, ticks: int, pool_key: str
+    ) -> _Instance:
         instances = self._thread_instances()
         key = (pool_key, module.sha256)
         instance = instances.get(key)
@@ -473,14 +568,23 @@ class WasmHost:
         memory.fill(instance.in_ptr, input_size)
         memory.fill(instance.out_ptr, min(abs(result), instance.out_cap))
 
-    def _instantiate(self, module: LoadedModule, memory_cap: int, fuel: int, ticks: int, *,
-                     check_version: bool = False) -> _Instance:
+    def _instantiate(
+        self,
+        module: LoadedModule,
+        memory_cap: int,
+        fuel: int,
+        ticks: int,
+        *,
+        check_version: bool = False,
+    ) -> _Instance:
         """A new store and instance of ``module``; raises _Failure (never EvaldError)."""
         if module._minimum_memory_bytes > memory_cap:
-            raise _Failure(ErrorCode.MEMORY_LIMIT,
-                           f"evaluator {module.manifest.name} needs "
-                           f"{module._minimum_memory_bytes} bytes of memory at start; the "
-                           f"memory limit is {memory_cap} bytes (memory_bytes)")
+            raise _Failure(
+                ErrorCode.MEMORY_LIMIT,
+                f"evaluator {module.manifest.name} needs "
+                f"{module._minimum_memory_bytes} bytes of memory at start; the "
+                f"memory limit is {memory_cap} bytes (memory_bytes)",
+            )
         store = wasmtime.Store(self._engine)
         store.set_limits(memory_size=memory_cap)
         instance = _Instance(module, store, memory_cap)
@@ -492,16 +596,18 @@ class WasmHost:
         except wasmtime.Trap as trap:
             raise self._instantiation_trap(trap, store, module, memory_cap, fuel) from None
         except wasmtime.WasmtimeError as exc:
-            raise _Failure(ErrorCode.INTERNAL,
-                           f"cannot instantiate evaluator {module.manifest.name}: "
-                           f"{_first_line(exc)}") from None
+            raise _Failure(
+                ErrorCode.INTERNAL,
+                f"cannot instantiate evaluator {module.manifest.name}: {_first_line(exc)}",
+            ) from None
 
         def func(name: str, params: int) -> fast.RawFunc:
             item = fast.export(store, wasm_instance, name)
             if not isinstance(item, wasmtime.Func):
                 raise _Failure(ErrorCode.INTERNAL, f"export {name} vanished")
-            return fast.RawFunc.bind(store, item, params=params, results=1, name=name,
-                                     type_checked=True)
+            return fast.RawFunc.bind(
+                store, item, params=params, results=1, name=name, type_checked=True
+            )
 
         memory = fast.export(store, wasm_instance, "memory")
         if not isinstance(memory, wasmtime.Memory):
@@ -515,40 +621,66 @@ class WasmHost:
             if check_version:
                 version = func(VERSION_EXPORT, 0).call0()
                 if version != ABI_VERSION:
-                    raise _Failure(ErrorCode.INVALID_MODULE,
-                                   f"{VERSION_EXPORT}() returned {version}; this daemon speaks "
-                                   f"ABI {ABI_VERSION}")
-            in_ptr, in_cap, out_ptr, out_cap = (func(name, 0).call0() & 0xFFFFFFFF
-                                                for name in BUFFER_EXPORTS)
+                    raise _Failure(
+                        ErrorCode.INVALID_MODULE,
+                        f"{VERSION_EXPORT}() returned {version}; this daemon speaks "
+                        f"ABI {ABI_VERSION}",
+                    )
+            in_ptr, in_cap, out_ptr, out_cap = (
+                func(name, 0).call0() & 0xFFFFFFFF for name in BUFFER_EXPORTS
+            )
         except wasmtime.Trap as trap:
-            raise _Failure(ErrorCode.GUEST_FAULT,
-                           f"a buffer function of evaluator {module.manifest.name} trapped: "
-                           f"{_trap_name(trap)}") from None
+            raise _Failure(
+                ErrorCode.GUEST_FAULT,
+                f"a buffer function of evaluator {module.manifest.name} trapped: "
+                f"{_trap_name(trap)}",
+            ) from None
         memory_size = instance.memory.size()
         for label, ptr, cap in (("input", in_ptr, in_cap), ("output", out_ptr, out_cap)):
             if cap < 1 or ptr + cap > memory_size:
-                raise _Failure(ErrorCode.GUEST_FAULT,
-                               f"evaluator {module.manifest.name}'s {label} buffer "
-                               f"[{ptr}, {ptr + cap}) must hold at least one byte and lie "
-                               f"inside its memory of {memory_size} bytes")
+                raise _Failure(
+                    ErrorCode.GUEST_FAULT,
+                    f"evaluator {module.manifest.name}'s {label} buffer "
+                    f"[{ptr}, {ptr + cap}) must hold at least one byte and lie "
+                    f"inside its memory of {memory_size} bytes",
+                )
         instance.in_ptr, instance.in_cap, instance.out_ptr, instance.out_cap = (
-            in_ptr, in_cap, out_ptr, out_cap)
+            in_ptr,
+            in_cap,
+            out_ptr,
+            out_cap,
+        )
         return instance
 
-    def _instantiation_trap(self, trap: wasmtime.Trap, store: wasmtime.Store,
-                            module: LoadedModule, memory_cap: int, fuel: int) -> _Failure:
+    def _instantiation_trap(
+        self,
+        trap: wasmtime.Trap,
+        store: wasmtime.Store,
+        module: LoadedModule,
+        memory_cap: int,
+        fuel: int,
+    ) -> _Failure:
         name = module.manifest.name
         code = trap.trap_code
         if code is wasmtime.TrapCode.OUT_OF_FUEL:
-            return _Failure(ErrorCode.FUEL_EXHAUSTED,
-                            f"the start function of evaluator {name} used all {fuel} units of "
-                            "fuel; an evaluator must not compute at instantiation", fuel)
+            return _Failure(
+                ErrorCode.FUEL_EXHAUSTED,
+                f"the start function of evaluator {name} used all {fuel} units of "
+                "fuel; an evaluator must not compute at instantiation",
+                fuel,
+            )
         if code is wasmtime.TrapCode.INTERRUPT:
-            return _Failure(ErrorCode.DEADLINE_EXCEEDED,
-                            f"the start function of evaluator {name} ran past the deadline; "
-                            "an evaluator must not compute at instantiation")
+            return _Failure(
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the start function of evaluator {name} ran past the deadline; "
+                "an evaluator must not compute at instantiation",
+            )
         if code is wasmtime.TrapCode.STACK_OVERFLOW:
-            return _Failure(ErrorCode.STACK_OVERFLOW,
-                            f"the start function of evaluator {name} exhausted the wasm stack")
-        return _Failure(ErrorCode.GUEST_FAULT,
-                        f"the start function of evaluator {name} trapped: {_trap_name(trap)}")
+            return _Failure(
+                ErrorCode.STACK_OVERFLOW,
+                f"the start function of evaluator {name} exhausted the wasm stack",
+            )
+        return _Failure(
+            ErrorCode.GUEST_FAULT,
+            f"the start function of evaluator {name} trapped: {_trap_name(trap)}",
+        )

@@ -40,17 +40,28 @@ _VALTYPES = frozenset({0x7F, 0x7E, 0x7D, 0x7C, 0x7B, 0x70, 0x6F})
 
 # Opcodes by the shape of their immediates (MVP, sign-extension, multi-value, reference types,
 # bulk memory, saturating conversions, SIMD: the features the host's engine enables).
-_NO_IMMEDIATE = frozenset(
-    [0x00, 0x01, 0x05, 0x0B, 0x0F, 0x1A, 0x1B, 0xD1, *range(0x45, 0xC5)])
-_ONE_U32 = frozenset([0x0C, 0x0D, 0x10, 0x12, 0x14, 0x15, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25,
-                      0x26, 0x3F, 0x40, 0xD2])
+_NO_IMMEDIATE = frozenset([0x00, 0x01, 0x05, 0x0B, 0x0F, 0x1A, 0x1B, 0xD1, *range(0x45, 0xC5)])
+_ONE_U32 = frozenset(
+    [0x0C, 0x0D, 0x10, 0x12, 0x14, 0x15, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x3F, 0x40, 0xD2]
+)
 _TWO_U32 = frozenset([0x11, 0x13])
 _MEMARG = frozenset(range(0x28, 0x3F))
 _BLOCK = frozenset([0x02, 0x03, 0x04])
 
 # 0xFC sub-opcodes -> number of u32 immediates.
-_FC_IMMEDIATES = {**dict.fromkeys(range(8), 0), 8: 2, 9: 1, 10: 2, 11: 1, 12: 2, 13: 1, 14: 2,
-                  15: 1, 16: 1, 17: 1}
+_FC_IMMEDIATES = {
+    **dict.fromkeys(range(8), 0),
+    8: 2,
+    9: 1,
+    10: 2,
+    11: 1,
+    12: 2,
+    13: 1,
+    14: 2,
+    15: 1,
+    16: 1,
+    17: 1,
+}
 
 
 def _memarg(reader: Reader) -> None:
@@ -148,7 +159,7 @@ def _section(section_id: int, content: bytes) -> bytes:
 def _append_to_vector(wasm: bytes, content_start: int, end: int, extra: list[bytes]) -> bytes:
     reader = Reader(wasm, content_start, end)
     count = reader.uleb()
-    return encode_u32(count + len(extra)) + wasm[reader.pos:end] + b"".join(extra)
+    return encode_u32(count + len(extra)) + wasm[reader.pos : end] + b"".join(extra)
 
 
 def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) -> bytes | None:
@@ -165,21 +176,31 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
     hook_call = b"\x10" + encode_u32(hook_index)
     flag = encode_u32(flag_index)
 
-    hook_body = (b"\x01\x01\x7f"  # one i32 local (index 1)
-                 b"\x20\x00\x40\x00\x22\x01"  # local.get 0; memory.grow 0; local.tee 1
-                 b"\x41\x7f\x46\x04\x40"  # i32.const -1; i32.eq; if
-                 b"\x41\x01\x24" + flag + b"\x0b"  # i32.const 1; global.set flag; end
-                 b"\x20\x01\x0b")  # local.get 1; end
-    wrapper_body = (b"\x00\x41\x00\x24" + flag +  # i32.const 0; global.set flag
-                    b"\x20\x00\x10" + encode_u32(eval_function) + b"\x0b")
+    hook_body = (
+        b"\x01\x01\x7f"  # one i32 local (index 1)
+        b"\x20\x00\x40\x00\x22\x01"  # local.get 0; memory.grow 0; local.tee 1
+        b"\x41\x7f\x46\x04\x40"  # i32.const -1; i32.eq; if
+        b"\x41\x01\x24" + flag + b"\x0b"  # i32.const 1; global.set flag; end
+        b"\x20\x01\x0b"
+    )  # local.get 1; end
+    wrapper_body = (
+        b"\x00\x41\x00\x24"
+        + flag  # i32.const 0; global.set flag
+        + b"\x20\x00\x10"
+        + encode_u32(eval_function)
+        + b"\x0b"
+    )
     additions = {
         1: [bytes([0x60, 1, _I32, 1, _I32])],
         3: [encode_u32(type_index), encode_u32(type_index)],
         6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
-        7: [encode_u32(len(EVAL_WRAPPER_EXPORT)) + EVAL_WRAPPER_EXPORT.encode() + b"\x00"
+        7: [
+            encode_u32(len(EVAL_WRAPPER_EXPORT))
+            + EVAL_WRAPPER_EXPORT.encode()
+            + b"\x00"
             + encode_u32(wrapper_index),
-            encode_u32(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03"
-            + flag],
+            encode_u32(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03" + flag,
+        ],
     }
 
     out = bytearray(wasm[:8])
@@ -194,8 +215,9 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
                     if SECTION_ORDER[missing] < rank and info.section(missing) is None:
                         out += _section(missing, _vector(pending.pop(missing)))
             if section.id in pending:
-                content = _append_to_vector(wasm, section.content_start, section.end,
-                                            pending.pop(section.id))
+                content = _append_to_vector(
+                    wasm, section.content_start, section.end, pending.pop(section.id)
+                )
                 out += _section(section.id, content)
             elif section.id == 10:
                 code_section = section
@@ -210,14 +232,16 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
                         body.uleb()
                         body.byte()
                     expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call)
-                    new_body = wasm[body_start:body.pos] + expr
+                    new_body = wasm[body_start : body.pos] + expr
                     bodies.append(encode_u32(len(new_body)) + new_body)
                     reader.pos = body_end
-                bodies += [encode_u32(len(hook_body)) + hook_body,
-                           encode_u32(len(wrapper_body)) + wrapper_body]
+                bodies += [
+                    encode_u32(len(hook_body)) + hook_body,
+                    encode_u32(len(wrapper_body)) + wrapper_body,
+                ]
                 out += _section(10, _vector(bodies))
             else:
-                out += wasm[section.start:section.end]
+                out += wasm[section.start : section.end]
     except WasmFormatError:
         return None
     if code_section is None or pending:

@@ -62,6 +62,10 @@ class HostConfig:
             bound on any tenant's memory cap in pooling mode.
         instances_per_thread: reuse mode keeps at most this many instances per thread (least
             recently used are dropped).
+        signals_based_traps: let wasmtime catch out-of-bounds accesses with guard pages and a
+            SIGSEGV handler instead of explicit bounds checks. Off by default: a library that
+            installs its own SIGSEGV handler later in the process (``tvm_ffi``, imported by
+            XGrammar, does) turns every out-of-bounds guest access into a process crash.
     """
 
     max_wasm_stack_bytes: int = 256 * 2**10
@@ -75,18 +79,28 @@ class HostConfig:
     pool_instances: int = 256
     pool_memory_bytes: int = 256 * 2**20
     instances_per_thread: int = 64
+    signals_based_traps: bool = False
 
     def __post_init__(self) -> None:
         if self.isolation not in ("reuse", "fresh"):
-            raise ValueError(f"HostConfig.isolation must be 'reuse' or 'fresh', not "
-                             f"{self.isolation!r}")
+            raise ValueError(
+                f"HostConfig.isolation must be 'reuse' or 'fresh', not {self.isolation!r}"
+            )
         if self.allocator not in ("auto", "pooling", "default"):
-            raise ValueError(f"HostConfig.allocator must be auto, pooling or default, not "
-                             f"{self.allocator!r}")
+            raise ValueError(
+                f"HostConfig.allocator must be auto, pooling or default, not {self.allocator!r}"
+            )
         if self.epoch_tick_ms < 0:
             raise ValueError("HostConfig.epoch_tick_ms must be >= 0")
-        for name in ("max_wasm_stack_bytes", "module_bytes", "load_fuel", "load_deadline_ms",
-                     "pool_instances", "pool_memory_bytes", "instances_per_thread"):
+        for name in (
+            "max_wasm_stack_bytes",
+            "module_bytes",
+            "load_fuel",
+            "load_deadline_ms",
+            "pool_instances",
+            "pool_memory_bytes",
+            "instances_per_thread",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"HostConfig.{name} must be positive")
 

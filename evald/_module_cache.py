@@ -47,8 +47,9 @@ class ModuleCache:
             return None
         return self.directory / f"{sha256}-{self._fingerprint}.cwasm"
 
-    def load(self, sha256: str, compile_module: Callable[[], wasmtime.Module]
-             ) -> tuple[wasmtime.Module, bool]:
+    def load(
+        self, sha256: str, compile_module: Callable[[], wasmtime.Module]
+    ) -> tuple[wasmtime.Module, bool]:
         """Returns (module, True) from the cache, or (compile_module(), False) and stores it."""
         path = self.path_for(sha256)
         if path is not None:

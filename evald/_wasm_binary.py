@@ -31,13 +31,33 @@ MAGIC = b"\0asm"
 VERSION_1 = b"\x01\0\0\0"
 
 EXTERN_KINDS = {0: "func", 1: "table", 2: "memory", 3: "global", 4: "tag"}
-VALTYPE_NAMES = {0x7F: "i32", 0x7E: "i64", 0x7D: "f32", 0x7C: "f64", 0x7B: "v128",
-                 0x70: "funcref", 0x6F: "externref"}
+VALTYPE_NAMES = {
+    0x7F: "i32",
+    0x7E: "i64",
+    0x7D: "f32",
+    0x7C: "f64",
+    0x7B: "v128",
+    0x70: "funcref",
+    0x6F: "externref",
+}
 
 #: Position of each known section id in the order the binary format requires (custom = 0 is
 #: allowed anywhere and has no rank).
-SECTION_ORDER = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 13: 6, 6: 7, 7: 8, 8: 9, 9: 10, 12: 11, 10: 12,
-                 11: 13}
+SECTION_ORDER = {
+    1: 1,
+    2: 2,
+    3: 3,
+    4: 4,
+    5: 5,
+    13: 6,
+    6: 7,
+    7: 8,
+    8: 9,
+    9: 10,
+    12: 11,
+    10: 12,
+    11: 13,
+}
 
 
 class WasmFormatError(ValueError):
@@ -67,7 +87,7 @@ class Reader:
     def bytes(self, length: int) -> bytes:
         if length < 0 or self.pos + length > self.end:
             raise WasmFormatError(f"unexpected end of data at offset {self.pos}")
-        value = self.data[self.pos:self.pos + length]
+        value = self.data[self.pos : self.pos + length]
         self.pos += length
         return value
 
@@ -143,6 +163,7 @@ class FuncType:
     def describe(self) -> str:
         def names(types: tuple[int, ...]) -> str:
             return ", ".join(VALTYPE_NAMES.get(t, hex(t)) for t in types)
+
         return f"({names(self.params)}) -> ({names(self.results)})"
 
 

@@ -39,8 +39,9 @@ def module(engine: wasmtime.Engine) -> wasmtime.Module:
     return wasmtime.Module(engine, wasmtime.wat2wasm(WAT))
 
 
-def _instance(engine: wasmtime.Engine, module: wasmtime.Module
-              ) -> tuple[wasmtime.Store, wasmtime.Instance]:
+def _instance(
+    engine: wasmtime.Engine, module: wasmtime.Module
+) -> tuple[wasmtime.Store, wasmtime.Instance]:
     store = wasmtime.Store(engine)
     store.set_fuel(10**9)
     store.set_epoch_deadline(10**9)

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from wat_modules import PAGE, arg, guest
 
 from evald._errors import ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
-from tests.evald.wat_modules import PAGE, arg, guest
 
 UNMETERED = Limits(fuel=0, deadline_ms=10_000)
 
@@ -26,8 +26,13 @@ def echo(host: WasmHost) -> LoadedModule:
     return host.load(guest("echo"))
 
 
-def still_serves(host: WasmHost, echo: LoadedModule, module: LoadedModule | None = None,
-                 data: bytes = b"", expected: str = "") -> None:
+def still_serves(
+    host: WasmHost,
+    echo: LoadedModule,
+    module: LoadedModule | None = None,
+    data: bytes = b"",
+    expected: str = "",
+) -> None:
     """The host answers a normal call, and so does the module that just hit a limit."""
     outcome = host.evaluate(echo, b"still serving", Limits())
     assert (outcome.value, outcome.error) == ("still serving", None)
@@ -121,8 +126,8 @@ def test_deadline_in_epoch_ticks() -> None:
         echo = host.load(guest("echo"))
         result: list[EvalOutcome] = []
         thread = threading.Thread(
-            target=lambda: result.append(host.evaluate(loop, b"", Limits(fuel=0,
-                                                                         deadline_ms=3))))
+            target=lambda: result.append(host.evaluate(loop, b"", Limits(fuel=0, deadline_ms=3)))
+        )
         thread.start()
         time.sleep(0.05)
         host.advance_epoch(2)
@@ -136,8 +141,9 @@ def test_deadline_in_epoch_ticks() -> None:
         still_serves(host, echo)
 
 
-def test_deadline_with_the_ticker_stops_an_infinite_loop(host: WasmHost,
-                                                         echo: LoadedModule) -> None:
+def test_deadline_with_the_ticker_stops_an_infinite_loop(
+    host: WasmHost, echo: LoadedModule
+) -> None:
     loop = host.load(guest("loop"))
     out = host.evaluate(loop, b"", Limits(fuel=0, deadline_ms=50))
     assert out.error is ErrorCode.DEADLINE_EXCEEDED
