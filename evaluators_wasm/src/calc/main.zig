@@ -33,8 +33,11 @@ const max_bits = 16384;
 /// Printed results satisfy 10^-4300 <= |x| < 10^4300 (or are zero).
 const max_result_exponent = 4300;
 const significant_digits = 28;
-/// Both stacks are provably below 3 * (max_depth + 1) entries (docs/semantics/calc.md,
-/// "Limits"); the capacity check in `pushOp`/`pushValue` is a guard, never reached.
+/// Both stacks stay below 771 entries: the operator stack holds at most `max_depth` operators
+/// that open a level (`(`, signs, `**`), plus at most two of `+ - * / %` per parenthesis level
+/// (one per precedence; such an operator is never pushed above a sign or `**`, which it pops);
+/// the value stack holds one left operand per binary operator on the operator stack, plus one.
+/// The capacity checks in `pushOp`/`pushValue` are guards, never reached.
 const stack_capacity = 1024;
 
 var input_buf: [input_capacity]u8 = undefined;
@@ -538,6 +541,8 @@ fn gcd(r: *Managed, x: *const Managed, y: *const Managed) Failure!void {
         while (vh + c != 0 and vh + d != 0) {
             const quotient = @divFloor(uh + a, vh + c);
             if (quotient != @divFloor(uh + b, vh + d)) break;
+            // Stopping early is always correct; this keeps every product below 2^60.
+            if (quotient >= limit) break;
             const na = a - quotient * c;
             const nb = b - quotient * d;
             if (na >= limit or na <= -limit or nb >= limit or nb <= -limit) break;
@@ -628,31 +633,33 @@ fn binary(op: Op, a: *Value, b: *Value) Failure!Value {
     }
     const p = try makeBig(a);
     const q = try makeBig(b);
+    return switch (op) {
+        .add, .sub => bigAdd(p, q, op == .sub),
+        // Division multiplies by the inverse; the sign is moved to the numerator in bigMul.
+        .mul => bigMul(&p.n, &p.d, &q.n, &q.d),
+        .div => bigMul(&p.n, &p.d, &q.d, &q.n),
+        .mod => bigMod(p, q),
+        else => unreachable,
+    };
+}
+
+/// Floored p mod q = ((p.n * q.d) mod (q.n * p.d)) / (p.d * q.d); q != 0.
+fn bigMod(p: *const Big, q: *const Big) Failure!Value {
+    var x = try Managed.init(gpa);
+    defer x.deinit();
+    var y = try Managed.init(gpa);
+    defer y.deinit();
+    var quotient = try Managed.init(gpa);
+    defer quotient.deinit();
     var n = try Managed.init(gpa);
     defer n.deinit();
     var d = try Managed.init(gpa);
     defer d.deinit();
-    var t = try Managed.init(gpa);
-    defer t.deinit();
-    switch (op) {
-        .add, .sub => return bigAdd(p, q, op == .sub),
-        // Division multiplies by the inverse; the sign is moved to the numerator in bigMul.
-        .mul => return bigMul(&p.n, &p.d, &q.n, &q.d),
-        .div => return bigMul(&p.n, &p.d, &q.d, &q.n),
-        .mod => {
-            // (p.n * q.d) mod (q.n * p.d), floored, over p.d * q.d.
-            var x = try Managed.init(gpa);
-            defer x.deinit();
-            var quotient = try Managed.init(gpa);
-            defer quotient.deinit();
-            try x.mul(&p.n, &q.d);
-            try t.mul(&q.n, &p.d);
-            try quotient.divFloor(&n, &x, &t);
-            try d.mul(&p.d, &q.d);
-            return finish(&n, &d, false);
-        },
-        else => unreachable,
-    }
+    try x.mul(&p.n, &q.d);
+    try y.mul(&q.n, &p.d);
+    try quotient.divFloor(&n, &x, &y);
+    try d.mul(&p.d, &q.d);
+    return finish(&n, &d, false);
 }
 
 /// r = a / g, exact.
