@@ -7,9 +7,12 @@ import json
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from evald._errors import ErrorCode
 from evald.cli import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, Runner, add_client_options, command
+
+if TYPE_CHECKING:
+    from evald._client import Client
 
 __all__: list[str] = []
 
@@ -23,7 +26,7 @@ def _fail(code: str, message: str) -> int:
     return EXIT_ERROR
 
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _client(args: argparse.Namespace) -> Client:
     from evald._client import Client
 
     return Client(
@@ -80,6 +83,8 @@ def _call(parser: argparse.ArgumentParser) -> Runner:
         if response.WhichOneof("outcome") == "value":
             print(response.value)
             return EXIT_OK
+        from evald._errors import ErrorCode
+
         code = ErrorCode.from_proto(response.error.code).value
         return _fail(code, response.error.message)
 

@@ -277,6 +277,7 @@ class Registry:
             sha256, created = self._store.put_module(wasm)
             index = dict(self._index.get(tenant.name, {}))
             previous = index.get(name)
+            replaced = owned.get(name)
             index[name] = self._store.new_entry(name, sha256)
             try:
                 self._store.write_index(tenant.name, index)
@@ -290,7 +291,7 @@ class Registry:
             self._index[tenant.name] = index
             self._rebuild()
             if previous is not None and previous.sha256 != sha256:
-                self._forget_if_unused(previous.sha256)
+                self._forget_if_unused(previous.sha256, replaced)
         return evaluator
 
     def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
@@ -322,11 +323,12 @@ class Registry:
             self._index[tenant.name] = index
             self._rebuild()
             if entry is not None:
-                self._forget_if_unused(entry.sha256)
+                self._forget_if_unused(entry.sha256, evaluator)
         return evaluator
 
-    def _forget_if_unused(self, sha256: str) -> None:
-        """Removes a module file once no tenant's index refers to it (caller holds the lock)."""
+    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
+        """Once no tenant's index refers to ``sha256``, removes its file and lets the host drop
+        its compiled code (caller holds the lock)."""
         for tenant in self._store.tenant_names():
             index = self._index.get(tenant)
             if index is None:
@@ -337,3 +339,5 @@ class Registry:
             if any(entry.sha256 == sha256 for entry in index.values()):
                 return
         self._store.remove_module(sha256)
+        if evaluator is not None:
+            self._host.forget(evaluator.module)
