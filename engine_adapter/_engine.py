@@ -28,12 +28,15 @@ if TYPE_CHECKING:
     from engine_adapter._types import SpanEvaluator
 
 __all__ = [
+    "EVALUATOR_MODES",
     "EngineError",
+    "EvaluatorSetup",
     "GenerationResult",
     "LocalEngine",
     "SpanTiming",
     "StepTiming",
     "TextCallback",
+    "open_evaluator",
 ]
 
 #: Called with each new piece of text as it is produced; ``forced`` is true for text the engine
@@ -41,6 +44,10 @@ __all__ = [
 TextCallback = Callable[[str, bool], None]
 
 _REPLACEMENT = "\ufffd"
+
+#: Where ``grammar-eval`` spans go: the evald daemon, the WASM host inside this process, or the
+#: Python reference implementations.
+EVALUATOR_MODES = ("evald", "inprocess", "python")
 
 
 class EngineError(ValueError):
@@ -256,6 +263,7 @@ class LocalEngine:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        stop: Sequence[str] = (),
         on_text: TextCallback | None = None,
     ) -> GenerationResult:
         """Generates one answer.
@@ -270,6 +278,8 @@ class LocalEngine:
             temperature: ``0`` for greedy decoding, else the softmax temperature.
             top_p: nucleus sampling mass (with ``temperature > 0``).
             seed: seeds the sampler; the same seed, prompt and backend give the same answer.
+            stop: strings that end the answer once it contains one (after the prefix); the
+                answer keeps the stop string (``"</result>"`` stops right after a result).
             on_text: streaming callback, called with each new piece of text.
 
         Raises:
@@ -351,6 +361,7 @@ class LocalEngine:
         emitted = detok.push(prefix_ids)
         if emitted and on_text is not None:
             on_text(emitted, True)
+        prefix_len = len(detok.emitted)
 
         generator = torch.Generator()
         if seed is not None:
@@ -448,6 +459,9 @@ class LocalEngine:
             if matcher is not None and matcher.is_terminated():
                 result.stop_reason = "eos"
                 break
+            if stop and _contains_stop(detok.emitted, stop, prefix_len):
+                result.stop_reason = "stop"
+                break
         result.token_ids = list(detok.ids)
         result.text = detok.text()
         if on_text is not None and result.text.startswith(detok.emitted):
@@ -457,6 +471,105 @@ class LocalEngine:
         result.decode_us = _us(decode_start)
         result.total_us = _us(started)
         return result
+
+
+@dataclass
+class EvaluatorSetup:
+    """An evaluator plus the manifests of what it can evaluate (the grammar's evaluators)."""
+
+    kind: str
+    evaluator: SpanEvaluator
+    evaluators: list[EvaluatorSpec]
+    warning: str | None = None
+    """Set when something is degraded but usable (evald not reachable at start-up)."""
+
+    def close(self) -> None:
+        close = getattr(self.evaluator, "close", None)
+        if close is not None:
+            close()
+
+
+def open_evaluator(
+    kind: str,
+    *,
+    target: str | None = None,
+    token: str | None = None,
+    names: Sequence[str] | None = None,
+    connect_timeout_s: float = 5.0,
+) -> EvaluatorSetup:
+    """Opens the evaluator behind ``grammar-eval`` and lists the evaluators it offers.
+
+    Parameters:
+        kind: ``evald`` (the daemon, over one bidirectional stream), ``inprocess`` (the same
+            WASM host inside this process) or ``python`` (the reference implementations).
+        target, token: the daemon's address and bearer token (``evald`` only).
+        names: restrict the grammar to these evaluators (default: every one offered).
+        connect_timeout_s: how long to wait for the daemon at start-up.
+
+    When the daemon cannot be reached, the standard manifests stand in for ``ListEvaluators``
+    and :attr:`EvaluatorSetup.warning` says so: generation still runs, and every span gets
+    ``<result_error>unavailable</result_error>`` until the daemon is back.
+
+    Raises:
+        EngineError: unknown ``kind``, or a requested name that is not offered.
+    """
+    from engine_adapter._client import EvaluatorClient, list_evaluators
+    from engine_adapter._grammar import standard_evaluators
+    from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+
+    warning = None
+    evaluator: Any
+    if kind == "evald":
+        evaluator = EvaluatorClient(target, token)
+        specs: list[EvaluatorSpec]
+        try:
+            specs = list_evaluators(evaluator.target, token, timeout_s=connect_timeout_s)
+            evaluator.wait_connected(connect_timeout_s)
+        except Exception as exc:  # unreachable or refused: degrade, never crash
+            specs = standard_evaluators()
+            warning = (
+                f"evald at {evaluator.target} did not answer ({exc}); spans will get "
+                "<result_error>unavailable</result_error> until it does. Start it with "
+                "`evald serve`."
+            )
+    elif kind == "inprocess":
+        from evald._errors import EvaldError
+
+        try:
+            evaluator = InProcessWasmEvaluator()
+        except (EvaldError, OSError) as exc:
+            raise EngineError(f"cannot load the standard WASM evaluators: {exc}") from exc
+        specs = standard_evaluators(evaluator.names)
+    elif kind == "python":
+        specs = [spec for spec in standard_evaluators() if _has_reference(spec.name)]
+        evaluator = ReferenceEvaluator([spec.name for spec in specs])
+    else:
+        raise EngineError(
+            f"unknown evaluator mode {kind!r}; choose one of {', '.join(EVALUATOR_MODES)}"
+        )
+    if names is not None:
+        by_name = {spec.name: spec for spec in specs}
+        missing = [name for name in names if name not in by_name]
+        if missing:
+            close = getattr(evaluator, "close", None)
+            if close is not None:
+                close()
+            raise EngineError(
+                f"evaluator(s) {', '.join(missing)} not offered by {kind}; offered: "
+                f"{', '.join(sorted(by_name))}"
+            )
+        specs = [by_name[name] for name in names]
+    return EvaluatorSetup(kind, evaluator, specs, warning)
+
+
+def _has_reference(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"evaluators_wasm.reference.{name}") is not None
+
+
+def _contains_stop(text: str, stop: Sequence[str], start: int) -> bool:
+    return any(needle and needle in text[start:] for needle in stop)
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -42,7 +42,9 @@ class LlamaBackend(Backend):
             path = smollm2_gguf_path()
         except FileNotFoundError as exc:
             raise BackendError(str(exc)) from exc
-        threads = n_threads or max(1, min(4, os.cpu_count() or 1))
+        # llama.cpp's own default (half the logical CPUs): its worker threads spin between
+        # operations, so on a small shared machine more threads make every step slower.
+        threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
         self._llm: Any = Llama(
             model_path=str(path),
             n_ctx=n_ctx,
