@@ -1,0 +1,285 @@
+"""The evaluator clients: the evald stream client against the real daemon (``evald serve`` as a
+subprocess on a real unix socket), including a daemon killed mid-stream, a hung daemon and a
+restart; and the in-process WASM and Python-reference evaluators."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evald"))
+
+from daemon_harness import Daemon, start_daemon
+
+from engine_adapter import (
+    EvalResult,
+    EvaluatorClient,
+    InProcessWasmEvaluator,
+    ReferenceEvaluator,
+    build_structural_tag,
+    list_evaluators,
+    standard_evaluators,
+)
+from evald._config import hash_token
+
+TOKEN = "engine-tenant-token-0123456789abcdef"
+# Margin for a busy 2-core machine: "within the deadline" is asserted against deadline + slack.
+SLACK_S = 2.0
+
+CONFIG = f"""
+[server]
+threads = 2
+shutdown_grace_s = 2
+
+[[tenants]]
+name = "local"
+evaluators = ["*"]
+
+[[tenants]]
+name = "engine"
+token_sha256 = "{hash_token(TOKEN)}"
+evaluators = ["calc"]
+"""
+
+# (evaluator, content): values come from the reference implementations, never hard-coded.
+SPANS = [
+    ("calc", "17 * 23 + 91"),
+    ("calc", "1 / 0"),
+    ("strop", 'count("strawberry", "r")'),
+    ("date", "2024-01-31 + 1 month"),
+    ("checksum", 'crc32("hello")'),
+]
+
+
+def expected(evaluator: str, content: str) -> tuple[str | None, str | None]:
+    from evaluators_wasm.reference import GuestError, reference
+
+    try:
+        return reference(evaluator)(content.encode()), None
+    except GuestError as exc:
+        return None, exc.code
+
+
+def outcome(result: EvalResult) -> tuple[str | None, str | None]:
+    return result.value, result.error_code
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    handle = start_daemon(tmp_path_factory.mktemp("evald"), CONFIG)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture()
+def client(daemon: Daemon) -> Iterator[EvaluatorClient]:
+    with EvaluatorClient(daemon.target) as evaluator:
+        assert evaluator.wait_connected(30.0)
+        yield evaluator
+
+
+def test_one_flush_sends_every_span_in_one_message(client: EvaluatorClient) -> None:
+    futures = [client.submit(name, content, 5000) for name, content in SPANS]
+    assert not any(f.done() for f in futures), "nothing is sent before the flush"
+    client.flush()
+    results = [f.result(timeout=30) for f in futures]
+    assert client.stats.messages_sent == 1
+    for (name, content), result in zip(SPANS, results, strict=True):
+        assert outcome(result) == expected(name, content), (name, content)
+    ok = next(r for r in results if r.value is not None)
+    assert ok.fuel_used > 0
+
+
+def test_unknown_evaluator_is_a_span_error_not_a_broken_stream(client: EvaluatorClient) -> None:
+    bad = client.submit("no_such_evaluator", "1", 5000)
+    good = client.submit("calc", "2 + 2", 5000)
+    client.flush()
+    assert bad.result(timeout=30).error_code == "unknown_evaluator"
+    assert good.result(timeout=30).value == "4"
+    assert client.connected
+
+
+def test_list_evaluators_builds_the_same_grammar_as_the_manifests(daemon: Daemon) -> None:
+    listed = {spec.name: spec for spec in list_evaluators(daemon.target)}
+    source = {spec.name: spec for spec in standard_evaluators()}
+    assert set(listed) == set(source)
+    for name, spec in source.items():
+        assert listed[name].input_grammar == spec.input_grammar
+        assert listed[name].result_regex == spec.result_regex
+    from_daemon = build_structural_tag(list(listed.values()))
+    from_source = build_structural_tag([source[name] for name in listed])
+    assert from_daemon.structural_tag == from_source.structural_tag
+
+
+def test_bearer_token_selects_the_tenant(daemon: Daemon) -> None:
+    assert [s.name for s in list_evaluators(daemon.target, TOKEN)] == ["calc"]
+    with EvaluatorClient(daemon.target, TOKEN) as client:
+        assert client.wait_connected(30.0)
+        allowed = client.submit("calc", "6 * 7", 5000)
+        refused = client.submit("strop", 'len("a")', 5000)
+        client.flush()
+        assert allowed.result(timeout=30).value == "42"
+        assert refused.result(timeout=30).error_code == "permission_denied"
+
+
+def test_a_wrong_token_fails_spans_with_permission_denied(daemon: Daemon) -> None:
+    with EvaluatorClient(daemon.target, "not-a-valid-token-at-all") as client:
+        deadline_s = 5.0
+        started = time.monotonic()
+        future = client.submit("calc", "1 + 1", int(deadline_s * 1000))
+        client.flush()
+        result = future.result(timeout=deadline_s + SLACK_S)
+        assert result.error_code == "permission_denied"
+        assert "token" in result.message
+        assert time.monotonic() - started < deadline_s + SLACK_S
+
+
+def test_no_daemon_gives_unavailable_within_the_deadline(tmp_path: Path) -> None:
+    with EvaluatorClient(f"unix:{tmp_path / 'absent.sock'}", connect_timeout_s=0.2) as client:
+        started = time.monotonic()
+        first = client.submit("calc", "1 + 1", 1000)
+        client.flush()
+        assert first.result(timeout=1 + SLACK_S).error_code in ("unavailable", "deadline_exceeded")
+        time.sleep(0.3)  # the first connection attempt has failed by now
+        second = client.submit("calc", "1 + 1", 1000)
+        assert second.result(timeout=SLACK_S).error_code == "unavailable"
+        assert time.monotonic() - started < 1.3 + 2 * SLACK_S
+
+
+def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, CONFIG)
+    try:
+        with EvaluatorClient(daemon.target) as client:
+            assert client.wait_connected(30.0)
+            os.kill(daemon.process.pid, signal.SIGSTOP)  # a real hang: the process stops
+            try:
+                started = time.monotonic()
+                future = client.submit("calc", "2 + 2", 300)
+                client.flush()
+                result = future.result(timeout=0.3 + SLACK_S)
+                waited = time.monotonic() - started
+            finally:
+                os.kill(daemon.process.pid, signal.SIGCONT)
+            assert result.error_code == "deadline_exceeded"
+            assert 0.25 <= waited < 0.3 + SLACK_S
+            later = client.submit("calc", "3 + 3", 10_000)
+            client.flush()
+            assert later.result(timeout=30).value == "6", "the stream survives a late answer"
+    finally:
+        daemon.stop()
+
+
+def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, CONFIG)
+    try:
+        with EvaluatorClient(
+            daemon.target, backoff_initial_s=0.05, backoff_max_s=0.5, connect_timeout_s=0.5
+        ) as client:
+            assert client.wait_connected(30.0)
+            warm = client.submit("calc", "1 + 1", 10_000)
+            client.flush()
+            assert warm.result(timeout=30).value == "2"
+            os.kill(daemon.process.pid, signal.SIGSTOP)  # hold the span in flight…
+            deadline_ms = 5000
+            started = time.monotonic()
+            in_flight = client.submit("calc", "2 + 2", deadline_ms)
+            client.flush()
+            time.sleep(0.2)
+            daemon.kill()  # …then kill -9: the stream breaks with the span unanswered
+            result = in_flight.result(timeout=deadline_ms / 1000 + SLACK_S)
+            assert result.error_code == "unavailable"
+            assert time.monotonic() - started < deadline_ms / 1000, "failed fast, not at deadline"
+            assert not client.connected
+            while_down = client.submit("calc", "3 + 3", deadline_ms)
+            assert while_down.result(timeout=SLACK_S).error_code == "unavailable"
+            assert client.stats.disconnects >= 1
+
+            restarted = start_daemon(
+                tmp_path, CONFIG, socket_path=daemon.socket_path, state_dir=daemon.state_dir
+            )
+            try:
+                assert client.wait_connected(30.0), "the client reconnects by itself"
+                again = client.submit("calc", "4 + 4", 10_000)
+                client.flush()
+                assert again.result(timeout=30).value == "8"
+                assert client.stats.connects >= 2
+            finally:
+                restarted.stop()
+    finally:
+        if daemon.alive():
+            daemon.kill()
+
+
+def test_closed_client_answers_unavailable(daemon: Daemon) -> None:
+    client = EvaluatorClient(daemon.target)
+    client.close()
+    client.close()  # idempotent
+    assert client.submit("calc", "1", 1000).result(timeout=1).error_code == "unavailable"
+
+
+def test_injector_with_the_daemon_forces_the_evaluated_value(client: EvaluatorClient) -> None:
+    xgr = pytest.importorskip("xgrammar")
+    from engine_adapter import Injector, TokenCodec, special_token_texts
+    from engine_adapter._model_files import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    grammar = build_structural_tag(
+        list_evaluators(client.target), special_tokens=special_token_texts(tokenizer)
+    )
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(grammar.json()))
+    injector = Injector(TokenCodec.shared(tokenizer), grammar.bindings, client, deadline_ms=10_000)
+    for token in tokenizer.encode("A box: <calc>17 * 23 + 91</calc>", add_special_tokens=False):
+        assert matcher.accept_token(token)
+        injector.accept_token(token)
+    while injector.pending:
+        forced = injector.forced_tokens()
+        if not forced:
+            injector.wait()
+        for token in forced:
+            assert matcher.accept_token(token)
+            injector.accept_token(token)
+    value, _ = expected("calc", "17 * 23 + 91")
+    assert injector.text.endswith(f"</calc><result>{value}</result>")
+    assert injector.spans[0].value == value
+
+
+def agree(evaluator: Any) -> None:
+    futures = [evaluator.submit(name, content, 5000) for name, content in SPANS]
+    evaluator.flush()
+    for (name, content), future in zip(SPANS, futures, strict=True):
+        assert outcome(future.result(timeout=30)) == expected(name, content), (name, content)
+    unknown = evaluator.submit("no_such_evaluator", "1", 1000)
+    assert unknown.result(timeout=30).error_code == "unknown_evaluator"
+
+
+def test_in_process_wasm_evaluator_agrees_with_the_references() -> None:
+    with InProcessWasmEvaluator(threads=2) as evaluator:
+        assert {"calc", "strop"} <= set(evaluator.names)
+        agree(evaluator)
+    closed = evaluator.submit("calc", "1", 1000)
+    assert closed.result(timeout=1).error_code == "unavailable"
+
+
+def test_reference_evaluator_and_its_deadline() -> None:
+    with ReferenceEvaluator(threads=1) as evaluator:
+        agree(evaluator)
+        # A long sum of fractions keeps the only worker busy (a reference call cannot be
+        # interrupted); spans queued behind it are answered at their deadline, not after it.
+        slow = " + ".join(["123456789012 / 7"] * 6000)
+        busy = evaluator.submit("calc", slow, 60_000)
+        started = time.monotonic()
+        queued = evaluator.submit("calc", "1 + 1", 50)
+        assert queued.result(timeout=SLACK_S).error_code == "deadline_exceeded"
+        assert time.monotonic() - started < SLACK_S
+        assert outcome(busy.result(timeout=60)) == expected("calc", slow)
