@@ -471,7 +471,7 @@ class WasmHost:
                 f"{', '.join(sorted(_GUEST_CODES))}",
                 used,
             )
-        message = message.strip()[:_MAX_MESSAGE_CHARS] or f"{name}: {code.value}"
+        message = message[:_MAX_MESSAGE_CHARS] or f"{name}: {code.value}"
         raise _Failure(code, message, used)
 
     def _trap_failure(
