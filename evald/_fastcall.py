@@ -40,6 +40,7 @@ __all__ = [
     "context_address",
     "export",
     "get_fuel",
+    "instantiate",
     "set_epoch_deadline",
     "set_fuel",
     "store_id",
@@ -105,6 +106,21 @@ def context_address(store: wasmtime.Store) -> int:
     if not address:
         raise ValueError("the store is closed")
     return address
+
+
+def instantiate(store: wasmtime.Store, module: wasmtime.Module) -> wasmtime.Instance:
+    """``wasmtime.Instance(store, module, [])`` that also learns the store's id for free.
+
+    The new instance carries the id of the store it was made in, which spares
+    :func:`store_id` its probe (a throwaway global, about as costly as the instance itself).
+
+    Raises:
+        wasmtime.Trap: the start function trapped.
+        wasmtime.WasmtimeError: instantiation failed (limits, imports, other engine).
+    """
+    instance = wasmtime.Instance(store, module, [])
+    _STORE_IDS.setdefault(store, int(instance._instance.store_id))
+    return instance
 
 
 def export(

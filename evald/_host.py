@@ -107,8 +107,10 @@ class LoadedModule:
     __slots__ = (
         "_eval_export",
         "_flag_export",
+        "_input_ptr",
         "_minimum_memory_bytes",
         "_module",
+        "_output_ptr",
         "from_cache",
         "grow_observed",
         "input_cap",
@@ -142,6 +144,7 @@ class LoadedModule:
         self._eval_export = EVAL_WRAPPER_EXPORT if grow_observed else EVAL_EXPORT
         self._flag_export = GROW_FLAG_EXPORT if grow_observed else None
         self._minimum_memory_bytes = minimum_memory_bytes
+        self._input_ptr = self._output_ptr = 0  # set by the trial instantiation
 
     def __repr__(self) -> str:
         return (
@@ -311,13 +314,14 @@ class WasmHost:
                 memory_cap,
                 self.config.load_fuel,
                 self._ticks(self.config.load_deadline_ms),
-                check_version=True,
+                trial=True,
             )
         except _Failure as failure:
             raise EvaldError(
                 ErrorCode.INVALID_MODULE, f"trial instantiation failed: {failure.message}"
             ) from None
         loaded.input_cap, loaded.output_cap = instance.in_cap, instance.out_cap
+        loaded._input_ptr, loaded._output_ptr = instance.in_ptr, instance.out_ptr
         return loaded
 
     def forget(self, module: LoadedModule) -> None:
@@ -575,7 +579,7 @@ class WasmHost:
         fuel: int,
         ticks: int,
         *,
-        check_version: bool = False,
+        trial: bool = False,
     ) -> _Instance:
         """A new store and instance of ``module``; raises _Failure (never EvaldError)."""
         if module._minimum_memory_bytes > memory_cap:
@@ -592,7 +596,7 @@ class WasmHost:
         fast.set_fuel(context, fuel)
         fast.set_epoch_deadline(context, ticks)
         try:
-            wasm_instance = wasmtime.Instance(store, module._module, [])
+            wasm_instance = fast.instantiate(store, module._module)
         except wasmtime.Trap as trap:
             raise self._instantiation_trap(trap, store, module, memory_cap, fuel) from None
         except wasmtime.WasmtimeError as exc:
@@ -617,8 +621,11 @@ class WasmHost:
         if module._flag_export is not None:
             flag = fast.export(store, wasm_instance, module._flag_export)
             instance.flag = flag if isinstance(flag, wasmtime.Global) else None
-        try:
-            if check_version:
+        if trial:
+            # The buffer functions run once per module, here: a guest without imports is
+            # deterministic, so every later instance has the same buffers (their bounds are
+            # still checked per instance below).
+            try:
                 version = func(VERSION_EXPORT, 0).call0()
                 if version != ABI_VERSION:
                     raise _Failure(
@@ -626,15 +633,18 @@ class WasmHost:
                         f"{VERSION_EXPORT}() returned {version}; this daemon speaks "
                         f"ABI {ABI_VERSION}",
                     )
-            in_ptr, in_cap, out_ptr, out_cap = (
-                func(name, 0).call0() & 0xFFFFFFFF for name in BUFFER_EXPORTS
-            )
-        except wasmtime.Trap as trap:
-            raise _Failure(
-                ErrorCode.GUEST_FAULT,
-                f"a buffer function of evaluator {module.manifest.name} trapped: "
-                f"{_trap_name(trap)}",
-            ) from None
+                in_ptr, in_cap, out_ptr, out_cap = (
+                    func(name, 0).call0() & 0xFFFFFFFF for name in BUFFER_EXPORTS
+                )
+            except wasmtime.Trap as trap:
+                raise _Failure(
+                    ErrorCode.GUEST_FAULT,
+                    f"a buffer function of evaluator {module.manifest.name} trapped: "
+                    f"{_trap_name(trap)}",
+                ) from None
+        else:
+            in_ptr, out_ptr = module._input_ptr, module._output_ptr
+            in_cap, out_cap = module.input_cap, module.output_cap
         memory_size = instance.memory.size()
         for label, ptr, cap in (("input", in_ptr, in_cap), ("output", out_ptr, out_cap)):
             if cap < 1 or ptr + cap > memory_size:

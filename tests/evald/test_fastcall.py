@@ -191,3 +191,12 @@ def test_raw_memory_reads_writes_and_checks_bounds(engine, module) -> None:
     assert memory.size() == 2 * 65536
     memory.write(65536 + 10, b"x")  # the grown part is reachable
     assert memory.read(65536 + 10, 1) == b"x"
+
+
+def test_instantiate_learns_the_store_id(engine, module) -> None:
+    store = wasmtime.Store(engine)
+    instance = fast.instantiate(store, module)
+    assert fast.store_id(store) == instance._instance.store_id
+    other = wasmtime.Store(engine)
+    with pytest.raises(wasmtime.WasmtimeError, match="another store"):
+        fast.export(other, instance, "add1")
