@@ -9,6 +9,7 @@ reused instance takes a few microseconds.
 from __future__ import annotations
 
 import threading
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -70,6 +71,9 @@ class Metrics:
             ("tenant",),
             registry=self.registry,
         )
+        # labels() costs a lock and a tuple hash per call: resolve each child once.
+        self._evaluation_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
+        self._rpc_children: dict[tuple[str, str, str], Any] = {}
         self._http: WSGIServer | None = None
         self._http_thread: threading.Thread | None = None
 
@@ -77,14 +81,28 @@ class Metrics:
         self, tenant: str, evaluator: str, outcome: str, elapsed_us: int, fuel_used: int
     ) -> None:
         """Records one finished evaluation."""
-        self.evaluations.labels(tenant, evaluator, outcome).inc()
+        key = (tenant, evaluator, outcome)
+        children = self._evaluation_children.get(key)
+        if children is None:
+            children = (
+                self.evaluations.labels(tenant, evaluator, outcome),
+                self.eval_seconds.labels(tenant, evaluator),
+                self.fuel.labels(tenant, evaluator),
+            )
+            self._evaluation_children[key] = children
+        count, seconds, fuel = children
+        count.inc()
         if elapsed_us or fuel_used:
-            self.eval_seconds.labels(tenant, evaluator).observe(elapsed_us / 1e6)
-            self.fuel.labels(tenant, evaluator).observe(fuel_used)
+            seconds.observe(elapsed_us / 1e6)
+            fuel.observe(fuel_used)
 
     def observe_rpc(self, method: str, tenant: str, code: str) -> None:
         """Records one finished RPC; ``code`` is ``ok`` or the call-level error code."""
-        self.rpcs.labels(method, tenant, code).inc()
+        key = (method, tenant, code)
+        child = self._rpc_children.get(key)
+        if child is None:
+            child = self._rpc_children[key] = self.rpcs.labels(method, tenant, code)
+        child.inc()
 
     def render(self) -> bytes:
         """The current metrics in the Prometheus text format."""

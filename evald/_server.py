@@ -81,7 +81,6 @@ class _TenantState:
         self.config = config
         self.name = config.name
         self.limits = _host_limits(config.limits)
-        self._metrics_inflight = metrics.inflight.labels(config.name)
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
         self._lock = threading.Lock()
         self._inflight = 0
@@ -89,6 +88,8 @@ class _TenantState:
         self._burst = float(config.limits.effective_burst)
         self._tokens = self._burst
         self._refilled = time.monotonic()
+        # Read at scrape time: no metric update on the evaluation path.
+        metrics.inflight.labels(config.name).set_function(lambda: self._inflight)
 
     def limits_for(self, requested_deadline_ms: int) -> Limits:
         """Host limits with deadline ``min(requested or tenant limit, tenant limit)``."""
@@ -120,14 +121,12 @@ class _TenantState:
                     )
                 self._tokens -= 1.0
             self._inflight += 1
-        self._metrics_inflight.inc()
         return None
 
     def release(self) -> None:
         """Ends one admitted evaluation (called once per admission, from any thread)."""
         with self._lock:
             self._inflight -= 1
-        self._metrics_inflight.dec()
 
 
 @dataclasses.dataclass(frozen=True)
