@@ -35,6 +35,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
@@ -223,6 +224,9 @@ class WasmHost:
         self._ticker = (
             EpochTicker(self._engine, config.epoch_tick_ms) if config.epoch_tick_ms > 0 else None
         )
+        if self._ticker is not None:
+            # a host dropped without close() must not leave its ticker thread running
+            weakref.finalize(self, self._ticker.stop)
         self._local = threading.local()
         self._compiled: dict[str, tuple[wasmtime.Module, bool, bool]] = {}
         self._compile_lock = threading.Lock()
@@ -282,7 +286,11 @@ class WasmHost:
         if known is None:
 
             def compile_module() -> wasmtime.Module:
-                code = instrument_memory_grow(wasm, info, eval_index) or wasm
+                try:
+                    code = instrument_memory_grow(wasm, info, eval_index) or wasm
+                except Exception:  # the rewrite is an aid; never let it refuse a valid module
+                    _log.exception("cannot rewrite memory.grow in %s; running it as is", sha256)
+                    code = wasm
                 try:
                     return wasmtime.Module(self._engine, code)
                 except wasmtime.WasmtimeError as exc:

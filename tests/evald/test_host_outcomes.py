@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -178,3 +181,26 @@ def test_a_standard_evaluator_runs_on_the_host(host: WasmHost) -> None:
     outcome = host.evaluate(calc, b"17 * 23 + 91", Limits())
     assert (outcome.value, outcome.error) == ("482", None)
     assert host.evaluate(calc, b"1 / 0", Limits()).error is ErrorCode.DIVISION_BY_ZERO
+
+
+def tickers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "evald-epoch-ticker")
+
+
+def test_close_and_dropping_the_host_stop_the_ticker_thread() -> None:
+    before = tickers()
+    host = WasmHost()
+    assert tickers() == before + 1
+    host.close()
+    assert tickers() == before
+    dropped = WasmHost()
+    assert tickers() == before + 1
+    del dropped
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while tickers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tickers() == before
+    manual = WasmHost(HostConfig(epoch_tick_ms=0))
+    assert tickers() == before  # no ticker without a tick period
+    manual.close()
