@@ -38,6 +38,8 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be a non-negative int, not {value!r}")
         if self.deadline_ms == 0:
             raise ValueError("Limits.deadline_ms must be at least 1")
+        if self.fuel >= 2**63:
+            raise ValueError("Limits.fuel must be below 2**63 (use 0 for unmetered)")
 
 
 @dataclass(frozen=True)

@@ -232,3 +232,12 @@ def test_module_size(echo: LoadedModule) -> None:
         assert f"the module is {len(wasm)} bytes" in caught.value.message
         module = smaller.load(guest("echo"))  # a smaller module still loads and runs
         assert smaller.evaluate(module, b"after", Limits()).value == "after"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"fuel": -1}, {"fuel": 2**63}, {"deadline_ms": 0}, {"memory_bytes": 1.5}, {"input_bytes": -3}],
+)
+def test_limits_refuse_nonsense(changes: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="Limits"):
+        Limits(**changes)  # type: ignore[arg-type]
