@@ -270,6 +270,18 @@ class _Service(pb_grpc.EvaluatorServicer):
         finally:
             if failure is not None:
                 code = failure.code.value
+                _log.info(
+                    "call refused",
+                    extra={
+                        "fields": {
+                            "method": method,
+                            "tenant": tenant_label,
+                            "code": code,
+                            "error": failure.message,
+                            "peer": str(context.peer()),
+                        }
+                    },
+                )
             daemon.metrics.observe_rpc(method, tenant_label, code)
         assert failure is not None
         await context.abort(
@@ -455,6 +467,18 @@ class _Service(pb_grpc.EvaluatorServicer):
             return pb.DeleteEvaluatorResponse()
 
         return await self._call("DeleteEvaluator", context, body)
+
+
+def _add_port(server: Any, address: str, credentials: Any = None) -> int:
+    try:
+        if credentials is None:
+            return int(server.add_insecure_port(address))
+        return int(server.add_secure_port(address, credentials))
+    except RuntimeError:
+        raise EvaldError(
+            ErrorCode.UNAVAILABLE,
+            f"cannot listen on {address}: the address is in use or not available here",
+        ) from None
 
 
 def _check_unix_socket(path: Path) -> None:
@@ -783,7 +807,7 @@ class EvaldServer:
             # Create the socket with the final mode: no window in which others may connect.
             previous = os.umask(0o777 & ~settings.socket_mode)
             try:
-                bound = server.add_insecure_port(f"unix:{path}")
+                bound = _add_port(server, f"unix:{path}")
             finally:
                 os.umask(previous)
             if not bound:
@@ -803,7 +827,7 @@ class EvaldServer:
             credentials = grpc.ssl_server_credentials(
                 ((key, cert),), root_certificates=ca, require_client_auth=ca is not None
             )
-            bound = server.add_secure_port(self.listen, credentials)
+            bound = _add_port(server, self.listen, credentials)
         else:
             if host not in _LOOPBACK_HOSTS and not settings.allow_insecure_tcp:
                 raise EvaldError(
@@ -812,7 +836,7 @@ class EvaldServer:
                     "network in clear text. Set tls_cert/tls_key, listen on 127.0.0.1, or set "
                     "allow_insecure_tcp = true",
                 )
-            bound = server.add_insecure_port(self.listen)
+            bound = _add_port(server, self.listen)
         if not bound:
             raise EvaldError(ErrorCode.UNAVAILABLE, f"cannot listen on {self.listen}")
 
@@ -910,14 +934,22 @@ async def _serve_until_signal(config: Config) -> None:
     await daemon.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():  # a second signal: stop draining and leave now
+            _log.warning("forced exit", extra={"fields": {"signal": signal.Signals(signum).name}})
+            os._exit(1)
+        _log.info("signal", extra={"fields": {"signal": signal.Signals(signum).name}})
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         await stop.wait()
+        await daemon.stop()
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await daemon.stop()
 
 
 def serve(config: Config) -> None:

@@ -8,6 +8,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import stat
 import threading
 import time
@@ -185,6 +186,13 @@ def test_a_second_daemon_refuses_a_live_socket_or_state_folder(
     same_state = start_daemon(tmp_path / "b", config, state_dir=daemon.state_dir, wait=False)
     assert same_state.process.wait(timeout=60) == 1
     assert "another evald daemon is using the state folder" in same_state.log_path.read_text()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = start_daemon(tmp_path / "c", config, listen=f"127.0.0.1:{port}", wait=False)
+        assert busy.process.wait(timeout=60) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in busy.log_path.read_text()
     assert daemon.client().health() == "SERVING"
 
 
