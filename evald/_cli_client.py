@@ -94,7 +94,9 @@ def _call(parser: argparse.ArgumentParser) -> Runner:
 @command("evaluators", "List the evaluators your tenant may call.", order=30)
 def _evaluators(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
-    parser.add_argument("--grammar", action="store_true", help="also show the input grammars")
+    parser.add_argument(
+        "--grammar", action="store_true", help="also show input grammars and result regexes"
+    )
     add_client_options(parser)
 
     @_guarded
@@ -111,7 +113,7 @@ def _evaluators(parser: argparse.ArgumentParser) -> Runner:
         from rich.table import Table
 
         table = Table(title=f"evaluators at {client.target}")
-        for column in ("name", "tag", "version", "semantics", "owner", "result", "description"):
+        for column in ("name", "tag", "version", "semantics", "owner", "description"):
             table.add_column(column, overflow="fold")
         for info in evaluators:
             table.add_row(
@@ -120,15 +122,16 @@ def _evaluators(parser: argparse.ArgumentParser) -> Runner:
                 info.version,
                 info.semantics_version,
                 info.owner,
-                info.result_regex,
                 info.description,
+                end_section=False,
             )
         console = Console()
         console.print(table)
         if args.grammar:
             for info in evaluators:
-                console.rule(f"{info.name} input grammar")
+                console.rule(f"{info.name}: input grammar, then result regex")
                 console.print(info.input_grammar, markup=False, highlight=False)
+                console.print(info.result_regex, markup=False, highlight=False)
         return EXIT_OK
 
     return run
