@@ -280,3 +280,32 @@ def test_a_failed_store_write_refuses_the_registration_and_keeps_serving(tmp_pat
 def test_evald_binary_is_the_console_script() -> None:
     assert Path(EVALD).exists()
     assert arg(1) == b"\x01\0\0\0"
+
+
+def _inflight(daemon: Daemon, tenant: str) -> float:
+    url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(rf'evald_inflight_evaluations\{{tenant="{tenant}"\}} (\S+)', text)
+    assert match, text
+    return float(match.group(1))
+
+
+def test_a_cancelled_batch_gives_back_its_quota(daemon: Daemon) -> None:
+    beta = daemon.client("beta")
+    beta.register(module("loop", "cancel_loop"), replace=True)
+    impatient = daemon.client("beta", timeout_s=0.05)
+    with pytest.raises(CallError) as info:
+        impatient.evaluate_batch([("cancel_loop", b"")] * 40)
+    assert info.value.unreachable  # the client gave up waiting
+    give_up = time.monotonic() + 10
+    while _inflight(daemon, "beta") != 0 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert _inflight(daemon, "beta") == 0
+    # Only the items already running when the call was cancelled ran; the rest were dropped.
+    url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    pattern = r'evald_evaluations_total\{evaluator="cancel_loop",outcome="deadline_exceeded",'
+    match = re.search(pattern + r'tenant="beta"\} (\S+)', text)
+    assert match and 1 <= float(match.group(1)) < 40
