@@ -36,8 +36,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from engine_adapter._grammar import ERROR_CODE_REGEX, check_bindings, common_prefix
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
@@ -226,9 +226,8 @@ class _Phase(enum.Enum):
     RESULT = "result"
 
 
-@dataclass(frozen=True)
-class _State:
-    """Everything rollback must restore; one per accepted token (cheap, immutable)."""
+class _State(NamedTuple):
+    """Everything rollback must restore; one per accepted token (a tuple: cheap, immutable)."""
 
     text_len: int = 0
     phase: _Phase = _Phase.OUTSIDE
@@ -284,6 +283,12 @@ class Injector:
         self._auto_flush = auto_flush
         self._clock = clock
         self._begins = [b.begin.encode() for b in self._bindings]
+        self._begin_index = {begin: i for i, begin in enumerate(self._begins)}
+        # One C-level search for every opener at once; longest first so that the leftmost
+        # match is also the longest (openers cannot be prefixes of each other anyway).
+        self._begin_pattern = re.compile(
+            b"|".join(re.escape(b) for b in sorted(self._begins, key=len, reverse=True))
+        )
         self._ends = [b.end.encode() for b in self._bindings]
         self._max_begin = max((len(b) for b in self._begins), default=1)
         self._prefixes = [
@@ -311,7 +316,13 @@ class Injector:
             rest = ()
         self._text += self._codec.token_bytes(token_id)
         after = len(self._text)
-        state = replace(state, text_len=after, plan=rest, plan_at=after if rest else -1)
+        if state.phase is _Phase.OUTSIDE:  # the common case: free text, no opener in sight
+            start = max(state.mark, before - self._max_begin + 1)
+            if self._begin_pattern.search(self._text, start) is None:
+                mark = max(state.mark, after - self._max_begin + 1)
+                self._history.append(_State(after, _Phase.OUTSIDE, mark, -1, state.span_count))
+                return
+        state = state._replace(text_len=after, plan=rest, plan_at=after if rest else -1)
         self._history.append(self._advance(state, before))
 
     def accept_tokens(self, token_ids: Iterable[int]) -> None:
@@ -344,7 +355,7 @@ class Injector:
             record.diverged = True  # the vocabulary cannot spell it: give the sequence back
             self._history[-1] = self._leave(state, state.mark)
             return []
-        self._history[-1] = replace(state, plan=plan, plan_at=state.text_len, plan_full=full)
+        self._history[-1] = state._replace(plan=plan, plan_at=state.text_len, plan_full=full)
         return list(plan)
 
     @property
@@ -452,10 +463,10 @@ class Injector:
                 found = self._find_begin(start)
                 if found is None:
                     mark = max(state.mark, len(text) - self._max_begin + 1)
-                    return replace(state, mark=mark)
+                    return state._replace(mark=mark)
                 index, at = found
-                state = replace(
-                    state, phase=_Phase.INSIDE, binding=index, mark=at + len(self._begins[index])
+                state = state._replace(
+                    phase=_Phase.INSIDE, binding=index, mark=at + len(self._begins[index])
                 )
             elif state.phase is _Phase.INSIDE:
                 end = self._ends[state.binding]
@@ -481,12 +492,10 @@ class Injector:
                 state = self._leave(state, state.mark)
 
     def _find_begin(self, start: int) -> tuple[int, int] | None:
-        best: tuple[int, int] | None = None
-        for index, begin in enumerate(self._begins):
-            at = self._text.find(begin, start)
-            if at >= 0 and (best is None or at < best[1]):
-                best = (index, at)
-        return best
+        match = self._begin_pattern.search(self._text, start)
+        if match is None:
+            return None
+        return self._begin_index[match.group()], match.start()
 
     def _close(self, state: _State, end_at: int) -> _State:
         binding = self._bindings[state.binding]
@@ -503,8 +512,7 @@ class Injector:
         del self._spans[state.span_count :]
         self._spans.append(record)
         result_at = end_at + len(self._ends[state.binding])
-        state = replace(
-            state,
+        state = state._replace(
             phase=_Phase.RESULT,
             mark=result_at,
             span_count=state.span_count + 1,
@@ -527,9 +535,8 @@ class Injector:
         return state
 
     def _leave(self, state: _State, mark: int) -> _State:
-        return replace(
-            state, phase=_Phase.OUTSIDE, mark=mark, binding=-1, plan=(), plan_at=-1,
-            plan_full=False,
+        return state._replace(
+            phase=_Phase.OUTSIDE, mark=mark, binding=-1, plan=(), plan_at=-1, plan_full=False
         )
 
     def _resolve(self, binding_index: int, record: SpanRecord) -> bool:

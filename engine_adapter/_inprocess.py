@@ -187,6 +187,7 @@ class InProcessWasmEvaluator(_PoolEvaluator):
         )
 
     def _close_backend(self) -> None:
+        self._modules.clear()  # release wasmtime objects now, not during interpreter exit
         self._host.close()
 
 
