@@ -180,6 +180,7 @@ class _Sink:
         self._lock = threading.Lock()
         self._results: list[pb.EvaluateResponse] = []
         self.event = asyncio.Event()
+        self.room = asyncio.Event()
         self.outstanding = 0
 
     def put_threadsafe(self, _work: _Work, response: pb.EvaluateResponse) -> None:
@@ -348,9 +349,17 @@ class _Service(pb_grpc.EvaluatorServicer):
         sink = _Sink(loop)
         drains: set[asyncio.Task[None]] = set()
 
+        # Backpressure: results the client has not taken yet count against this bound, so a
+        # client that sends without reading stalls (HTTP/2 flow control) instead of growing
+        # the daemon's memory.
+        backlog_limit = daemon.config.server.max_batch_items
+
         async def read() -> None:
             async for message in request_iterator:
                 daemon.check_batch_size(len(message.items))
+                while sink.outstanding >= backlog_limit:
+                    sink.room.clear()
+                    await sink.room.wait()
                 queue: collections.deque[_Work] = collections.deque()
                 refused: list[pb.EvaluateResponse] = []
                 for index, item in enumerate(message.items):
@@ -378,6 +387,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                 results = sink.take()
                 if results:
                     sink.outstanding -= len(results)
+                    sink.room.set()
                     yield pb.EvaluateBatchResponse(results=results)
                 if daemon.stopping and not reader.done():
                     reader.cancel()
