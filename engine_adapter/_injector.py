@@ -70,7 +70,7 @@ class TokenCodec:
         *,
         special_ids: Iterable[int] = (),
     ) -> None:
-        self._bytes = list(token_bytes)
+        self._bytes = [bytes(raw) for raw in token_bytes]  # plain bytes, not FFI wrappers
         self._encode = encode
         self._special = frozenset(special_ids)
         self._greedy: dict[bytes, int] | None = None
