@@ -22,7 +22,7 @@ __all__ = [
 ERROR_CODE_METADATA_KEY = "evald-error-code"
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
     """One value per ``evald.v1.ErrorCode``; ``value`` is the lower-case public name."""
 
     SYNTAX = "syntax"

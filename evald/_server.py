@@ -39,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from evald import _sdnotify
 from evald._config import Config, TenantConfig, TenantLimits
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
@@ -954,11 +955,21 @@ async def _serve_until_signal(config: Config) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    # There is no live reload (config changes need a restart): SIGHUP must not end the daemon,
+    # because systemd's Restart=on-failure would not bring back a process killed by it.
+    loop.add_signal_handler(
+        signal.SIGHUP,
+        lambda: _log.warning("SIGHUP ignored: restart the daemon to apply a new config"),
+    )
+    # Readiness for systemd Type=notify (a no-op outside systemd). The status starts with
+    # "serving": the deploy tests check it.
+    _sdnotify.notify_ready(f"serving on {daemon.listen}")
     try:
         await stop.wait()
+        _sdnotify.notify_stopping("draining")
         await daemon.stop()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
 
 
