@@ -4,8 +4,8 @@
 For a function whose parameters and results are all ``i32`` none of that is needed: the C API's
 ``wasmtime_func_call_unchecked`` takes a flat array of raw values that holds the arguments on
 entry and the results on return. This module binds that function through a private ``CDLL``
-handle on wasmtime's own shared library, with ``void *`` argument types and pre-built
-arguments, so a call is one ctypes foreign call.
+handle on wasmtime's own shared library and calls it with pre-built ctypes arguments, so a call
+is one foreign call with no conversions.
 
 Contract (the C function is *unchecked*: a violation is memory corruption, not an exception):
 
@@ -19,17 +19,18 @@ Contract (the C function is *unchecked*: a violation is memory corruption, not a
 * A trap raises ``wasmtime.Trap`` (read ``trap_code``); any other failure raises
   ``wasmtime.WasmtimeError``. ``Trap`` is not a ``WasmtimeError``: callers catch both.
 
-The foreign call releases the GIL (ctypes ``CDLL`` semantics), so the epoch ticker thread keeps
-running while a guest executes and two stores run on two cores. The small store helpers here
-(fuel, epoch deadline, memory base pointer) use the same handle for the same reason: each is
-a single foreign call without wasmtime-py's per-call wrappers.
+The guest call releases the GIL (a ``CDLL`` function), so the epoch ticker thread keeps running
+while a guest executes and two stores run on two cores. The short helpers (fuel, epoch deadline,
+memory base and size, memmove/memset) never run guest code, so they go through ``PyDLL``
+handles that keep the GIL: no release/re-acquire round trip for a call of a few nanoseconds.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Final, cast
+from collections.abc import Callable
+from typing import Any, Final, cast
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -37,45 +38,67 @@ from wasmtime import _ffi as ffi
 __all__ = [
     "RawFunc",
     "RawMemory",
+    "RawStore",
     "context_address",
     "export",
-    "get_fuel",
     "instantiate",
-    "set_epoch_deadline",
-    "set_fuel",
     "store_id",
 ]
 
-_LIB: Final = ctypes.CDLL(str(ffi.filename))
 _VP = ctypes.c_void_p
+_GIL_RELEASED: Final = ctypes.CDLL(str(ffi.filename))
+_GIL_HELD: Final = ctypes.PyDLL(str(ffi.filename))
 
-_call_unchecked = _LIB.wasmtime_func_call_unchecked
-_call_unchecked.argtypes = [_VP, _VP, _VP, ctypes.c_size_t, _VP]
+# argtypes stay unset: every argument is passed as a pre-built ctypes object.
+_call_unchecked = _GIL_RELEASED.wasmtime_func_call_unchecked
 _call_unchecked.restype = _VP
 
-_set_fuel = _LIB.wasmtime_context_set_fuel
+_set_fuel = _GIL_HELD.wasmtime_context_set_fuel
 _set_fuel.argtypes = [_VP, ctypes.c_uint64]
 _set_fuel.restype = _VP
 
-_get_fuel = _LIB.wasmtime_context_get_fuel
+_get_fuel = _GIL_HELD.wasmtime_context_get_fuel
 _get_fuel.argtypes = [_VP, _VP]
 _get_fuel.restype = _VP
 
-_set_epoch_deadline = _LIB.wasmtime_context_set_epoch_deadline
+_set_epoch_deadline = _GIL_HELD.wasmtime_context_set_epoch_deadline
 _set_epoch_deadline.argtypes = [_VP, ctypes.c_uint64]
 _set_epoch_deadline.restype = None
 
-_memory_data = _LIB.wasmtime_memory_data
+_memory_data = _GIL_HELD.wasmtime_memory_data
 _memory_data.argtypes = [_VP, _VP]
 _memory_data.restype = _VP
 
-_memory_data_size = _LIB.wasmtime_memory_data_size
+_memory_data_size = _GIL_HELD.wasmtime_memory_data_size
 _memory_data_size.argtypes = [_VP, _VP]
 _memory_data_size.restype = ctypes.c_size_t
 
-_export_get = _LIB.wasmtime_instance_export_get
+_export_get = _GIL_HELD.wasmtime_instance_export_get
 _export_get.argtypes = [_VP, _VP, ctypes.c_char_p, ctypes.c_size_t, _VP]
 _export_get.restype = ctypes.c_bool
+
+
+_CopyFunction = Callable[[int, bytes, int], object]
+_FillFunction = Callable[[int, int, int], object]
+
+
+def _libc_function(name: str, argtypes: list[type[ctypes._SimpleCData[Any]]]) -> Any:
+    """libc's ``name`` through a GIL-keeping handle, or None where it cannot be found."""
+    try:
+        function = getattr(ctypes.PyDLL(None), name)
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = argtypes
+    function.restype = _VP
+    return function
+
+
+_memmove: _CopyFunction = (
+    _libc_function("memmove", [_VP, ctypes.c_char_p, ctypes.c_size_t]) or ctypes.memmove
+)
+_memset: _FillFunction = _libc_function("memset", [_VP, ctypes.c_int, ctypes.c_size_t]) or (
+    ctypes.memset
+)
 
 _EXTERN_FUNC = ffi.WASMTIME_EXTERN_FUNC.value
 _EXTERN_GLOBAL = ffi.WASMTIME_EXTERN_GLOBAL.value
@@ -158,25 +181,34 @@ def _raise_error(error_address: int) -> None:
     raise wasmtime.WasmtimeError._from_ptr(error)
 
 
-def set_fuel(context: int, fuel: int) -> None:
-    """Sets the fuel left in the store (the engine must consume fuel)."""
-    error = _set_fuel(context, fuel)
-    if error:
-        _raise_error(error)
+class RawStore:
+    """Fuel and epoch deadline of one store, through pre-built arguments; one thread."""
 
+    __slots__ = ("_context", "_fuel", "_fuel_address", "_store", "address")
 
-def get_fuel(context: int) -> int:
-    """The fuel left in the store; reading it after a trap is allowed."""
-    remaining = ctypes.c_uint64()
-    error = _get_fuel(context, ctypes.addressof(remaining))
-    if error:
-        _raise_error(error)
-    return remaining.value
+    def __init__(self, store: wasmtime.Store) -> None:
+        self._store = store
+        self.address = context_address(store)
+        self._context = _VP(self.address)
+        self._fuel = ctypes.c_uint64()
+        self._fuel_address = _VP(ctypes.addressof(self._fuel))
 
+    def set_fuel(self, fuel: int) -> None:
+        """Sets the fuel left in the store (the engine must consume fuel)."""
+        error = _set_fuel(self._context, fuel)
+        if error:
+            _raise_error(error)
 
-def set_epoch_deadline(context: int, ticks_after_current: int) -> None:
-    """Traps the store's next wasm code once the engine epoch passes current + ticks."""
-    _set_epoch_deadline(context, ticks_after_current)
+    def fuel(self) -> int:
+        """The fuel left in the store; reading it after a trap is allowed."""
+        error = _get_fuel(self._context, self._fuel_address)
+        if error:
+            _raise_error(error)
+        return self._fuel.value
+
+    def set_epoch_deadline(self, ticks_after_current: int) -> None:
+        """Traps the store's wasm code once the engine epoch reaches current + ticks."""
+        _set_epoch_deadline(self._context, ticks_after_current)
 
 
 class RawFunc:
@@ -184,14 +216,15 @@ class RawFunc:
 
     __slots__ = (
         "_args",
-        "_args_address",
+        "_args_ref",
         "_context",
+        "_first",
         "_func",
-        "_func_address",
+        "_func_ref",
         "_nargs",
         "_store",
         "_trap",
-        "_trap_address",
+        "_trap_ref",
         "_width",
         "name",
     )
@@ -206,15 +239,16 @@ class RawFunc:
         """Private: use :meth:`bind`, which checks the contract first."""
         self.name = name or "function"
         self._store = store
-        self._context = context_address(store)
+        self._context = _VP(context_address(store))
         self._func = ffi.wasmtime_func_t.from_buffer_copy(func._func)  # at a stable address
-        self._func_address = ctypes.addressof(self._func)
+        self._func_ref = ctypes.byref(self._func)
         self._nargs = params
-        self._width = max(params, results, 1)
-        self._args = (ffi.wasmtime_val_raw_t * self._width)()
-        self._args_address = ctypes.addressof(self._args)
+        self._width = ctypes.c_size_t(max(params, results, 1))
+        self._args = (ffi.wasmtime_val_raw_t * self._width.value)()
+        self._args_ref = ctypes.byref(self._args)
+        self._first = ctypes.c_int32.from_buffer(self._args)  # i32 view of the first raw value
         self._trap = _VP()
-        self._trap_address = ctypes.addressof(self._trap)
+        self._trap_ref = ctypes.byref(self._trap)
 
     @classmethod
     def bind(
@@ -282,12 +316,12 @@ class RawFunc:
         """``self(arg)`` for a function with one parameter, without the argument loop."""
         if self._nargs != 1:
             raise TypeError(f"{self.name} takes {self._nargs} arguments")
-        self._args[0].i32 = arg
+        self._first.value = arg
         return self._invoke()
 
     def _invoke(self) -> int:
         error = _call_unchecked(
-            self._context, self._func_address, self._args_address, self._width, self._trap_address
+            self._context, self._func_ref, self._args_ref, self._width, self._trap_ref
         )
         if error:
             _raise_error(error)
@@ -295,19 +329,18 @@ class RawFunc:
         if trap:
             self._trap.value = None
             raise wasmtime.Trap._from_ptr(ctypes.cast(_VP(trap), ctypes.POINTER(ffi.wasm_trap_t)))
-        result: int = self._args[0].i32
-        return result
+        return self._first.value
 
 
 class RawMemory:
     """A linear memory of one store, read and written through its base address.
 
-    The base address is looked up on every access because ``memory.grow`` may move the memory;
-    bounds are checked against the current size. Same single-store, single-thread contract as
+    Base and size are looked up on every access (``memory.grow`` may move the memory) and every
+    range is checked against the current size. Same single-store, single-thread contract as
     :class:`RawFunc`.
     """
 
-    __slots__ = ("_context", "_memory", "_memory_address", "_store")
+    __slots__ = ("_context", "_memory", "_memory_ref", "_store")
 
     def __init__(self, store: wasmtime.Store, memory: wasmtime.Memory) -> None:
         if not isinstance(memory, wasmtime.Memory):
@@ -315,39 +348,46 @@ class RawMemory:
         if memory._memory._anon_1.store_id != store_id(store):
             raise wasmtime.WasmtimeError("the memory belongs to another store")
         self._store = store
-        self._context = context_address(store)
+        self._context = _VP(context_address(store))
         self._memory = ffi.wasmtime_memory_t.from_buffer_copy(memory._memory)
-        self._memory_address = ctypes.addressof(self._memory)
+        self._memory_ref = _VP(ctypes.addressof(self._memory))
 
     def size(self) -> int:
         """The memory's current size in bytes."""
-        size: int = _memory_data_size(self._context, self._memory_address)
+        size: int = _memory_data_size(self._context, self._memory_ref)
         return size
 
-    def _base(self, offset: int, length: int) -> int:
-        context, address = self._context, self._memory_address
-        size: int = _memory_data_size(context, address)
-        if offset < 0 or length < 0 or offset + length > size:
-            raise IndexError(
-                f"[{offset}, {offset + length}) is outside linear memory of {size} bytes"
-            )
-        base: int = _memory_data(context, address)
-        return base + offset
+    def _base(self, ranges: tuple[tuple[int, int], ...]) -> int:
+        size: int = _memory_data_size(self._context, self._memory_ref)
+        for offset, length in ranges:
+            if offset < 0 or length < 0 or offset + length > size:
+                raise IndexError(
+                    f"[{offset}, {offset + length}) is outside linear memory of {size} bytes"
+                )
+        base: int = _memory_data(self._context, self._memory_ref)
+        return base
 
     def write(self, offset: int, data: bytes) -> None:
         """Copies ``data`` to ``offset`` (one memmove)."""
         length = len(data)
-        address = self._base(offset, length)
+        base = self._base(((offset, length),))
         if length:
-            ctypes.memmove(address, data, length)
+            _memmove(base + offset, data, length)
 
     def read(self, offset: int, length: int) -> bytes:
         """Copies ``length`` bytes from ``offset``."""
-        address = self._base(offset, length)
-        return ctypes.string_at(address, length) if length else b""
+        base = self._base(((offset, length),))
+        return ctypes.string_at(base + offset, length) if length else b""
 
     def fill(self, offset: int, length: int, byte: int = 0) -> None:
         """Sets ``length`` bytes at ``offset`` to ``byte`` (one memset)."""
-        address = self._base(offset, length)
+        base = self._base(((offset, length),))
         if length:
-            ctypes.memset(address, byte, length)
+            _memset(base + offset, byte, length)
+
+    def zero(self, *ranges: tuple[int, int]) -> None:
+        """Zeroes several (offset, length) ranges with one base and size lookup."""
+        base = self._base(ranges)
+        for offset, length in ranges:
+            if length:
+                _memset(base + offset, 0, length)

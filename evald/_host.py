@@ -184,7 +184,7 @@ class _Instance:
     def __init__(self, module: LoadedModule, store: wasmtime.Store, memory_cap: int) -> None:
         self.module = module
         self.store = store
-        self.context = fast.context_address(store)
+        self.context = fast.RawStore(store)
         self.memory_cap = memory_cap
         self.in_ptr = self.in_cap = self.out_ptr = self.out_cap = 0
         self.eval: fast.RawFunc
@@ -411,12 +411,12 @@ class WasmHost:
         context = instance.context
         if size:
             instance.memory.write(instance.in_ptr, data)
-        fast.set_fuel(context, fuel)
-        fast.set_epoch_deadline(context, ticks)
+        context.set_fuel(fuel)
+        context.set_epoch_deadline(ticks)
         try:
             result = instance.eval.call1(size)
         except wasmtime.Trap as trap:
-            used = fuel - fast.get_fuel(context)
+            used = fuel - context.fuel()
             self._discard(instance, pool_key)
             raise self._trap_failure(trap, instance, limits, used) from None
         except wasmtime.WasmtimeError as exc:
@@ -424,7 +424,7 @@ class WasmHost:
             raise _Failure(
                 ErrorCode.INTERNAL, f"wasmtime failed the call: {_first_line(exc)}"
             ) from None
-        used = fuel - fast.get_fuel(context)
+        used = fuel - context.fuel()
         try:
             value = self._read_output(instance, result, limits, used)
         except _Failure as failure:
@@ -577,8 +577,9 @@ class WasmHost:
         the setting for requests that must not share any state.
         """
         memory = instance.memory
-        memory.fill(instance.in_ptr, input_size)
-        memory.fill(instance.out_ptr, min(abs(result), instance.out_cap))
+        memory.zero(
+            (instance.in_ptr, input_size), (instance.out_ptr, min(abs(result), instance.out_cap))
+        )
 
     def _instantiate(
         self,
@@ -601,8 +602,8 @@ class WasmHost:
         store.set_limits(memory_size=memory_cap)
         instance = _Instance(module, store, memory_cap)
         context = instance.context
-        fast.set_fuel(context, fuel)
-        fast.set_epoch_deadline(context, ticks)
+        context.set_fuel(fuel)
+        context.set_epoch_deadline(ticks)
         try:
             wasm_instance = fast.instantiate(store, module._module)
         except wasmtime.Trap as trap:

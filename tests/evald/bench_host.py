@@ -75,12 +75,12 @@ def main() -> None:
         record("Func.__call__ (wasmtime-py), us", best_us(lambda: func(store, 1), calls, repeats))
         raw = fast.RawFunc.bind(store, func, params=1, results=1)
         record("raw ctypes call (RawFunc.call1), us", best_us(lambda: raw.call1(1), calls, repeats))
-        context = fast.context_address(store)
+        context = fast.RawStore(store)
 
         def reset() -> None:
-            fast.set_fuel(context, 1000)
-            fast.set_epoch_deadline(context, 100)
-            fast.get_fuel(context)
+            context.set_fuel(1000)
+            context.set_epoch_deadline(100)
+            context.fuel()
 
         record("fuel set + deadline set + fuel read, us", best_us(reset, calls, repeats))
 

@@ -128,18 +128,18 @@ def test_a_trap_raises_trap_with_its_code(engine, module) -> None:
 
 def test_fuel_helpers_meter_a_call(engine, module) -> None:
     store, instance = _instance(engine, module)
-    context = fast.context_address(store)
+    context = fast.RawStore(store)
     spin = fast.RawFunc.bind(store, _func(store, instance, "spin"), params=0, results=1)
-    fast.set_fuel(context, 1000)
-    assert fast.get_fuel(context) == 1000
+    context.set_fuel(1000)
+    assert context.fuel() == 1000
     with pytest.raises(wasmtime.Trap) as caught:
         spin.call0()
     assert caught.value.trap_code is wasmtime.TrapCode.OUT_OF_FUEL
-    assert fast.get_fuel(context) == 0
+    assert context.fuel() == 0
     add1 = fast.RawFunc.bind(store, _func(store, instance, "add1"), params=1, results=1)
-    fast.set_fuel(context, 1000)
+    context.set_fuel(1000)
     add1.call1(1)
-    assert 0 < 1000 - fast.get_fuel(context) < 20
+    assert 0 < 1000 - context.fuel() < 20
 
 
 def test_the_call_releases_the_gil(engine, module) -> None:
@@ -147,10 +147,10 @@ def test_the_call_releases_the_gil(engine, module) -> None:
     # epoch: if the foreign call held the GIL this thread could never run and the guest would
     # spin forever (the pytest timeout would fail the test).
     store, instance = _instance(engine, module)
-    context = fast.context_address(store)
+    context = fast.RawStore(store)
     spin = fast.RawFunc.bind(store, _func(store, instance, "spin"), params=0, results=1)
-    fast.set_fuel(context, 2**63)
-    fast.set_epoch_deadline(context, 3)
+    context.set_fuel(2**63)
+    context.set_epoch_deadline(3)
     outcome: list[object] = []
 
     def run() -> None:
@@ -200,3 +200,16 @@ def test_instantiate_learns_the_store_id(engine, module) -> None:
     other = wasmtime.Store(engine)
     with pytest.raises(wasmtime.WasmtimeError, match="another store"):
         fast.export(other, instance, "add1")
+
+
+def test_raw_memory_zeroes_several_ranges_and_checks_them_all(engine, module) -> None:
+    store, instance = _instance(engine, module)
+    exported = fast.export(store, instance, "memory")
+    assert isinstance(exported, wasmtime.Memory)
+    memory = fast.RawMemory(store, exported)
+    memory.write(0, b"abcdefgh")
+    memory.zero((1, 2), (5, 1), (7, 0))
+    assert memory.read(0, 8) == b"a\0\0de\0gh"
+    with pytest.raises(IndexError):
+        memory.zero((0, 1), (65535, 2))
+    assert memory.read(0, 1) == b"a"  # nothing was zeroed when one range was out of bounds
