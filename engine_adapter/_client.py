@@ -282,7 +282,15 @@ class EvaluatorClient:
         from evald.v1 import evald_pb2_grpc as pb_grpc
 
         backoff = self._backoff_initial_s
+        socket_path = _unix_socket_path(self.target)
         while not self._closed.is_set():
+            if socket_path is not None and not os.path.exists(socket_path):
+                # No daemon has ever listened here (or it was removed): fail spans now rather
+                # than after a connect timeout that may exceed their deadlines.
+                self._go_down(f"evald is not running: no socket at {socket_path}")
+                self._sleep(backoff)
+                backoff = min(backoff * 2, self._backoff_max_s)
+                continue
             channel = self._new_channel()
             try:
                 grpc.channel_ready_future(channel).result(timeout=self._connect_timeout_s)
@@ -409,6 +417,16 @@ class EvaluatorClient:
             future.set_result(result)
         except concurrent.futures.InvalidStateError:
             pass  # cancelled by its owner
+
+
+def _unix_socket_path(target: str) -> str | None:
+    """The file of a ``unix:PATH`` / ``unix:///PATH`` target (None for TCP and abstract names)."""
+    if not target.startswith("unix:") or target.startswith("unix-abstract:"):
+        return None
+    path = target[len("unix:") :]
+    if path.startswith("//"):
+        path = path[2:]
+    return path or None
 
 
 def _result_from_proto(response: Any) -> EvalResult:
