@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import gc
 import heapq
 import threading
 import time
@@ -156,7 +157,7 @@ class InProcessWasmEvaluator(_PoolEvaluator):
 
             modules = sorted((Path(evaluators_wasm.__file__).parent / "wasm").glob("*.wasm"))
         self._limits = limits if limits is not None else Limits()
-        self._host = WasmHost(host_config if host_config is not None else HostConfig())
+        self._host: Any = WasmHost(host_config if host_config is not None else HostConfig())
         self._modules: dict[str, Any] = {}
         try:
             for path in modules:
@@ -187,8 +188,12 @@ class InProcessWasmEvaluator(_PoolEvaluator):
         )
 
     def _close_backend(self) -> None:
-        self._modules.clear()  # release wasmtime objects now, not during interpreter exit
+        # Release every wasmtime object now: freed during interpreter exit, wasmtime-py's
+        # finalizers find their C bindings already gone and print tracebacks.
+        self._modules.clear()
         self._host.close()
+        self._host = None
+        gc.collect()
 
 
 class ReferenceEvaluator(_PoolEvaluator):
