@@ -14,14 +14,20 @@ llama.cpp and on transformers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine_adapter._backend import Backend
-from engine_adapter._grammar import EvaluatorSpec, Mode, build_structural_tag, special_token_texts
+from engine_adapter._grammar import (
+    EvaluatorSpec,
+    Mode,
+    SpanGrammar,
+    build_structural_tag,
+    special_token_texts,
+)
 from engine_adapter._injector import Injector, TokenCodec
 
 if TYPE_CHECKING:
@@ -172,7 +178,7 @@ class _Detokenizer:
 class LocalEngine:
     """Generates one answer at a time over a :class:`Backend`, with the span grammar.
 
-    Compiled grammars are cached per (mode, prefix); the KV cache of the previous request is
+    Compiled grammars are cached by their JSON; the KV cache of the previous request is
     reused for the longest shared prompt prefix (the system prompt, in the accuracy study).
     Not thread-safe.
 
@@ -215,7 +221,7 @@ class LocalEngine:
         )
         self._compiler = xgr.GrammarCompiler(self._tokenizer_info, max_threads=1)
         self._specials = special_token_texts(tokenizer)
-        self._grammars: dict[tuple[Mode, str], tuple[Any, Any]] = {}
+        self._compiled: dict[str, Any] = {}
         self._bitmask = xgr.allocate_token_bitmask(1, backend.vocab_size)
 
     # -- request preparation --------------------------------------------------------------
@@ -230,26 +236,55 @@ class LocalEngine:
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return [int(token) for token in ids]
 
-    def compiled_grammar(self, mode: Mode | str, prefix: str = "") -> tuple[Any, Any]:
-        """``(SpanGrammar, CompiledGrammar)`` for a grammar mode and prefix, compiled once.
+    def span_grammar(
+        self,
+        mode: Mode | str,
+        prefix: str = "",
+        *,
+        content_grammars: Mapping[str, str] | None = None,
+    ) -> SpanGrammar:
+        """The span grammar of this engine's evaluators for a mode and a forced prefix.
+
+        Parameters:
+            content_grammars: evaluator name → EBNF that replaces the evaluator's own input
+                grammar inside its spans (a narrower language, e.g. only ``count("…", "…")``;
+                the evaluator still evaluates the span with its full semantics).
 
         Raises:
-            EngineError: no-grammar mode, or a prefix the span grammar cannot express.
+            EngineError: no-grammar mode, an unknown evaluator, or a prefix the span grammar
+                cannot express.
         """
         mode = Mode.parse(mode)
         if mode is Mode.NO_GRAMMAR:
             raise EngineError("no-grammar mode has no grammar")
-        key = (mode, prefix)
-        if key not in self._grammars:
+        specs = list(self.evaluators)
+        for name, ebnf in (content_grammars or {}).items():
+            index = next((i for i, spec in enumerate(specs) if spec.name == name), None)
+            if index is None:
+                raise EngineError(f"no evaluator {name!r} in this engine's grammar")
+            specs[index] = replace(specs[index], input_grammar=ebnf)
+        try:
+            return build_structural_tag(
+                specs, mode, prefix=prefix or None, special_tokens=self._specials
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def compile(self, grammar: SpanGrammar) -> Any:
+        """The compiled grammar (``xgrammar.CompiledGrammar``), cached by the tag's JSON.
+
+        Raises:
+            EngineError: the tag does not compile (the message is XGrammar's).
+        """
+        key = grammar.json()
+        compiled = self._compiled.get(key)
+        if compiled is None:
             try:
-                span_grammar = build_structural_tag(
-                    self.evaluators, mode, prefix=prefix or None, special_tokens=self._specials
-                )
-            except ValueError as exc:
-                raise EngineError(str(exc)) from exc
-            compiled = self._compiler.compile_structural_tag(span_grammar.json())
-            self._grammars[key] = (span_grammar, compiled)
-        return self._grammars[key]
+                compiled = self._compiler.compile_structural_tag(key)
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"the span grammar does not compile: {exc}") from exc
+            self._compiled[key] = compiled
+        return compiled
 
     # -- generation -----------------------------------------------------------------------
 
@@ -264,6 +299,8 @@ class LocalEngine:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        grammar: SpanGrammar | None = None,
+        evaluator: SpanEvaluator | None = None,
         on_text: TextCallback | None = None,
     ) -> GenerationResult:
         """Generates one answer.
@@ -280,6 +317,11 @@ class LocalEngine:
             seed: seeds the sampler; the same seed, prompt and backend give the same answer.
             stop: strings that end the answer once it contains one (after the prefix); the
                 answer keeps the stop string (``"</result>"`` stops right after a result).
+            grammar: the span grammar to use in the grammar modes instead of
+                :meth:`span_grammar` ``(mode, prefix)`` — for instance one made with
+                ``content_grammars``, or lowered from a request's ``evaluated_tag`` elements.
+            evaluator: overrides the engine's evaluator for this request (benchmarks compare
+                evaluators on one loaded model).
             on_text: streaming callback, called with each new piece of text.
 
         Raises:
@@ -291,7 +333,8 @@ class LocalEngine:
             raise EngineError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
         if temperature < 0 or not 0 < top_p <= 1:
             raise EngineError("temperature must be >= 0 and top_p in (0, 1]")
-        if mode is Mode.GRAMMAR_EVAL and self.evaluator is None:
+        evaluator = evaluator if evaluator is not None else self.evaluator
+        if mode is Mode.GRAMMAR_EVAL and evaluator is None:
             raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
         started = time.perf_counter_ns()
         xgr = self._xgr
@@ -303,14 +346,15 @@ class LocalEngine:
         compile_us = 0
         if mode is not Mode.NO_GRAMMAR:
             t0 = time.perf_counter_ns()
-            span_grammar, compiled = self.compiled_grammar(mode, prefix)
+            span_grammar = grammar if grammar is not None else self.span_grammar(mode, prefix)
+            compiled = self.compile(span_grammar)
             compile_us = _us(t0)
             matcher = xgr.GrammarMatcher(compiled)
             # Without an evaluator the injector only records the spans the model writes.
             injector = Injector(
                 self._codec,
                 span_grammar.bindings,
-                self.evaluator if mode is Mode.GRAMMAR_EVAL else None,
+                evaluator if mode is Mode.GRAMMAR_EVAL else None,
                 deadline_ms=self.deadline_ms,
             )
 

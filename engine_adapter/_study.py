@@ -9,16 +9,23 @@ Three modes (DESIGN §2) on two tasks, greedy decoding, the same prompts in ever
 
 In both grammar modes the answer is forced to open with a prefix that ends in the span's opening
 tag (a 135M model never opens a span unprompted), and generation stops when the result region
-closes. The answer of a grammar-mode item is the value in its first result region (written by
-the model in ``grammar-no-eval``, by the engine in ``grammar-eval``); of a ``no-grammar`` item,
-the last number in the text.
+closes. For letters the span's content is narrowed to ``count("WORD", "L")`` (an
+``EvaluatorSpec`` whose input grammar is replaced; ``strop`` still evaluates it): with the full
+``strop`` language the model never opens a string literal (it wants bare words, which the grammar
+forbids) and loops on ``substr(substr(…``, so no item would have a span at all.
+
+The answer of a grammar-mode item is the value in its first result region (written by the model
+in ``grammar-no-eval``, by the engine in ``grammar-eval``); of a ``no-grammar`` item, the last
+number in the text.
 
 Each failure is split into **wrong extraction** (the model set the problem up wrongly) and
 **wrong computation** (set up right, computed wrongly):
 
-- grammar modes, exactly: the span's content is evaluated with the Python reference
-  implementation (the executable semantics). Content whose value is the truth is a correct
-  extraction; then a wrong answer is a wrong computation.
+- grammar modes, exactly: arithmetic — the span's content is evaluated with the Python
+  reference implementation (the executable semantics); content whose value is the truth is a
+  correct extraction (any equivalent setup counts). Letters — the span must count the question's
+  letter in the question's word (a value check would accept wrong letters with the same count).
+  With a correct extraction, a wrong answer is a wrong computation.
 - ``no-grammar``, by a documented heuristic: arithmetic — a wrong answer is a wrong computation
   when some equation the model wrote (``A op B = C``) is false, else a wrong extraction; letters
   — a wrong computation when the answer names both the word and the letter (it read the question
@@ -66,10 +73,13 @@ PROFILES = {"tiny": 3, "small": 20, "full": 200}
 #: Per task: the evaluator, the forced prefix of the grammar modes, and token budgets.
 TASK_EVALUATOR = {"arithmetic": "calc", "letters": "strop"}
 TASK_PREFIX = {"arithmetic": "The expression is <calc>", "letters": "The expression is <strop>"}
+#: Span content narrower than the evaluator's own language, per task (see the module doc).
+TASK_CONTENT_GRAMMAR = {"letters": 'root ::= "count(\\"" [a-zA-Z]+ "\\", \\"" [a-zA-Z] "\\")"'}
 FREE_MAX_NEW_TOKENS = 160
 GRAMMAR_MAX_NEW_TOKENS = 64
 _STOP = ("</result>", "</result_error>")
 
+_COUNT_CALL = re.compile(r'count\(\s*"([^"\\]*)"\s*,\s*"([^"\\]*)"\s*\)')
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _EQUATION = re.compile(
     r"((?:\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?\s*[-+*/x\u00d7\u00f7]\s*)+\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?)"
@@ -147,8 +157,9 @@ class ItemRecord:
     answer: str | None
     correct: bool
     failure: str | None
-    """``None`` when correct; else ``wrong_extraction``, ``wrong_computation`` or
-    ``no_answer`` (no number, or no closed result region)."""
+    """``None`` when correct; else ``wrong_extraction`` or ``wrong_computation``."""
+    failure_detail: str | None
+    """Why, in words: ``no closed span``, ``no number in the answer``, ``false equation``…"""
     extraction_ok: bool | None
     span_content: str | None = None
     span_value: str | None = None
@@ -180,8 +191,12 @@ class StudyConfig:
     out_dir: Path = Path("reports/study")
     plot: bool = True
     progress: bool = True
+    free_max_new_tokens: int = FREE_MAX_NEW_TOKENS
+    grammar_max_new_tokens: int = GRAMMAR_MAX_NEW_TOKENS
 
     def __post_init__(self) -> None:
+        if self.free_max_new_tokens < 1 or self.grammar_max_new_tokens < 1:
+            raise ValueError("token budgets must be positive")
         if self.items_per_task < 1:
             raise ValueError("the study needs at least one item per task")
         bad = [t for t in self.tasks if t not in TASKS]
@@ -252,6 +267,7 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         "answer": None,
         "correct": False,
         "failure": None,
+        "failure_detail": None,
         "extraction_ok": None,
         "span_content": None,
         "span_value": None,
@@ -263,35 +279,57 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         answer = _canonical_number(numbers[-1]) if numbers else None
         out["answer"] = answer
         out["correct"] = answer == item.truth
-        if item.task == "arithmetic":
-            computation_wrong = _false_equation(text)
+        if out["correct"]:
+            return out
+        if answer is None:
+            out["extraction_ok"] = False
+            out["failure_detail"] = "no number in the answer"
+        elif item.task == "arithmetic":
+            out["extraction_ok"] = _false_equation(text)
+            out["failure_detail"] = (
+                "a false equation" if out["extraction_ok"] else "only true equations"
+            )
         else:
             lowered = text.lower()
-            read_question = item.params["word"] in lowered and (
-                f'"{item.params["letter"]}"' in lowered or f"'{item.params['letter']}'" in lowered
+            letter = item.params["letter"]
+            out["extraction_ok"] = item.params["word"] in lowered and (
+                f'"{letter}"' in lowered or f"'{letter}'" in lowered
             )
-            computation_wrong = read_question
-        out["extraction_ok"] = not computation_wrong if not out["correct"] else None
-        if answer is None:
-            out["failure"] = "no_answer"
-        elif not out["correct"]:
-            out["failure"] = "wrong_computation" if computation_wrong else "wrong_extraction"
+            out["failure_detail"] = (
+                "names the word and the letter"
+                if out["extraction_ok"]
+                else "does not name the word and the letter"
+            )
+        out["failure"] = "wrong_computation" if out["extraction_ok"] else "wrong_extraction"
         return out
     evaluator = TASK_EVALUATOR[item.task]
     content, value, error = _first_span(text, evaluator)
     out.update(span_content=content, result_value=value, result_error=error)
     if content is not None:
         out["span_value"] = _reference(evaluator, content)
-        out["extraction_ok"] = out["span_value"] == item.truth
+        counted = _COUNT_CALL.fullmatch(content.strip())
+        if item.task == "letters" and counted is not None:
+            out["extraction_ok"] = counted.groups() == (
+                item.params["word"],
+                item.params["letter"],
+            )
+        else:
+            out["extraction_ok"] = out["span_value"] == item.truth
+    else:
+        out["extraction_ok"] = False
     out["answer"] = value
     out["correct"] = value is not None and _canonical_number(value) == item.truth
-    if not out["correct"]:
-        if content is None or (value is None and error is None):
-            out["failure"] = "no_answer"
-        elif not out["extraction_ok"]:
-            out["failure"] = "wrong_extraction"
-        else:
-            out["failure"] = "wrong_computation"
+    if out["correct"]:
+        return out
+    if content is None:
+        out["failure"], out["failure_detail"] = "wrong_extraction", "no closed span"
+    elif not out["extraction_ok"]:
+        out["failure"], out["failure_detail"] = "wrong_extraction", "span sets up another question"
+    elif value is None:
+        out["failure"] = "wrong_computation"
+        out["failure_detail"] = f"error {error}" if error else "no closed result region"
+    else:
+        out["failure"], out["failure_detail"] = "wrong_computation", "wrong value"
     return out
 
 
@@ -319,14 +357,14 @@ class StudySummary:
     def table_markdown(self) -> str:
         lines = [
             "| task | mode | accuracy | correct / n | wrong extraction | wrong computation "
-            "| no answer | tok/s |",
-            "|---|---|---|---|---|---|---|---|",
+            "| tok/s |",
+            "|---|---|---|---|---|---|---|",
         ]
         for row in self.rows:
             lines.append(
                 f"| {row['task']} | {row['mode']} | {row['accuracy'] * 100:.1f}% | "
                 f"{row['correct']} / {row['n']} | {row['wrong_extraction']} | "
-                f"{row['wrong_computation']} | {row['no_answer']} | {row['tokens_per_s']:.1f} |"
+                f"{row['wrong_computation']} | {row['tokens_per_s']:.1f} |"
             )
         lines += [
             "",
@@ -371,7 +409,6 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
                     "accuracy": sum(r.correct for r in group) / len(group),
                     "wrong_extraction": sum(r.failure == "wrong_extraction" for r in group),
                     "wrong_computation": sum(r.failure == "wrong_computation" for r in group),
-                    "no_answer": sum(r.failure == "no_answer" for r in group),
                     "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                     "mean_decode_ms": sum(r.decode_ms for r in group) / len(group),
                 }
@@ -425,7 +462,6 @@ def _plot(summary: StudySummary, path: Path) -> None:
         ("correct", "#2e7d32"),
         ("wrong_extraction", "#f9a825"),
         ("wrong_computation", "#c62828"),
-        ("no_answer", "#9e9e9e"),
     )
     for ax, task in zip(axes[0], tasks, strict=True):
         rows = [row for row in summary.rows if row["task"] == task]
@@ -481,6 +517,20 @@ def run_study(
     config.out_dir.mkdir(parents=True, exist_ok=True)
     records_path = config.out_dir / "records.jsonl"
     records: list[ItemRecord] = []
+    grammars = {
+        (task, mode): engine.span_grammar(
+            mode,
+            TASK_PREFIX[task],
+            content_grammars=(
+                {TASK_EVALUATOR[task]: TASK_CONTENT_GRAMMAR[task]}
+                if task in TASK_CONTENT_GRAMMAR
+                else None
+            ),
+        )
+        for task in config.tasks
+        for mode in config.modes
+        if mode != "no-grammar"
+    }
     evaluator_mode = evaluator_mode or type(engine.evaluator).__name__
     total = len(items) * len(config.modes)
     progress, task_id = _progress(config.progress, total)
@@ -495,8 +545,11 @@ def run_study(
                         item.prompt,
                         mode=mode,
                         prefix=prefix,
-                        max_new_tokens=GRAMMAR_MAX_NEW_TOKENS if grammar else FREE_MAX_NEW_TOKENS,
+                        max_new_tokens=(
+                            config.grammar_max_new_tokens if grammar else config.free_max_new_tokens
+                        ),
                         stop=_STOP if grammar else (),
+                        grammar=grammars.get((item.task, mode)),
                     )
                     verdict = classify(item, mode, result.text)
                     record = ItemRecord(
@@ -535,9 +588,10 @@ def run_study(
         "backend": engine.backend.name,
         "evaluator_mode": evaluator_mode,
         "prefixes": {task: TASK_PREFIX[task] for task in config.tasks},
+        "content_grammars": {t: g for t, g in TASK_CONTENT_GRAMMAR.items() if t in config.tasks},
         "decoding": "greedy",
-        "free_max_new_tokens": FREE_MAX_NEW_TOKENS,
-        "grammar_max_new_tokens": GRAMMAR_MAX_NEW_TOKENS,
+        "free_max_new_tokens": config.free_max_new_tokens,
+        "grammar_max_new_tokens": config.grammar_max_new_tokens,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     summary = summarize(records, meta)

@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     study.add_argument("--modes", default=",".join(_MODES), help="comma-separated modes")
     study.add_argument("--out", type=Path, default=Path("reports/study"), help="results folder")
+    study.add_argument(
+        "--free-max-new-tokens",
+        type=int,
+        default=160,
+        metavar="N",
+        help="token budget of a no-grammar answer",
+    )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -298,6 +305,7 @@ def _study(args: argparse.Namespace) -> int:
             modes=tuple(modes),
             out_dir=args.out,
             plot=not args.no_plot,
+            free_max_new_tokens=args.free_max_new_tokens,
             progress=not args.quiet,
         )
     except ValueError as exc:
