@@ -22,7 +22,7 @@ from evald._host import Limits, LoadedModule, WasmHost
 from evald._store import IndexEntry, ModuleStore, StoreError
 from evaluators_wasm import STANDARD_EVALUATORS
 
-__all__ = ["STANDARD_OWNER", "Evaluator", "Registry"]
+__all__ = ["STANDARD_OWNER", "Evaluator", "Registry", "check_not_reserved"]
 
 STANDARD_OWNER = "standard"
 
@@ -44,6 +44,27 @@ class Evaluator:
     @property
     def semantics_version(self) -> str:
         return str(self.module.manifest.semantics_version)
+
+
+def check_not_reserved(
+    name: str, tag: str, reserved: Iterable[str] = STANDARD_EVALUATORS
+) -> None:
+    """Refuses a tenant module whose name or tag is a standard evaluator's name or tag.
+
+    The daemon applies it at registration; ``evald build`` applies it too, so a tenant learns
+    of the clash before uploading.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` naming the reserved word.
+    """
+    taken = frozenset(reserved)
+    for word, what in ((name, "name"), (tag, "tag")):
+        if word in taken:
+            raise EvaldError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"the {what} {word!r} is reserved for the standard evaluators; "
+                "choose another in the module's manifest",
+            )
 
 
 class Registry:
@@ -246,13 +267,7 @@ class Registry:
         tag = str(module.manifest.tag)
         with self._write_lock:
             owned = dict(self._owned.get(tenant.name, {}))
-            for word, what in ((name, "name"), (tag, "tag")):
-                if word in self._reserved:
-                    raise EvaldError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        f"the {what} {word!r} is reserved for the standard evaluators; "
-                        "choose another in the module's manifest",
-                    )
+            check_not_reserved(name, tag, self._reserved)
             for other in owned.values():
                 if other.name == name:
                     continue

@@ -40,7 +40,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from evald import _sdnotify
-from evald._config import Config, TenantConfig, TenantLimits
+from evald._config import Config, HostSettings, TenantConfig, TenantLimits
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
 from evald._logging import configure_logging
@@ -72,6 +72,31 @@ def _host_limits(limits: TenantLimits) -> Limits:
         deadline_ms=limits.deadline_ms,
         input_bytes=limits.input_bytes,
         output_bytes=limits.output_bytes,
+    )
+
+
+def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
+    """The wasm host settings the daemon runs with, from the config's ``[host]`` table.
+
+    Shared with ``evald build`` and ``evald test`` (which pass ``state_dir=None``: no disk cache),
+    so a module is checked and run there under exactly the daemon's engine settings.
+    """
+    cache_dir: Path | None = None
+    if host.compile_cache and state_dir is not None:
+        configured = Path(host.cache_dir).expanduser() if host.cache_dir else None
+        cache_dir = configured or state_dir / "cache"
+    return HostConfig(
+        max_wasm_stack_bytes=host.max_wasm_stack_bytes,
+        module_bytes=host.module_bytes,
+        epoch_tick_ms=host.epoch_tick_ms,
+        isolation=host.isolation,
+        cache_dir=cache_dir,
+        load_fuel=host.load_fuel,
+        load_deadline_ms=host.load_deadline_ms,
+        allocator=host.allocator,
+        pool_instances=host.pool_instances,
+        pool_memory_bytes=host.pool_memory_bytes,
+        instances_per_thread=host.instances_per_thread,
     )
 
 
@@ -765,24 +790,7 @@ class EvaldServer:
     # Lifecycle ------------------------------------------------------------------------------
 
     def _host_config(self) -> HostConfig:
-        host = self.config.host
-        cache_dir: Path | None = None
-        if host.compile_cache:
-            configured = Path(host.cache_dir).expanduser() if host.cache_dir else None
-            cache_dir = configured or self.state_dir / "cache"
-        return HostConfig(
-            max_wasm_stack_bytes=host.max_wasm_stack_bytes,
-            module_bytes=host.module_bytes,
-            epoch_tick_ms=host.epoch_tick_ms,
-            isolation=host.isolation,
-            cache_dir=cache_dir,
-            load_fuel=host.load_fuel,
-            load_deadline_ms=host.load_deadline_ms,
-            allocator=host.allocator,
-            pool_instances=host.pool_instances,
-            pool_memory_bytes=host.pool_memory_bytes,
-            instances_per_thread=host.instances_per_thread,
-        )
+        return host_config(self.config.host, self.state_dir)
 
     def _load(self) -> None:
         """Blocking start-up work: lock the store, start the host, load every evaluator."""
