@@ -111,25 +111,32 @@ def engine_fingerprint(config: HostConfig, *, pooling: bool) -> str:
 class EpochTicker:
     """Increments an engine's epoch every ``tick_ms`` of wall-clock time.
 
-    Sleeping threads wake late on a busy machine; the ticker catches up (several increments at
-    once) so that N ticks stay close to N x ``tick_ms`` and deadlines stay in wall-clock time.
+    A sleeping thread wakes late on a busy machine; the ticker then catches up (several
+    increments at once) so the epoch tracks the wall clock. A call's deadline must therefore be
+    set past the current lag (:meth:`lag_ticks`), or a catch-up burst would end it early.
     """
 
     def __init__(self, engine: wasmtime.Engine, tick_ms: float) -> None:
         self._engine = engine
         self._tick_s = tick_ms / 1000.0
+        self._start = time.monotonic()
+        self._done = 0  # increments made; read by other threads (an int read is atomic)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evald-epoch-ticker", daemon=True)
         self._thread.start()
 
+    def _due(self) -> int:
+        return int((time.monotonic() - self._start) / self._tick_s)
+
+    def lag_ticks(self) -> int:
+        """How many ticks the engine epoch is behind the wall clock right now."""
+        return max(0, self._due() - self._done)
+
     def _run(self) -> None:
-        start = time.monotonic()
-        done = 0
         while not self._stop.wait(self._tick_s):
-            due = int((time.monotonic() - start) / self._tick_s)
-            for _ in range(min(due - done, 10_000)):
+            for _ in range(min(self._due() - self._done, 10_000)):
                 self._engine.increment_epoch()
-            done = due
+                self._done += 1
 
     def stop(self) -> None:
         """Stops the thread and waits for it (idempotent)."""

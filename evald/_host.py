@@ -412,7 +412,7 @@ class WasmHost:
         if size:
             instance.memory.write(instance.in_ptr, data)
         context.set_fuel(fuel)
-        context.set_epoch_deadline(ticks)
+        context.set_epoch_deadline(self._ticks(limits.deadline_ms))
         try:
             result = instance.eval.call1(size)
         except wasmtime.Trap as trap:
@@ -531,7 +531,13 @@ class WasmHost:
         return limits.memory_bytes
 
     def _ticks(self, deadline_ms: int) -> int:
-        return max(1, math.ceil(deadline_ms / self._tick_ms))
+        """Epoch ticks from now until ``deadline_ms`` of wall-clock time has passed.
+
+        The ticker may lag (a starved thread catches up in a burst); the deadline is set past
+        the lag, so a burst never cuts a call short: it ends no earlier than ``deadline_ms``.
+        """
+        lag = self._ticker.lag_ticks() if self._ticker is not None else 0
+        return max(1, math.ceil(deadline_ms / self._tick_ms)) + lag
 
     def _thread_instances(self) -> OrderedDict[tuple[str, str], _Instance]:
         instances: OrderedDict[tuple[str, str], _Instance] | None = getattr(

@@ -241,3 +241,20 @@ def test_module_size(echo: LoadedModule) -> None:
 def test_limits_refuse_nonsense(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="Limits"):
         Limits(**changes)  # type: ignore[arg-type]
+
+
+def test_a_lagging_ticker_never_cuts_a_call_short(echo: LoadedModule) -> None:
+    # A starved ticker thread catches up in a burst of increments. Starvation cannot be
+    # produced on demand, so it is simulated (named fake): the ticker's clock origin is moved
+    # one second back, so it owes ~1000 ticks and pays them at its next wake-up, while a call
+    # with a 200 ms deadline is running. The call must still get its 200 ms.
+    with WasmHost() as host:
+        burn = host.load(guest("burn"))
+        ticker = host._ticker
+        assert ticker is not None
+        ticker._start -= 1.0  # the simulated starvation
+        assert ticker.lag_ticks() >= 900
+        outcome = host.evaluate(burn, arg(5_000_000), Limits(fuel=0, deadline_ms=200))
+        assert (outcome.value, outcome.error) == ("ok", None)
+        assert ticker.lag_ticks() < 900  # the burst did happen
+        still_serves(host, host.load(guest("echo")))
