@@ -1,0 +1,218 @@
+"""``EvaluatorGrammar``: an SGLang grammar object that evaluates closed spans and forces results.
+
+It wraps the real ``XGrammarGrammar`` compiled from the request's structural tag and follows the
+order in which SGLang's scheduler calls grammar objects (``sglang==0.5.23``):
+
+1. ``accept_token(t)`` for every token that entered the sequence, sampled or forced, after the
+   step's results are processed. The wrapped matcher advances first (SGLang aborts the request
+   if it refuses the token, as for any grammar); then the :class:`~engine_adapter.Injector`
+   advances. When that closes a span, its evaluation is **submitted without blocking**; with the
+   overlap scheduler this happens while the next forward runs on the GPU.
+2. ``fill_vocab_mask(mask, row)`` for the next step (``SamplingBatchInfo.update_regex_vocab_mask``;
+   with a grammar in the batch SGLang defers sampling until step 1 is done, so the mask sees the
+   token accepted just before). The row gets the grammar's own mask; while a span's result is
+   being forced, the row is narrowed to the next queued token with SGLang's token-filter op
+   (``XGrammarGrammarBackend.set_token_filter``), so the sampler can only pick it. SGLang has no
+   jump-forward, so each forced token costs one decode step while the rest of the batch samples.
+   Only when nothing can be forced yet and the value is still pending does the call wait, bounded
+   by the span's deadline (then ``<result_error>deadline_exceeded</result_error>`` is forced).
+   The first call in a step also flushes the engine-wide client, so every span that closed in
+   step 1 travels to evald in one message.
+
+Failures never abort a request: evald down, a timeout or an evaluator error become
+``<result_error>CODE</result_error>`` in the text, and an internal fault of the adapter (logged)
+only stops forcing for that request, leaving it to the plain grammar.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
+from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+from engine_adapter._injector import Injector, SpanRecord
+from engine_adapter._types import SpanBinding
+from engine_adapter.sglang._runtime import AdapterRuntime
+
+__all__ = ["EvaluatorGrammar"]
+
+logger = logging.getLogger("engine_adapter.sglang")
+
+
+class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
+    """A grammar object that evaluates the spans of one request and forces their results.
+
+    Parameters:
+        grammar: the compiled grammar of the request (an ``XGrammarGrammar``); every call that
+            is not about evaluation is delegated to it.
+        bindings: the request's span kinds (``engine_adapter.sglang._spans.plan_spans``).
+        runtime: the backend's shared state (codec, client, deadline).
+
+    Thread-safety: like every SGLang grammar object, driven by one scheduler thread.
+    """
+
+    def __init__(
+        self, grammar: Any, bindings: Sequence[SpanBinding], runtime: AdapterRuntime
+    ) -> None:
+        super().__init__()
+        self.grammar = grammar
+        self.grammar_stats = getattr(grammar, "grammar_stats", None)
+        self._bindings = tuple(bindings)
+        self._runtime = runtime
+        self._injector = Injector(
+            runtime.codec,
+            self._bindings,
+            runtime.client,
+            deadline_ms=runtime.config.deadline_ms,
+            auto_flush=False,
+        )
+        self._unfed_tail = 0
+        """Tokens accepted after the grammar terminated (the matcher ignores them too)."""
+        self._fault: str | None = None
+        self._logged = 0
+        self.forced_steps = 0
+        """How many steps this request spent on a forced token (statistics)."""
+
+    # ------------------------------------------------------------------ SGLang's calls
+
+    def accept_token(self, token: int) -> None:
+        if self.grammar.is_terminated():
+            self.grammar.accept_token(token)
+            self._unfed_tail += 1
+            return
+        self.grammar.accept_token(token)  # raises ValueError on a refused token, as SGLang expects
+        self.current_token = token
+        if self._fault is None:
+            try:
+                self._injector.accept_token(token)
+            except Exception as exc:
+                self._stop(f"accept_token failed: {exc!r}")
+
+    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
+        self.grammar.fill_vocab_mask(vocab_mask, idx)
+        if self._fault is not None:
+            return
+        try:
+            self._runtime.flush()
+            token = self._next_forced_token()
+            if token is None:
+                return
+            word = int(vocab_mask[idx, token // 32])
+            if not (word >> (token % 32)) & 1:
+                self._stop(f"the grammar refuses forced token {token}")
+                return
+            XGrammarGrammarBackend.set_token_filter(
+                vocab_mask, [token], idx, is_allowed=True, reset_vocab_mask=True
+            )
+            self.forced_steps += 1
+        except Exception as exc:
+            self._stop(f"fill_vocab_mask failed: {exc!r}")
+
+    def rollback(self, k: int) -> None:
+        self.grammar.rollback(k)
+        dropped = min(k, self._unfed_tail)
+        self._unfed_tail -= dropped
+        if self._fault is None and k > dropped:
+            try:
+                self._injector.rollback(k - dropped)
+            except Exception as exc:
+                self._stop(f"rollback failed: {exc!r}")
+        self._logged = min(self._logged, len(self._injector.spans))
+
+    def is_terminated(self) -> bool:
+        return bool(self.grammar.is_terminated())
+
+    def copy(self) -> EvaluatorGrammar:
+        """A fresh grammar object for another request (SGLang's ``copy`` resets the matcher)."""
+        return EvaluatorGrammar(self.grammar.copy(), self._bindings, self._runtime)
+
+    def maybe_init_reasoning(self, reasoning: bool) -> None:
+        self.grammar.maybe_init_reasoning(reasoning)
+
+    def allocate_vocab_mask(self, vocab_size: int, batch_size: int, device: Any) -> torch.Tensor:
+        mask: torch.Tensor = self.grammar.allocate_vocab_mask(vocab_size, batch_size, device)
+        return mask
+
+    def move_vocab_mask(self, vocab_mask: torch.Tensor, device: Any) -> torch.Tensor:
+        moved: torch.Tensor = self.grammar.move_vocab_mask(vocab_mask, device)
+        return moved
+
+    def apply_vocab_mask(self, logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
+        self.grammar.apply_vocab_mask(logits=logits, vocab_mask=vocab_mask)
+
+    def try_jump_forward(self, tokenizer: Any) -> None:
+        """SGLang 0.5.23 never jumps forward; forced tokens go through ``fill_vocab_mask``."""
+        return None
+
+    # ------------------------------------------------------------------ what XGrammarGrammar has
+
+    @property
+    def ctx(self) -> Any:
+        """The compiled grammar (``compile_framed_grammar`` embeds it in a reasoning frame)."""
+        return self.grammar.ctx
+
+    @property
+    def key_string(self) -> Any:
+        return getattr(self.grammar, "key_string", None)
+
+    @property
+    def bindings(self) -> tuple[SpanBinding, ...]:
+        return self._bindings
+
+    @property
+    def runtime(self) -> AdapterRuntime:
+        return self._runtime
+
+    @property
+    def injector(self) -> Injector:
+        """The request's span state (text, spans, queue); for diagnostics and tests."""
+        return self._injector
+
+    @property
+    def spans(self) -> list[SpanRecord]:
+        return self._injector.spans
+
+    @property
+    def fault(self) -> str | None:
+        """Why forcing stopped for this request, if it did."""
+        return self._fault
+
+    def __repr__(self) -> str:
+        return (
+            f"EvaluatorGrammar({self.key_string=}, spans={len(self._injector.spans)}, "
+            f"forced_steps={self.forced_steps}, fault={self._fault!r})"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _next_forced_token(self) -> int | None:
+        injector = self._injector
+        if not injector.pending:
+            self._log_finished_spans()
+            return None
+        forced = injector.forced_tokens()
+        if not forced:
+            injector.wait()  # the value is due: bounded by the span's deadline
+            forced = injector.forced_tokens()
+        self._log_finished_spans()
+        return forced[0] if forced else None
+
+    def _log_finished_spans(self) -> None:
+        if self._runtime.config.span_log is None:
+            return
+        spans = self._injector.spans
+        while self._logged < len(spans) and spans[self._logged].result is not None:
+            self._runtime.log_span(spans[self._logged], self.key_string)
+            self._logged += 1
+
+    def _stop(self, reason: str) -> None:
+        self._fault = reason
+        logger.error(
+            "evald adapter: stopped evaluating spans for one request (%s); it continues under "
+            "its grammar alone",
+            reason,
+        )

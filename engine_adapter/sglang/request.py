@@ -1,0 +1,92 @@
+"""Client side: the structural tag that asks an SGLang server with the adapter to evaluate spans.
+
+Needs only the evald client (no SGLang, no torch)::
+
+    from engine_adapter.sglang.request import structural_tag_for
+    tag = structural_tag_for("unix:/run/evald/evald.sock", token, ["calc"])
+    # OpenAI-compatible API
+    client.chat.completions.create(model=..., messages=..., response_format=tag)
+    # native /generate, or sglang.Engine.generate
+    {"text": ..., "sampling_params": {"structural_tag": json.dumps(tag)}}
+
+The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter.sglang._spans``), so
+it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from engine_adapter._client import list_evaluators
+from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+
+__all__ = ["generate_sampling_params", "structural_tag_for"]
+
+
+def structural_tag_for(
+    target: str | None = None,
+    token: str | None = None,
+    evaluators: Sequence[str] | None = None,
+    *,
+    prefix: str | None = None,
+    at_least_one: bool = False,
+    special_tokens: Sequence[str] = ("<|",),
+    timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """The structural tag for a request whose spans the server's adapter evaluates.
+
+    Parameters:
+        target: evald's address (``unix:PATH`` or ``HOST:PORT``); default ``$EVALD_TARGET``.
+            It must be the evald the server uses (or one with the same evaluators), since the
+            span grammars come from its ``ListEvaluators``.
+        token: the tenant's token; default ``$EVALD_TOKEN``.
+        evaluators: names (or tags) of the evaluators the model may call, in this order;
+            default every evaluator the tenant may call.
+        prefix: text the answer must begin with; ending it with a span opener
+            (``"The expression is <calc>"``) makes the model write a span at once.
+        at_least_one: require at least one span.
+        special_tokens: texts free text must not contain (the model's chat markers).
+        timeout_s: for the ``ListEvaluators`` call.
+
+    Returns:
+        ``{"type": "structural_tag", "format": …}``: pass it as the OpenAI ``response_format``,
+        or as ``json.dumps(tag)`` in ``sampling_params["structural_tag"]``.
+
+    Raises:
+        evald.CallError: evald refused or could not be reached.
+        ValueError: an evaluator that the tenant cannot call (the message lists those it can).
+    """
+    specs = list_evaluators(target, token, timeout_s=timeout_s)
+    chosen = _choose(specs, evaluators)
+    grammar = build_structural_tag(
+        chosen,
+        "grammar-eval",
+        prefix=prefix,
+        special_tokens=special_tokens,
+        at_least_one=at_least_one,
+    )
+    assert grammar.structural_tag is not None
+    return grammar.structural_tag
+
+
+def generate_sampling_params(tag: dict[str, Any], **sampling: Any) -> dict[str, Any]:
+    """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag``."""
+    return {**sampling, "structural_tag": json.dumps(tag, ensure_ascii=False)}
+
+
+def _choose(specs: Sequence[EvaluatorSpec], names: Sequence[str] | None) -> list[EvaluatorSpec]:
+    if names is None:
+        if not specs:
+            raise ValueError("this tenant may call no evaluators")
+        return list(specs)
+    by_name = {spec.tag: spec for spec in specs} | {spec.name: spec for spec in specs}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        available = ", ".join(sorted(spec.name for spec in specs)) or "none"
+        raise ValueError(
+            f"evaluator(s) {', '.join(map(repr, unknown))} not available to this tenant "
+            f"(available: {available})"
+        )
+    return list(dict.fromkeys(by_name[name] for name in names))

@@ -1,0 +1,37 @@
+"""The client-side helper: the structural tag built from the daemon's ``ListEvaluators``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from daemon_harness import Daemon
+from sglang_harness import CALC_ONLY_TOKEN, TOKEN
+
+from engine_adapter import build_structural_tag, list_evaluators
+from engine_adapter.sglang import generate_sampling_params, structural_tag_for
+from engine_adapter.sglang._spans import plan_spans
+
+
+def test_tag_is_the_span_grammar_of_the_tenants_evaluators(daemon: Daemon) -> None:
+    specs = list_evaluators(daemon.target, TOKEN)
+    tag = structural_tag_for(daemon.target, TOKEN, ["strop", "calc"], prefix="So <calc>")
+    chosen = [next(s for s in specs if s.name == n) for n in ("strop", "calc")]
+    assert tag == build_structural_tag(chosen, "grammar-eval", prefix="So <calc>").structural_tag
+    plan = plan_spans(json.dumps(tag), lambda refresh: specs)
+    assert plan is not None and [b.evaluator for b in plan.bindings] == ["strop", "calc"]
+
+
+def test_default_is_every_evaluator_the_tenant_may_call(daemon: Daemon) -> None:
+    tag = structural_tag_for(daemon.target, CALC_ONLY_TOKEN)
+    assert tag["format"]["triggers"] == ["<calc>"]
+
+
+def test_an_evaluator_the_tenant_cannot_call_is_refused_with_the_list(daemon: Daemon) -> None:
+    with pytest.raises(ValueError, match=r"'strop' not available.*available: calc"):
+        structural_tag_for(daemon.target, CALC_ONLY_TOKEN, ["strop"])
+
+
+def test_generate_sampling_params_carry_the_tag_as_json() -> None:
+    params = generate_sampling_params({"type": "structural_tag"}, max_new_tokens=8)
+    assert params == {"max_new_tokens": 8, "structural_tag": '{"type": "structural_tag"}'}
