@@ -1,8 +1,8 @@
 """Runs the real daemon (``evald serve``) as a subprocess on a real unix socket, for tests.
 
-:func:`start_daemon` writes a config, starts the daemon, waits until its health service says
-SERVING and returns a :class:`Daemon` handle; the JSON-lines log goes to a file the handle can
-read back. Nothing here talks to the daemon other than through its public API and its CLI.
+The process handling lives in ``evald._daemon_process`` (``evald fuzz`` uses it too); this file
+adds what only the tests need: the session config with one tenant per concern, their tokens, a
+handle that makes clients for them and runs the CLI, and small helpers for modules and outcomes.
 """
 
 from __future__ import annotations
@@ -10,33 +10,37 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evald._client import CallError, Client
+from evald import _daemon_process
+from evald._client import Client
 from evald._config import hash_token
-from evald._toolchain import append_custom_section
+from evald._daemon_process import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
 
-EVALD = str(Path(sys.executable).with_name("evald"))
-START_TIMEOUT_S = 60.0
+__all__ = [
+    "EVALD",
+    "START_TIMEOUT_S",
+    "TOKENS",
+    "Daemon",
+    "free_port",
+    "module",
+    "outcome",
+    "padded",
+    "session_config",
+    "start_daemon",
+    "tenant_block",
+    "wait_serving",
+]
 
 #: Tokens of the test config's tenants (the config holds only their hashes).
 TOKENS = {
     name: f"{name}-token-0123456789"
     for name in ("limits", "nofuel", "alpha", "beta", "narrow", "metered", "viewer", "cramped")
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def tenant_block(name: str, *, token: bool = True, **settings: Any) -> str:
@@ -91,20 +95,10 @@ def session_config(metrics_port: int) -> str:
 
 
 @dataclass
-class Daemon:
-    """A running ``evald serve`` subprocess."""
+class Daemon(DaemonProcess):
+    """A running ``evald serve`` subprocess, with clients for the test config's tenants."""
 
-    process: subprocess.Popen[bytes]
-    socket_path: Path
-    state_dir: Path
-    config_path: Path
-    log_path: Path
-    metrics_port: int | None = None
     clients: list[Client] = field(default_factory=list)
-
-    @property
-    def target(self) -> str:
-        return f"unix:{self.socket_path}"
 
     def client(self, tenant: str | None = None, **options: Any) -> Client:
         """A client for ``tenant`` (None: the tokenless local tenant)."""
@@ -126,24 +120,12 @@ class Daemon:
             env={**os.environ, **(env or {})},
         )
 
-    def log_lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line]
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
     def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-        """Signals the daemon and waits for it; returns its exit status."""
+        """Closes the clients, signals the daemon and waits for it; returns its exit status."""
         for client in self.clients:
             client.close()
         self.clients.clear()
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        return self.process.wait(timeout=timeout_s)
-
-    def kill(self) -> None:
-        """kill -9: no drain, no clean-up (the socket file and the lock stay behind)."""
-        self.stop(signal.SIGKILL)
+        return super().stop(signum, timeout_s)
 
 
 def start_daemon(
@@ -160,66 +142,23 @@ def start_daemon(
     tls_ca: Path | None = None,
 ) -> Daemon:
     """Starts ``evald serve`` with ``config_text`` and waits until it serves."""
-    root.mkdir(parents=True, exist_ok=True)
-    config_path = root / "evald.toml"
-    config_path.write_text(config_text)
-    socket_path = socket_path or root / "evald.sock"
-    state_dir = state_dir or root / "state"
-    log_path = root / f"daemon-{time.monotonic_ns()}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                *prefix,
-                EVALD,
-                "serve",
-                "--config",
-                str(config_path),
-                "--listen",
-                listen or f"unix:{socket_path}",
-                "--state-dir",
-                str(state_dir),
-                *extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    daemon = Daemon(process, socket_path, state_dir, config_path, log_path, metrics_port)
-    if wait:
-        wait_serving(daemon, listen, tls_ca=tls_ca)
-    return daemon
+    return _daemon_process.start_daemon(
+        root,
+        config_text,
+        state_dir=state_dir,
+        socket_path=socket_path,
+        listen=listen,
+        metrics_port=metrics_port,
+        prefix=prefix,
+        wait=wait,
+        extra_args=extra_args,
+        tls_ca=tls_ca,
+        factory=Daemon,
+    )
 
 
 def wait_serving(daemon: Daemon, listen: str | None = None, tls_ca: Path | None = None) -> None:
-    give_up = time.monotonic() + START_TIMEOUT_S
-    with Client(listen or daemon.target, timeout_s=2.0, tls_ca=tls_ca) as client:
-        while True:
-            if daemon.process.poll() is not None:
-                raise RuntimeError(
-                    f"evald serve exited with {daemon.process.returncode}:\n"
-                    + daemon.log_path.read_text()
-                )
-            try:
-                if client.health() == "SERVING":
-                    return
-            except CallError:
-                pass
-            if time.monotonic() > give_up:
-                daemon.stop(signal.SIGKILL)
-                raise RuntimeError(
-                    "evald serve did not become healthy:\n" + daemon.log_path.read_text()
-                )
-            time.sleep(0.05)
-
-
-def padded(wasm: bytes, total_bytes: int) -> bytes:
-    """``wasm`` with a custom section that makes it exactly ``total_bytes`` long."""
-    for name in ("pad", "pad_"):  # a longer name steps over a LEB128 length boundary
-        estimate = total_bytes - len(wasm) - len(name) - 6
-        for payload_bytes in range(max(0, estimate - 8), estimate + 8):
-            candidate = append_custom_section(wasm, name, b"\0" * payload_bytes)
-            if len(candidate) == total_bytes:
-                return candidate
-    raise ValueError(f"cannot pad a {len(wasm)}-byte module to {total_bytes} bytes")
+    _daemon_process.wait_serving(daemon, listen, tls_ca=tls_ca)
 
 
 def module(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
