@@ -1,0 +1,174 @@
+"""The model backends behind the local engine: llama.cpp and transformers on the real SmolLM2.
+
+What the engine relies on: ``forward`` extends the KV cache and returns the next-token logits,
+``truncate``/``rollback`` restore *exactly* the state of a shorter sequence, a batch of tokens in
+one forward means the same as feeding them one by one, and both runtimes run the same model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from engine_adapter._backend import BACKEND_NAMES, BackendError, load_backend
+
+PROMPT = "A box has 17 rows of 23 items, then 91 more are added. How many items are in the box?"
+
+
+def _prompt_ids(tokenizer: Any, text: str = PROMPT) -> list[int]:
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    return [int(t) for t in encoded["input_ids"]]
+
+
+def _greedy(backend: Any, ids: list[int], n: int) -> list[int]:
+    backend.reset()
+    logits = backend.forward(ids)
+    out = []
+    for _ in range(n):
+        token = int(torch.argmax(logits))
+        out.append(token)
+        logits = backend.forward([token])
+    return out
+
+
+def test_unknown_backend_is_a_clear_error() -> None:
+    with pytest.raises(BackendError, match=r"unknown backend 'tpu'.*llama, hf"):
+        load_backend("tpu")
+    assert BACKEND_NAMES == ("llama", "hf")
+
+
+@pytest.fixture(params=["llama", "hf"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.mark.model
+def test_backend_describes_smollm2(backend: Any, smollm2_tokenizer: Any) -> None:
+    assert backend.vocab_size == len(smollm2_tokenizer) == 49152
+    assert backend.eos_token_id == smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert backend.n_ctx >= 1024
+
+
+@pytest.mark.model
+def test_forward_returns_a_fresh_logits_row_and_tracks_the_cache(
+    backend: Any, smollm2_tokenizer: Any
+) -> None:
+    ids = _prompt_ids(smollm2_tokenizer)
+    backend.reset()
+    first = backend.forward(ids)
+    assert first.shape == (backend.vocab_size,) and first.dtype == torch.float32
+    assert backend.n_tokens == len(ids) and backend.tokens == tuple(ids)
+    kept = first.clone()
+    second = backend.forward([int(torch.argmax(first))])
+    # The caller owns the row: the next forward must not overwrite it.
+    assert torch.equal(first, kept)
+    assert not torch.equal(first, second)
+    assert backend.n_tokens == len(ids) + 1
+
+
+@pytest.mark.model
+def test_rollback_restores_identical_next_token_logits(
+    backend: Any, smollm2_tokenizer: Any
+) -> None:
+    ids = _prompt_ids(smollm2_tokenizer)
+    continuation = _greedy(backend, ids, 6)
+    backend.reset()
+    backend.forward(ids)
+    reference = backend.forward(continuation[:3])
+    # Wander off with other tokens, then roll back and take the same path again.
+    backend.forward(smollm2_tokenizer.encode(" something else entirely", add_special_tokens=False))
+    backend.truncate(len(ids))
+    again = backend.forward(continuation[:3])
+    assert torch.equal(reference, again)
+    # rollback(k) drops exactly k positions, and the same tokens give the same logits again.
+    ahead = backend.forward(continuation[3:6])
+    backend.rollback(3)
+    assert backend.n_tokens == len(ids) + 3
+    assert torch.equal(backend.forward(continuation[3:6]), ahead)
+
+
+@pytest.mark.model
+def test_one_forward_of_many_tokens_means_the_same_as_one_at_a_time(
+    backend: Any, smollm2_tokenizer: Any
+) -> None:
+    """Injection forwards a whole result at once: the cache must end up meaning the same.
+
+    transformers is exact to float rounding; llama.cpp's batched kernels quantize activations
+    differently from its one-token kernels (logits differ by up to ~1 on a scale of ~25), so
+    there the check is that the next-token ranking agrees at the top.
+    """
+    ids = _prompt_ids(smollm2_tokenizer)
+    forced = smollm2_tokenizer.encode("<result>482</result>", add_special_tokens=False)
+    backend.reset()
+    backend.forward(ids)
+    for token in forced:
+        one_by_one = backend.forward([token])
+    backend.truncate(len(ids))
+    batched = backend.forward(forced)
+    assert backend.n_tokens == len(ids) + len(forced)
+    if backend.name == "hf":
+        assert torch.allclose(one_by_one, batched, atol=1e-3)
+    else:
+        assert int(torch.argmax(batched)) in torch.topk(one_by_one, 3).indices.tolist()
+        assert float((one_by_one - batched).abs().max()) < 2.0
+
+
+@pytest.mark.model
+def test_the_two_backends_agree_on_the_first_greedy_tokens(
+    llama_backend: Any, hf_backend: Any, smollm2_tokenizer: Any
+) -> None:
+    """Q4_1 kernels vs fp32: same model, so the first tokens agree; they drift apart after a
+    dozen or so, so nothing longer is compared."""
+    ids = _prompt_ids(smollm2_tokenizer)
+    llama_tokens = _greedy(llama_backend, ids, 4)
+    assert _greedy(hf_backend, ids, 4) == llama_tokens
+    # Teacher-forced on llama's own continuation, transformers ranks each llama choice near the
+    # top: the runtimes read the same weights, tokenizer and chat template.
+    continuation = _greedy(llama_backend, ids, 12)
+    hf_backend.reset()
+    logits = hf_backend.forward(ids)
+    for token in continuation:
+        assert token in torch.topk(logits, 5).indices.tolist()
+        logits = hf_backend.forward([token])
+
+
+@pytest.mark.model
+def test_bad_requests_leave_the_cache_untouched(backend: Any, smollm2_tokenizer: Any) -> None:
+    ids = _prompt_ids(smollm2_tokenizer)
+    backend.reset()
+    logits = backend.forward(ids)
+    with pytest.raises(BackendError, match="at least one token"):
+        backend.forward([])
+    with pytest.raises(BackendError, match="out of range"):
+        backend.forward([backend.vocab_size])
+    with pytest.raises(BackendError, match="out of range"):
+        backend.forward([-1])
+    with pytest.raises(BackendError, match="context window"):
+        backend.forward([0] * backend.n_ctx)
+    with pytest.raises(BackendError, match="cannot truncate"):
+        backend.truncate(len(ids) + 1)
+    with pytest.raises(BackendError, match="negative"):
+        backend.rollback(-1)
+    assert backend.n_tokens == len(ids)
+    # The cache still continues exactly where it was.
+    token = int(torch.argmax(logits))
+    after = backend.forward([token])
+    backend.rollback(1)
+    assert torch.equal(after, backend.forward([token]))
+
+
+@pytest.mark.model
+def test_hf_conversion_is_cached_as_plain_safetensors(hf_backend: Any) -> None:
+    from engine_adapter._hf_backend import converted_model_dir
+
+    folder = converted_model_dir()
+    assert (folder / "model.safetensors").stat().st_size > 100_000_000
+    config = json.loads((folder / "config.json").read_text())
+    # Saved without the GGUF quantizer, so reloading does not dequantize again.
+    assert "quantization_config" not in config
+    assert config["vocab_size"] == hf_backend.vocab_size
