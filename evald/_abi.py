@@ -32,6 +32,8 @@ __all__ = [
     "EVAL_EXPORT",
     "MANIFEST_MAX_BYTES",
     "MANIFEST_SECTION",
+    "MAX_CODE_BYTES",
+    "MAX_FUNCTIONS",
     "VERSION_EXPORT",
     "WASM_PAGE_BYTES",
     "Manifest",
@@ -46,6 +48,12 @@ WASM_PAGE_BYTES: Final = 65536
 MANIFEST_MAX_BYTES: Final = 64 * 1024
 DEFAULT_MAX_MODULE_BYTES: Final = 4 * 2**20
 DEFAULT_MAX_MEMORY_BYTES: Final = 64 * 2**20
+#: Compile-cost caps. wasmtime cannot interrupt a compilation, and its cost grows with the number
+#: of functions and the bytes of code, not with the module's size alone: a 1.2 MB module of 60,000
+#: tiny functions took a minute of the daemon's CPU on a busy 2-core machine. The standard
+#: evaluators have at most 102 functions and 50 KB of code.
+MAX_FUNCTIONS: Final = 10_000
+MAX_CODE_BYTES: Final = 1 * 2**20
 
 VERSION_EXPORT: Final = "evald_abi_version"
 EVAL_EXPORT: Final = "evald_eval"
@@ -74,6 +82,7 @@ _SEMVER = re.compile(
 )
 _SEMANTICS = re.compile(r"[a-z][a-z0-9_]{0,31}/(0|[1-9][0-9]*)")
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
+_XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
 _FIELDS: Final = (
     "abi",
     "name",
@@ -206,9 +215,10 @@ def check_manifest_grammars(manifest: Manifest) -> bool:
             build(text)
         except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
             detail = str(exc).strip().splitlines()
+            # drop XGrammar's "[12:51:33] /project/cpp/grammar_parser.cc:820: " source location
+            reason = _XGRAMMAR_LOCATION.sub("", detail[-1]) if detail else repr(exc)
             raise _refuse(
-                f"manifest field {label} does not compile with XGrammar: "
-                f"{detail[-1] if detail else exc!r}"
+                f"manifest field {label} does not compile with XGrammar: {reason}"
             ) from exc
     return True
 
@@ -266,6 +276,20 @@ def inspect_module(
             f"the module imports {listed}{more}; an evaluator may import nothing "
             "(ABI v1: no clock, randomness, I/O or host calls). For Zig, build with "
             "-target wasm32-freestanding and avoid std.os/std.time"
+        )
+
+    functions = len(info.function_types)
+    if functions > MAX_FUNCTIONS:
+        raise _refuse(
+            f"the module defines {functions} functions; at most {MAX_FUNCTIONS} are compiled "
+            "(an evaluator needs far fewer: build with -O ReleaseSmall)"
+        )
+    code = info.section(10)
+    code_bytes = code.end - code.content_start if code is not None else 0
+    if code_bytes > MAX_CODE_BYTES:
+        raise _refuse(
+            f"the module has {code_bytes} bytes of code; at most {MAX_CODE_BYTES} are compiled "
+            "(build with -O ReleaseSmall and strip unused code)"
         )
 
     exports = {export.name: export for export in info.exports}
