@@ -16,13 +16,19 @@ How each limit is enforced (DESIGN §5):
   module is rewritten at load (:mod:`evald._instrument`) so a refused grow is recorded; a trap
   that follows one is reported as ``memory_limit``.
 * stack: ``max_wasm_stack`` (``STACK_OVERFLOW`` trap).
+* tables: at most ``MAX_TABLES`` tables of ``MAX_TABLE_ELEMENTS`` elements per store. Tables
+  live outside linear memory, so the memory cap does not bound them, and one ``table.fill`` or
+  ``table.grow`` is a single instruction that neither fuel nor the epoch interrupts: without
+  this cap a guest could commit gigabytes and run for seconds past its deadline in one call.
 * input / output size: checked by the host before and after the call.
 
 Instances: in ``reuse`` mode each thread keeps one instance per (pool key, module) — the daemon
-passes the tenant as pool key, so tenants never share an instance — and zeroes the input and
-output buffers after every call; in ``fresh`` mode each call gets a new store and instance
-(wasmtime's pooling allocator by default). An instance is discarded after any trap (the
-guest's shadow stack pointer is not unwound) and after any malformed output.
+passes the tenant as pool key, so tenants never share an instance — and after every call zeroes
+what crossed the boundary (the input written, the output returned; what the guest keeps
+elsewhere in its memory persists, as any guest state does); in ``fresh`` mode each call gets a
+new store and instance (wasmtime's pooling allocator by default) and shares nothing. An instance
+is discarded after any trap (the guest's shadow stack pointer is not unwound) and after any
+malformed output.
 
 Calls go through :mod:`evald._fastcall`, which releases the GIL: the daemon runs evaluations
 on worker threads, several at once.
@@ -65,6 +71,9 @@ _log = logging.getLogger("evald.host")
 #: Fuel given to a call when ``Limits.fuel == 0`` (not metered): more than any deadline allows.
 _UNMETERED_FUEL: Final = 2**63 - 1
 _MAX_MESSAGE_CHARS: Final = 1000
+#: Table caps per store (see the module docstring); an evaluator needs one small function table.
+MAX_TABLES: Final = 4
+MAX_TABLE_ELEMENTS: Final = 65_536
 _GUEST_CODES: Final = {code.value: code for code in GUEST_ERROR_CODES}
 DEFAULT_HOST_CONFIG: Final = HostConfig()
 DEFAULT_LIMITS: Final = Limits()
@@ -605,7 +614,9 @@ class WasmHost:
                 f"memory limit is {memory_cap} bytes (memory_bytes)",
             )
         store = wasmtime.Store(self._engine)
-        store.set_limits(memory_size=memory_cap)
+        store.set_limits(
+            memory_size=memory_cap, table_elements=MAX_TABLE_ELEMENTS, tables=MAX_TABLES
+        )
         instance = _Instance(module, store, memory_cap)
         context = instance.context
         context.set_fuel(fuel)
