@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -255,6 +256,35 @@ def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
     )
 
 
+class _Malformed:
+    """A request whose bytes do not parse as the method's message.
+
+    grpc answers a deserializer that raises with an untyped ``UNKNOWN`` status (and a stream
+    reader with an exception); the lenient deserializers below return this instead, so the
+    handler refuses the call with ``invalid_argument`` like any other bad request.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(message_type: type[Message]) -> Callable[[bytes], Any]:
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return _Malformed(
+                f"the request is not a valid {name} message (corrupt protobuf, or a string "
+                "field that is not UTF-8); send the evald.v1 messages of proto/evald/v1"
+            )
+
+    return parse
+
+
 class _CallFailed(Exception):
     """Carries a call-level error out of a handler to the one place that aborts the call."""
 
@@ -382,6 +412,8 @@ class _Service(pb_grpc.EvaluatorServicer):
 
         async def read() -> None:
             async for message in request_iterator:
+                if isinstance(message, _Malformed):
+                    raise EvaldError(ErrorCode.INVALID_ARGUMENT, message.reason)
                 daemon.check_batch_size(len(message.items))
                 while sink.outstanding >= backlog_limit:
                     sink.room.clear()
@@ -503,6 +535,58 @@ class _Service(pb_grpc.EvaluatorServicer):
             return pb.DeleteEvaluatorResponse()
 
         return await self._call("DeleteEvaluator", context, body)
+
+
+def _add_service(service: _Service, server: Any) -> None:
+    """``evald.v1.Evaluator`` as the generated ``add_EvaluatorServicer_to_server`` registers it,
+    but with lenient deserializers: a malformed message gets ``invalid_argument``."""
+
+    def guarded(method: str, handler: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+        async def unary(request: Any, context: Any) -> Any:
+            if isinstance(request, _Malformed):
+
+                async def refuse(_tenant: _TenantState) -> Any:
+                    raise EvaldError(ErrorCode.INVALID_ARGUMENT, request.reason)
+
+                return await service._call(method, context, refuse)
+            return await handler(request, context)
+
+        return unary
+
+    unary_methods: dict[str, tuple[Any, type[Message], type[Message]]] = {
+        "Evaluate": (service.Evaluate, pb.EvaluateRequest, pb.EvaluateResponse),
+        "EvaluateBatch": (service.EvaluateBatch, pb.EvaluateBatchRequest, pb.EvaluateBatchResponse),
+        "ListEvaluators": (
+            service.ListEvaluators,
+            pb.ListEvaluatorsRequest,
+            pb.ListEvaluatorsResponse,
+        ),
+        "RegisterEvaluator": (
+            service.RegisterEvaluator,
+            pb.RegisterEvaluatorRequest,
+            pb.RegisterEvaluatorResponse,
+        ),
+        "DeleteEvaluator": (
+            service.DeleteEvaluator,
+            pb.DeleteEvaluatorRequest,
+            pb.DeleteEvaluatorResponse,
+        ),
+    }
+    handlers: dict[str, Any] = {
+        name: grpc.unary_unary_rpc_method_handler(
+            guarded(name, handler),
+            request_deserializer=_lenient(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+        for name, (handler, request_type, response_type) in unary_methods.items()
+    }
+    handlers["EvaluateStream"] = grpc.stream_stream_rpc_method_handler(
+        service.EvaluateStream,
+        request_deserializer=_lenient(pb.EvaluateBatchRequest),
+        response_serializer=pb.EvaluateBatchResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _add_port(server: Any, address: str, credentials: Any = None) -> int:
@@ -878,7 +962,7 @@ class EvaldServer:
                     ("grpc.so_reuseport", 0),
                 )
             )
-            pb_grpc.add_EvaluatorServicer_to_server(_Service(self), server)  # type: ignore[no-untyped-call]
+            _add_service(_Service(self), server)
             health = health_aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(health, server)
             reflection.enable_server_reflection(

@@ -176,6 +176,22 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
             ),
             f'(data (i32.const {spare}) "syntax")',
         )
+    if kind == "table_grow":  # grow a table by N elements: "ok" when granted, "no" when refused
+        no = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6f6e)) (i32.const 2)"
+        return (
+            "",
+            (
+                f"(if (i32.eq (table.grow $t (ref.null func) {_n()}) (i32.const -1)) "
+                f"(then (return {no}))) " + ok
+            ),
+            "(table $t 1 funcref)",
+        )
+    if kind == "table_fill":  # a table of param elements, filled on every call
+        return (
+            "",
+            f"(table.fill $t (i32.const 0) (ref.func $eval) (i32.const {param})) " + ok,
+            f"(table $t {param} funcref) (elem declare func $eval)",
+        )
     if kind == "trap":
         return "", "(unreachable)", ""
     if kind == "oob":
@@ -264,7 +280,9 @@ def guest(
     an empty input traps); ``stale_output`` (an empty input returns ``param`` bytes of whatever
     the output buffer holds); ``grow_or_trap``; ``dump_or_error``
     (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
-    of the input buffer); ``trap``; ``oob``. N comes from :func:`arg`.
+    of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
+    ``table_fill`` (fill a table of ``param`` elements); ``trap``; ``oob``. N comes from
+    :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword
     arguments go to :func:`wat_text`.
