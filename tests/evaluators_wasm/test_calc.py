@@ -48,6 +48,9 @@ SMALLER = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 GUEST_CODES = {"syntax", "division_by_zero", "overflow", "domain", "too_large"}
+# A full run (10,000 examples per property, a fresh instance per example) outlasts the default
+# per-test timeout on a busy machine.
+LONG = pytest.mark.timeout(3600 if FULL else 300)
 
 
 def _cases() -> list[dict[str, Any]]:
@@ -183,12 +186,14 @@ _TOKENS = [b"1", b"0", b"7", b"9223372036854775807", b".", b"5", b"+", b"-", b"*
 token_soup = st.lists(st.sampled_from(_TOKENS), max_size=14).map(b"".join)
 
 
+@LONG
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
+@LONG
 @PROPERTY
 @given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=30)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
@@ -216,6 +221,7 @@ def big_operand(draw: st.DrawFn) -> str:
     return f"0.{draw(st.text('0123456789', min_size=20, max_size=80))}"
 
 
+@LONG
 @SMALLER
 @given(a=big_operand(), b=big_operand(), c=big_operand(),
        ops=st.lists(st.sampled_from(["+", "-", "*", "/", "%"]), min_size=1, max_size=2))
@@ -252,6 +258,7 @@ def _decimal_oracle(p: int, q: int) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+@LONG
 @SMALLER
 @given(p=st.one_of(st.integers(-(10**40), 10**40), st.integers(-1000, 1000)),
        q=st.one_of(st.integers(1, 10**40), st.integers(1, 1000),
@@ -419,6 +426,7 @@ def test_grammar_and_regex_cannot_produce_lt() -> None:
     assert "<" not in MANIFEST["result_regex"]
 
 
+@LONG
 @settings(max_examples=1_000 if FULL else 60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=model_input())
