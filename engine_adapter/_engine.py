@@ -94,6 +94,9 @@ class SpanTiming:
     inject_forward_us: int
     """The one forward that carried the sampled token plus the forced tokens."""
     step: int
+    """Sampled tokens so far when the span closed."""
+    forced_at: int = -1
+    """Index in :attr:`GenerationResult.token_ids` of the first forced token (-1: none)."""
 
 
 @dataclass
@@ -254,7 +257,7 @@ class LocalEngine:
             EngineError: no-grammar mode, an unknown evaluator, or a prefix the span grammar
                 cannot express.
         """
-        mode = Mode.parse(mode)
+        mode = _parse_mode(mode)
         if mode is Mode.NO_GRAMMAR:
             raise EngineError("no-grammar mode has no grammar")
         specs = list(self.evaluators)
@@ -328,7 +331,7 @@ class LocalEngine:
             EngineError: the prefix does not fit the grammar, the prompt does not fit the
                 context window, or ``grammar-eval`` without an evaluator.
         """
-        mode = Mode.parse(mode)
+        mode = _parse_mode(mode)
         if max_new_tokens < 0:
             raise EngineError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
         if temperature < 0 or not 0 < top_p <= 1:
@@ -478,8 +481,10 @@ class LocalEngine:
                     wait_us,
                 )
             )
+            forced_at = -1
             if forced:
                 result.n_forced += len(forced)
+                forced_at = len(detok.ids)
                 emitted = detok.push(forced)
                 if emitted and on_text is not None:
                     on_text(emitted, True)
@@ -497,6 +502,7 @@ class LocalEngine:
                             eval_latency_us=int((record.latency_ms or 0.0) * 1000),
                             inject_forward_us=forward_us if forced else 0,
                             step=result.n_sampled,
+                            forced_at=forced_at,
                         )
                     )
                 span_count = len(injector.spans)
@@ -610,6 +616,13 @@ def _has_reference(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(f"evaluators_wasm.reference.{name}") is not None
+
+
+def _parse_mode(mode: Mode | str) -> Mode:
+    try:
+        return Mode.parse(mode)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
 
 
 def _contains_stop(text: str, stop: Sequence[str], start: int) -> bool:
