@@ -6,8 +6,6 @@ SGLang's decode loop. Both folders are put on ``sys.path`` so test modules impor
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
 from daemon_harness import Daemon, start_daemon  # noqa: E402
-from sglang_harness import CONFIG, TOKEN  # noqa: E402
+from sglang_harness import CONFIG, TOKEN, environment  # noqa: E402
 
 
 def sglang_available() -> bool:
@@ -30,25 +28,6 @@ def sglang_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-@contextlib.contextmanager
-def environment(**values: str | None) -> Iterator[None]:
-    """Sets (or, with None, removes) environment variables for the duration of the block."""
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

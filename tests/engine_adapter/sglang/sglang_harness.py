@@ -15,8 +15,11 @@ real daemon, never from the script.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +48,25 @@ name = "calc-only"
 token_sha256 = "{hash_token(CALC_ONLY_TOKEN)}"
 evaluators = ["calc"]
 """
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Sets (or, with None, removes) environment variables for the duration of the block."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 #: A result region (value or error) at the end of a span, in the script or the output.
@@ -227,3 +249,79 @@ def spans_in(text: str, tag: str) -> list[tuple[str, str]]:
         rf"<{tag}>(.*?)</{tag}>(<result>.*?</result>|<result_error>.*?</result_error>)", re.S
     )
     return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
+
+
+# ---------------------------------------------------------------------- spawned SGLang processes
+# SGLang starts its schedulers with multiprocessing *spawn* and each calls load_plugins(); these
+# functions run in such children (importable by name: the parent's sys.path is passed on).
+
+
+def child_enabled(results: Any) -> None:
+    """A scheduler-like process with EVALD_TARGET set: hooks, refusals, one evaluated span."""
+    report: dict[str, Any] = {}
+    try:
+        from engine_adapter.sglang import plugin
+
+        try:
+            plugin.verify_installed()
+            report["before_load"] = "installed"
+        except plugin.PluginError as exc:  # the real, unpatched classes
+            report["before_load"] = str(exc)
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        report["hooks"] = plugin.verify_installed()
+        from sglang.srt.server_args import ServerArgs
+
+        refusals = {}
+        for name, options in {
+            "tp": {"tp_size": 2},
+            "spec": {"speculative_algorithm": "NGRAM"},
+            "backend": {"grammar_backend": "llguidance"},
+        }.items():
+            try:
+                ServerArgs(model_path="dummy", **options).resolve_once()
+                refusals[name] = "accepted"
+            except plugin.UnsupportedConfiguration as exc:
+                refusals[name] = str(exc)
+            except Exception as exc:
+                refusals[name] = f"{type(exc).__name__}: {exc}"
+        report["refusals"] = refusals
+
+        from sglang.srt.constrained import base_grammar_backend
+
+        from engine_adapter._model_files import load_tokenizer
+
+        tokenizer = load_tokenizer()
+        try:
+            base_grammar_backend.create_grammar_backend(
+                ServerArgs(model_path="dummy", tp_size=2), tokenizer, len(tokenizer)
+            )
+            report["scheduler_refusal"] = "accepted"
+        except plugin.UnsupportedConfiguration as exc:
+            report["scheduler_refusal"] = str(exc)
+
+        from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+        from engine_adapter.sglang import structural_tag_for
+
+        backend = XGrammarGrammarBackend(
+            tokenizer, vocab_size=len(tokenizer), model_eos_token_ids=[tokenizer.eos_token_id]
+        )
+        tag = structural_tag_for(None, None, ["calc"], prefix="So <calc>")  # from the env
+        grammar = backend.dispatch_structural_tag(json.dumps(tag))
+        report["grammar"] = type(grammar).__name__
+        codec = backend._evald_runtime.codec
+        model = ScriptedModel(
+            codec, tokenizer.eos_token_id, "So <calc>100 - 58</calc><result>0</result>."
+        )
+        row = Row(grammar, model)
+        loop = MiniScheduler(codec, tokenizer.eos_token_id, len(tokenizer), [row])
+        loop.run()
+        report["text"] = loop.text(row)
+        report["aborted"] = row.aborted
+    except BaseException as exc:  # report, never hang the parent
+        import traceback
+
+        report["error"] = "".join(traceback.format_exception(exc))
+    results.put(report)
