@@ -139,16 +139,37 @@ def _evaluators(parser: argparse.ArgumentParser) -> Runner:
 
 @command("register", "Register a module (docs/abi.md) for your tenant.", order=40)
 def _register(parser: argparse.ArgumentParser) -> Runner:
-    parser.add_argument("path", metavar="PATH", type=Path, help="the .wasm module")
+    parser.add_argument(
+        "path",
+        metavar="PATH",
+        type=Path,
+        help="the .wasm module, or an evaluator folder (built and checked first, as by "
+        "`evald build`)",
+    )
     parser.add_argument("--replace", action="store_true", help="replace a module of that name")
+    parser.add_argument(
+        "--no-grammar-check",
+        action="store_true",
+        help="when building a folder, skip compiling its grammar with XGrammar",
+    )
     add_client_options(parser)
 
     @_guarded
     def run(args: argparse.Namespace) -> int:
-        try:
-            module = args.path.read_bytes()
-        except OSError as exc:
-            return _fail("invalid_argument", f"cannot read {args.path}: {exc.strerror}")
+        if args.path.is_dir():
+            from evald._cli_sdk import build_for_cli, print_failure
+            from evald._errors import EvaldError
+            from evald._toolchain import BuildError
+
+            try:
+                module = build_for_cli(args.path, check_grammars=not args.no_grammar_check).wasm
+            except (BuildError, EvaldError) as exc:
+                return print_failure(exc)
+        else:
+            try:
+                module = args.path.read_bytes()
+            except OSError as exc:
+                return _fail("invalid_argument", f"cannot read {args.path}: {exc.strerror}")
         with _client(args) as client:
             info = client.register(module, replace=args.replace)
         print(
