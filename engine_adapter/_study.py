@@ -76,8 +76,10 @@ TASK_PREFIX = {"arithmetic": "The expression is <calc>", "letters": "The express
 #: Span content narrower than the evaluator's own language, per task (see the module doc).
 TASK_CONTENT_GRAMMAR = {"letters": 'root ::= "count(\\"" [a-zA-Z]+ "\\", \\"" [a-zA-Z] "\\")"'}
 FREE_MAX_NEW_TOKENS = 160
-GRAMMAR_MAX_NEW_TOKENS = 64
+GRAMMAR_MAX_NEW_TOKENS = 48
 _STOP = ("</result>", "</result_error>")
+#: Rewrite summary.json and table.md after this many records (an interrupted run leaves a table).
+_PARTIAL_EVERY = 30
 
 _COUNT_CALL = re.compile(r'count\(\s*"([^"\\]*)"\s*,\s*"([^"\\]*)"\s*\)')
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -191,6 +193,8 @@ class StudyConfig:
     out_dir: Path = Path("reports/study")
     plot: bool = True
     progress: bool = True
+    resume: bool = False
+    """Keep the records of an interrupted run in ``out_dir`` (same questions) and run the rest."""
     free_max_new_tokens: int = FREE_MAX_NEW_TOKENS
     grammar_max_new_tokens: int = GRAMMAR_MAX_NEW_TOKENS
 
@@ -355,7 +359,10 @@ class StudySummary:
     checks: dict[str, Any]
 
     def table_markdown(self) -> str:
-        lines = [
+        lines = []
+        if self.config.get("partial"):
+            lines += [f"(partial run: {sum(r['n'] for r in self.rows)} records so far)", ""]
+        lines += [
             "| task | mode | accuracy | correct / n | wrong extraction | wrong computation "
             "| tok/s |",
             "|---|---|---|---|---|---|---|",
@@ -510,10 +517,14 @@ def run_study(
         engine: a :class:`~engine_adapter.LocalEngine` whose evaluators include ``calc`` and
             ``strop`` and which has an evaluator (``grammar-eval`` needs one).
     """
-    items: list[StudyItem] = []
-    for task in config.tasks:
-        maker = arithmetic_items if task == "arithmetic" else letter_items
-        items.extend(maker(config.items_per_task, config.seed))
+    per_task = [
+        (arithmetic_items if task == "arithmetic" else letter_items)(
+            config.items_per_task, config.seed
+        )
+        for task in config.tasks
+    ]
+    # Tasks interleaved, so that an interrupted run has covered every task equally.
+    items = [item for group in zip(*per_task, strict=True) for item in group]
     config.out_dir.mkdir(parents=True, exist_ok=True)
     records_path = config.out_dir / "records.jsonl"
     records: list[ItemRecord] = []
@@ -535,10 +546,38 @@ def run_study(
     total = len(items) * len(config.modes)
     progress, task_id = _progress(config.progress, total)
     started = time.perf_counter()
+
+    def meta(*, partial: bool) -> dict[str, Any]:
+        return {
+            "items_per_task": config.items_per_task,
+            "seed": config.seed,
+            "tasks": list(config.tasks),
+            "modes": list(config.modes),
+            "backend": engine.backend.name,
+            "evaluator_mode": evaluator_mode,
+            "prefixes": {task: TASK_PREFIX[task] for task in config.tasks},
+            "content_grammars": {
+                t: g for t, g in TASK_CONTENT_GRAMMAR.items() if t in config.tasks
+            },
+            "decoding": "greedy",
+            "free_max_new_tokens": config.free_max_new_tokens,
+            "grammar_max_new_tokens": config.grammar_max_new_tokens,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "partial": partial,
+        }
+
     try:
+        done = _resumable(records_path, items, config.modes) if config.resume else {}
         with records_path.open("w", encoding="utf-8") as sink:
             for item in items:
                 for mode in config.modes:
+                    kept = done.get((item.task, item.item_id, mode))
+                    if kept is not None:
+                        records.append(kept)
+                        sink.write(json.dumps(asdict(kept), ensure_ascii=False) + "\n")
+                        if progress is not None:
+                            progress.advance(task_id)
+                        continue
                     grammar = mode != "no-grammar"
                     prefix = TASK_PREFIX[item.task] if grammar else ""
                     result = engine.generate(
@@ -577,31 +616,41 @@ def run_study(
                         on_record(record)
                     if progress is not None:
                         progress.advance(task_id)
+                    if len(records) % _PARTIAL_EVERY == 0:
+                        _write_summary(summarize(records, meta(partial=True)), config.out_dir)
     finally:
         if progress is not None:
             progress.stop()
-    meta = {
-        "items_per_task": config.items_per_task,
-        "seed": config.seed,
-        "tasks": list(config.tasks),
-        "modes": list(config.modes),
-        "backend": engine.backend.name,
-        "evaluator_mode": evaluator_mode,
-        "prefixes": {task: TASK_PREFIX[task] for task in config.tasks},
-        "content_grammars": {t: g for t, g in TASK_CONTENT_GRAMMAR.items() if t in config.tasks},
-        "decoding": "greedy",
-        "free_max_new_tokens": config.free_max_new_tokens,
-        "grammar_max_new_tokens": config.grammar_max_new_tokens,
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    summary = summarize(records, meta)
-    (config.out_dir / "summary.json").write_text(
-        json.dumps(asdict(summary), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
-    (config.out_dir / "table.md").write_text(summary.table_markdown() + "\n", encoding="utf-8")
+    summary = summarize(records, meta(partial=False))
+    _write_summary(summary, config.out_dir)
     if config.plot:
         _plot(summary, config.out_dir / "study.png")
     return summary
+
+
+def _write_summary(summary: StudySummary, out_dir: Path) -> None:
+    (out_dir / "summary.json").write_text(
+        json.dumps(asdict(summary), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    (out_dir / "table.md").write_text(summary.table_markdown() + "\n", encoding="utf-8")
+
+
+def _resumable(
+    path: Path, items: Sequence[StudyItem], modes: Sequence[str]
+) -> dict[tuple[str, int, str], ItemRecord]:
+    """Records of an earlier run that answer exactly the questions planned now."""
+    if not path.exists():
+        return {}
+    prompts = {(item.task, item.item_id): item.prompt for item in items}
+    kept: dict[tuple[str, int, str], ItemRecord] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = ItemRecord(**json.loads(line))
+        except (ValueError, TypeError):
+            continue  # a line cut short by the interruption
+        if record.mode in modes and prompts.get((record.task, record.item_id)) == record.prompt:
+            kept[(record.task, record.item_id, record.mode)] = record
+    return kept
 
 
 def _progress(enabled: bool, total: int) -> tuple[Any, Any]:

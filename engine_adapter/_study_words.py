@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = ["STUDY_WORDS"]
 
+# fmt: off
 STUDY_WORDS: tuple[str, ...] = (
     "strawberry", "banana", "mississippi", "bookkeeper", "committee", "balloon", "coffee",
     "success", "address", "assessment", "possession", "parallel", "millennium", "accommodate",
@@ -49,3 +50,4 @@ STUDY_WORDS: tuple[str, ...] = (
     "sleeve", "teeth", "needle", "beetle", "referee", "agreement", "excellent",
     "engineer", "volunteer", "employee", "guarantee", "settee",
 )
+# fmt: on

@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="token budget of a no-grammar answer",
     )
+    study.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the records an interrupted run left in --out and run only the rest",
+    )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -217,13 +222,13 @@ def _open_engine(args: argparse.Namespace, *, system: str | None = None) -> tupl
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine_adapter._backend import BackendError
-    from engine_adapter._engine import EngineError
-
     if args.max_new_tokens < 0:
         return _fail("--max-new-tokens must be >= 0")
     if args.deadline_ms <= 0:
         return _fail("--deadline-ms must be positive")
+    from engine_adapter._backend import BackendError
+    from engine_adapter._engine import EngineError
+
     temperature = args.temperature
     if temperature is None:
         temperature = _DEFAULT_SAMPLING_TEMPERATURE if args.seed is not None else 0.0
@@ -290,8 +295,6 @@ def format_timings(result: Any) -> str:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from engine_adapter._backend import BackendError
-    from engine_adapter._engine import EngineError
     from engine_adapter._study import PROFILES, StudyConfig, run_study
 
     items = args.items if args.items is not None else PROFILES[args.profile]
@@ -306,10 +309,14 @@ def _study(args: argparse.Namespace) -> int:
             out_dir=args.out,
             plot=not args.no_plot,
             free_max_new_tokens=args.free_max_new_tokens,
+            resume=args.resume,
             progress=not args.quiet,
         )
     except ValueError as exc:
         return _fail(str(exc))
+    from engine_adapter._backend import BackendError
+    from engine_adapter._engine import EngineError
+
     try:
         engine, setup = _open_engine(args)
     except (EngineError, BackendError, FileNotFoundError) as exc:
