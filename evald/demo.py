@@ -165,8 +165,121 @@ def show_evaluations(target: str, console: Console) -> None:
         console.print(f"[dim]skipped (not built): {', '.join(skipped)}[/]")
 
 
+# ---------------------------------------------------------------------------------------------
+# The local engine end to end: SmolLM2-135M on this CPU writes spans, evald answers, the engine
+# forces the results through the model. Heavy imports stay inside the function.
+
+#: (title, prompt, forced prefix, narrowed span content as (evaluator, EBNF) or None).
+ENGINE_PROMPTS: tuple[tuple[str, str, str, tuple[str, str] | None], ...] = (
+    (
+        "arithmetic word problem",
+        "A box has 17 rows of 23 items, then 91 more are added. How many items are in the box?",
+        "The expression is <calc>",
+        None,
+    ),
+    (
+        "letter counting",
+        "How many r's are in strawberry?",
+        "The expression is <strop>",
+        ("strop", 'root ::= "count(\\"" [a-zA-Z]+ "\\", \\"" [a-zA-Z] "\\")"'),
+    ),
+    (
+        "a date question",
+        "Which day of the week was 2024-07-04?",
+        "The expression is <date>",
+        (
+            "date",
+            'root ::= "weekday(" [0-9] [0-9] [0-9] [0-9] "-" [01] [0-9] "-" [0-3] [0-9] ")"',
+        ),
+    ),
+)
+
+
+_STOP_AFTER_RESULT = ("</result>", "</result_error>")
+
+
+def show_local_engine(target: str, console: Console) -> None:
+    """Runs :data:`ENGINE_PROMPTS` on the local engine, first with the model writing the result
+    itself (``grammar-no-eval``), then with evald's value forced (``grammar-eval``), and prints
+    each answer with the forced text highlighted and the timings."""
+    from rich.text import Text
+
+    from engine_adapter import EvaluatorClient, list_evaluators
+    from engine_adapter._backend import BackendError, load_backend
+    from engine_adapter._engine import LocalEngine
+    from engine_adapter._model_files import load_tokenizer
+
+    console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans through evald")
+    started = time.perf_counter()
+    try:
+        backend = load_backend("llama")
+    except BackendError as exc:
+        console.print(f"[yellow]{exc}[/]; using the transformers backend")
+        backend = load_backend("hf")
+    tokenizer = load_tokenizer()
+    console.print(
+        f"model loaded ({backend.name} backend) in {time.perf_counter() - started:.1f} s; "
+        "greedy decoding; [bold green]green[/] = forced by the engine, [dim]dim[/] = the forced "
+        "prefix"
+    )
+    try:
+        with EvaluatorClient(target) as client:
+            client.wait_connected(10.0)
+            engine = LocalEngine(
+                backend, tokenizer, list_evaluators(target), evaluator=client, deadline_ms=1000
+            )
+            for title, prompt, prefix, narrowed in ENGINE_PROMPTS:
+                console.print(f"\n[bold]{title}[/]: {prompt}")
+                content = {narrowed[0]: narrowed[1]} if narrowed else None
+                for mode in ("grammar-no-eval", "grammar-eval"):
+                    grammar = engine.span_grammar(mode, prefix, content_grammars=content)
+                    shown = Text(f"  {mode:>15}: ")
+                    chunks: list[tuple[str, bool]] = []
+
+                    def collect(
+                        text: str, forced: bool, sink: list[tuple[str, bool]] = chunks
+                    ) -> None:
+                        sink.append((text, forced))
+
+                    result = engine.generate(
+                        prompt,
+                        mode=mode,
+                        prefix=prefix,
+                        grammar=grammar,
+                        max_new_tokens=40,
+                        stop=_STOP_AFTER_RESULT if mode == "grammar-no-eval" else (),
+                        on_text=collect,
+                    )
+                    for index, (text, forced) in enumerate(chunks):
+                        style = "dim" if index == 0 and forced else "bold green" if forced else ""
+                        shown.append(text, style=style)
+                    console.print(shown)
+                    for span in result.spans:
+                        if not span.forced_text:
+                            continue
+                        console.print(
+                            f"{'':19}<{span.evaluator}>{span.content}</{span.evaluator}> → "
+                            f"{span.forced_text}: evald answered in "
+                            f"{span.eval_latency_us / 1000:.2f} ms, the decode loop waited "
+                            f"{span.wait_us / 1000:.2f} ms, {span.n_forced_tokens} tokens forced "
+                            f"in one forward of {span.inject_forward_us / 1000:.1f} ms",
+                            markup=False,
+                            highlight=False,
+                        )
+                    steps = [s.forward_us for s in result.steps if s.kind == "sample"]
+                    step_ms = sum(steps) / len(steps) / 1000 if steps else 0.0
+                    console.print(
+                        f"{'':19}[dim]{result.n_sampled} sampled + {result.n_forced} forced "
+                        f"tokens, {result.tokens_per_s:.0f} tok/s, {step_ms:.1f} ms per decode "
+                        f"step, stop: {result.stop_reason}[/]"
+                    )
+    finally:
+        backend.close()
+
+
 #: What the demo shows while the daemon serves, in order.
 SECTIONS: list[Section] = [show_evaluations]
+SECTIONS.append(show_local_engine)
 
 
 def main() -> int:
