@@ -39,6 +39,8 @@ PROPERTY = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# 10,000 examples take several minutes on two busy cores: more than the suite's 300 s timeout.
+PROPERTY_TIMEOUT = pytest.mark.timeout(3600 if FULL else 300)
 
 
 def _cases() -> list[dict[str, Any]]:
@@ -163,18 +165,21 @@ _TOKENS = [b"2024-02-29", b"9999-12-31", b"0001-01-01", b"2023-02-29", b"+", b"-
 token_soup = st.lists(st.sampled_from(_TOKENS), max_size=12).map(b"".join)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=40)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(start=st.dates(), months=st.integers(-200, 200))
 def test_month_rule_is_clamping(guest: Guest, start: datetime.date, months: int) -> None:
@@ -272,6 +277,7 @@ def test_grammar_never_produces_lt() -> None:
     assert "<" not in GRAMMAR
 
 
+@PROPERTY_TIMEOUT
 @settings(max_examples=1_000 if FULL else 60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=model_input())

@@ -38,6 +38,8 @@ PROPERTY = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# 10,000 examples take several minutes on two busy cores: more than the suite's 300 s timeout.
+PROPERTY_TIMEOUT = pytest.mark.timeout(3600 if FULL else 300)
 
 
 def _cases() -> list[dict[str, Any]]:
@@ -129,9 +131,12 @@ def _call(draw: st.DrawFn, name: str, args: list[str]) -> str:
     return f"{name}{ws[-2]}({inner}{ws[-1]})"
 
 
+MAX_GENERATED_DEPTH = 4  # calls; the evaluator's own limit (16) is tested on its own
+
+
 @st.composite
 def str_expr(draw: st.DrawFn, depth: int = 0) -> str:
-    if depth >= 4 or draw(st.integers(0, 2)) == 0:
+    if depth >= MAX_GENERATED_DEPTH or draw(st.integers(0, 2)) == 0:
         return draw(literal())
     name = draw(st.sampled_from(["reverse", "upper", "lower", "substr", "replace"]))
     if name == "substr":
@@ -152,7 +157,9 @@ def int_expr(draw: st.DrawFn, depth: int = 0) -> str:
 
 @st.composite
 def int_arg(draw: st.DrawFn, depth: int) -> str:
-    return draw(integer()) if depth >= 4 or draw(st.booleans()) else draw(int_expr(depth))
+    if depth >= MAX_GENERATED_DEPTH or draw(st.booleans()):
+        return draw(integer())
+    return draw(int_expr(depth))
 
 
 @st.composite
@@ -183,18 +190,21 @@ _TOKENS = [b"len", b"count", b"upper", b"substr", b"replace", b"index", b"(", b"
 token_soup = st.lists(st.sampled_from(_TOKENS), max_size=12).map(b"".join)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=40)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(haystack=st.text("ab", max_size=30), needle=st.text("ab", max_size=4),
        new=st.text("abc", max_size=3))
@@ -346,6 +356,7 @@ def test_grammar_never_produces_lt() -> None:
     assert GRAMMAR.count("<") == 1 and '[^"\\\\<\\n]' in GRAMMAR
 
 
+@PROPERTY_TIMEOUT
 @settings(max_examples=1_000 if FULL else 60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=model_input())
