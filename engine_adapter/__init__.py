@@ -49,3 +49,47 @@ __all__ = [
     "special_token_texts",
     "standard_evaluators",
 ]
+
+# The local CPU engine needs torch and a model runtime: its names are imported on first use, so
+# that importing the adapter's core (grammar, injector, clients) stays light.
+_LOCAL_ENGINE_HOMES = {
+    "BACKEND_NAMES": "_backend",
+    "Backend": "_backend",
+    "BackendError": "_backend",
+    "load_backend": "_backend",
+    "EVALUATOR_MODES": "_engine",
+    "EngineError": "_engine",
+    "EvaluatorSetup": "_engine",
+    "GenerationResult": "_engine",
+    "LocalEngine": "_engine",
+    "SpanTiming": "_engine",
+    "StepTiming": "_engine",
+    "open_evaluator": "_engine",
+}
+__all__ += list(_LOCAL_ENGINE_HOMES)
+
+import typing as _typing  # noqa: E402
+
+if _typing.TYPE_CHECKING:
+    from engine_adapter._backend import BACKEND_NAMES, Backend, BackendError, load_backend
+    from engine_adapter._engine import (
+        EVALUATOR_MODES,
+        EngineError,
+        EvaluatorSetup,
+        GenerationResult,
+        LocalEngine,
+        SpanTiming,
+        StepTiming,
+        open_evaluator,
+    )
+
+
+def __getattr__(name: str) -> object:
+    home = _LOCAL_ENGINE_HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'engine_adapter' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"engine_adapter.{home}"), name)
+    globals()[name] = value
+    return value
