@@ -130,6 +130,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    bench = sub.add_parser(
+        "bench",
+        help="Benchmark decoding with spans (also `evald bench decode`).",
+        description=(
+            "decode: tokens/s and added time per span for no evaluation, in-process Python, "
+            "in-process WASM and evald (same prompts, same seeds, interleaved); the tool-call "
+            "baseline; the batch stall with one span slow up to its deadline. Starts its own "
+            "evald daemon. Writes decode.json and decode.png under --out. The GPU variant is "
+            "deploy/gpu-check.sh."
+        ),
+    )
+    bench.add_argument("job", choices=("decode",), help="what to measure")
+    bench.add_argument(
+        "--profile", choices=("tiny", "full"), default="full", help="tiny: for tests"
+    )
+    bench.add_argument("--out", type=Path, default=Path("reports/bench"), help="results folder")
+    bench.add_argument(
+        "--parts", default="decode,toolcall,stall", help="comma-separated: decode,toolcall,stall"
+    )
+    bench.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
+    bench.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
@@ -174,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _generate(args)
         if args.command == "study":
             return _study(args)
+        if args.command == "bench":
+            return _bench(args)
     except KeyboardInterrupt:
         return 130
     parser.error(f"unknown command {args.command!r}")
@@ -330,6 +354,28 @@ def _study(args: argparse.Namespace) -> int:
         engine.backend.close()
     print(summary.table_markdown())
     print(f"\nrecords, table and plot in {config.out_dir}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from engine_adapter._backend import BackendError
+    from engine_adapter._bench_decode import run_decode
+
+    parts = _names(args.parts) or []
+    unknown = [part for part in parts if part not in ("decode", "toolcall", "stall")]
+    if unknown or not parts:
+        return _fail(f"unknown --parts {unknown}; choose from decode, toolcall, stall")
+    try:
+        run_decode(
+            args.profile,
+            out_dir=args.out,
+            show_progress=not args.quiet,
+            plot=not args.no_plot,
+            parts=parts,
+        )
+    except (BackendError, RuntimeError, OSError) as exc:
+        return _fail(str(exc))
+    print(f"results in {args.out}/decode.json", file=sys.stderr)
     return EXIT_OK
 
 
