@@ -70,9 +70,14 @@ __all__ += list(_LOCAL_ENGINE_HOMES)
 
 import typing as _typing  # noqa: E402
 
-if _typing.TYPE_CHECKING:
-    from engine_adapter._backend import BACKEND_NAMES, Backend, BackendError, load_backend
-    from engine_adapter._engine import (
+if _typing.TYPE_CHECKING:  # the real types, for type checkers
+    from engine_adapter._backend import (  # noqa: F401
+        BACKEND_NAMES,
+        Backend,
+        BackendError,
+        load_backend,
+    )
+    from engine_adapter._engine import (  # noqa: F401
         EVALUATOR_MODES,
         EngineError,
         EvaluatorSetup,
