@@ -66,7 +66,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         self._injector = Injector(
             runtime.codec,
             self._bindings,
-            runtime.client,
+            runtime,
             deadline_ms=runtime.config.deadline_ms,
             auto_flush=False,
         )

@@ -9,6 +9,7 @@ first evaluated request, shared by every grammar object and flushed once per dec
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import threading
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 from engine_adapter._client import EvaluatorClient, list_evaluators
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import SpanRecord, TokenCodec
+from engine_adapter._types import EvalResult
 from engine_adapter.sglang._config import AdapterConfig
 from engine_adapter.sglang._spans import EvaluatorsUnavailable
 
@@ -69,6 +71,7 @@ class AdapterRuntime:
         self.config = config
         self.codec = codec
         self._client: EvaluatorClient | None = None
+        self._unflushed = False
         self._lock = threading.Lock()
         self._specs: list[EvaluatorSpec] | None = None
         self._specs_at = 0.0
@@ -76,16 +79,29 @@ class AdapterRuntime:
 
     @property
     def client(self) -> EvaluatorClient:
+        """The process-wide evald client (created, and connected, on first use)."""
         client = self._client
         if client is None:
             client = self._client = shared_client(self.config)
         return client
 
+    # The runtime is the injectors' SpanEvaluator: it forwards to the shared client and
+    # remembers whether anything was submitted since the last flush, so that the flush every
+    # grammar object attempts in fill_vocab_mask costs an attribute read when there is nothing
+    # to send (it is called once per evaluated row per decode step).
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        future = self.client.submit(evaluator, content, deadline_ms)
+        self._unflushed = True
+        return future
+
     def flush(self) -> None:
-        """Sends the spans submitted since the last flush (a lock and a check if none)."""
-        client = self._client
-        if client is not None:
-            client.flush()
+        """Sends every span submitted since the last flush as one message (if there are any)."""
+        if self._unflushed:
+            self._unflushed = False
+            self.client.flush()
 
     def evaluators(self, refresh: bool = False) -> Sequence[EvaluatorSpec]:
         """The tenant's evaluators (``ListEvaluators``), reused for ``evaluators_ttl_s``.

@@ -115,7 +115,8 @@ def find_lowered_spans(
     *,
     skip: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[SpanBinding, ...]:
-    """Every evaluated span in the lowered form inside a structural tag, one binding per opener.
+    """Every evaluated span in the lowered form inside a structural tag, one binding per opener,
+    in document order.
 
     Parameters:
         tag: the structural tag (or any format inside one) as parsed JSON.
@@ -130,7 +131,7 @@ def find_lowered_spans(
     while stack:
         node, path = stack.pop()
         if isinstance(node, list):
-            stack.extend((item, f"{path}/{i}") for i, item in enumerate(node))
+            stack.extend((item, f"{path}/{i}") for i, item in reversed(list(enumerate(node))))
             continue
         if not isinstance(node, Mapping):
             continue
@@ -142,7 +143,7 @@ def find_lowered_spans(
                     f"{path}/begin", f"{binding.begin!r} is used by two differently shaped spans"
                 )
             found[binding.begin] = binding
-        stack.extend((value, f"{path}/{key}") for key, value in node.items())
+        stack.extend((value, f"{path}/{key}") for key, value in reversed(node.items()))
     return tuple(found.values())
 
 
