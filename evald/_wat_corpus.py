@@ -192,6 +192,25 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
             f"(table.fill $t (i32.const 0) (ref.func $eval) (i32.const {param})) " + ok,
             f"(table $t {param} funcref) (elem declare func $eval)",
         )
+    if kind == "memory_probe":  # grow one page at a time until refused; the page count, decimal
+        return (
+            "(local $pages i32) (local $digits i32) (local $at i32)",
+            (
+                "(block $full (loop $grow "
+                "(br_if $full (i32.eq (memory.grow (i32.const 1)) (i32.const -1))) (br $grow))) "
+                f"(local.set $pages (memory.size)) (local.set $at (i32.const {out_ptr + 16})) "
+                "(loop $digit "
+                "(local.set $at (i32.sub (local.get $at) (i32.const 1))) "
+                "(i32.store8 (local.get $at) (i32.add (i32.const 48) "
+                "(i32.rem_u (local.get $pages) (i32.const 10)))) "
+                "(local.set $pages (i32.div_u (local.get $pages) (i32.const 10))) "
+                "(local.set $digits (i32.add (local.get $digits) (i32.const 1))) "
+                "(br_if $digit (local.get $pages))) "
+                f"(memory.copy (i32.const {out_ptr}) (local.get $at) (local.get $digits)) "
+                "(local.get $digits)"
+            ),
+            "",
+        )
     if kind == "trap":
         return "", "(unreachable)", ""
     if kind == "oob":
@@ -281,7 +300,8 @@ def guest(
     the output buffer holds); ``grow_or_trap``; ``dump_or_error``
     (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
     of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
-    ``table_fill`` (fill a table of ``param`` elements); ``trap``; ``oob``. N comes from
+    ``table_fill`` (fill a table of ``param`` elements); ``memory_probe`` (grow until refused,
+    return the page count in decimal); ``trap``; ``oob``. N comes from
     :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword

@@ -1,0 +1,550 @@
+"""The invariants a fuzz run checks on every response, and the record of what it saw.
+
+A run fails on any :class:`Violation`. The kinds:
+
+``crash``            the daemon process exited (outside a planned kill -9)
+``hang``             the daemon stopped answering its health service, or a call got no answer
+                     within its deadline (the gRPC client gave up)
+``untyped_error``    a call failed without an ``evald-error-code``, or a result carried neither a
+                     value nor a known error code
+``internal_error``   the daemon answered ``internal`` (a bug, by definition)
+``missing_result``   a batch or stream did not return one result per item, or ids do not match
+``fuel_escape``      ``fuel_used`` above the tenant's fuel limit
+``deadline_escape``  ``eval_time_us`` above the effective deadline plus the margin, again when
+                     the evaluation is repeated (a time over the bound that does not reproduce
+                     is a stall of the machine, counted as such; a host that fails to stop a
+                     guest fails every time)
+``memory_escape``    a guest saw more linear memory than its tenant's limit
+``output_escape``    a value longer than the tenant's output limit
+``input_escape``     an input over the tenant's input limit was evaluated
+``tenant_leak``      a response carried another tenant's canary (a secret input, module name or
+                     token), or a foreign module was listed, called or deleted
+``rss_bound``        the daemon's resident memory went over the bound
+``bad_value``        a value that does not match its evaluator's result regex
+``unexpected``       an outcome the scenario rules out (a malicious module registered, a loop
+                     that returned a value, a refusal with the wrong code)
+``fault``            a fault scenario did not end as it must (no ``unavailable`` within the
+                     deadline, no recovery after restart, modules lost, a half-written store)
+
+Checks are plain functions of their inputs (the unit tests feed them crafted responses);
+:class:`Recorder` is the thread-safe tally that the report is made from.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from evald._errors import ErrorCode
+from evald.v1 import evald_pb2 as pb
+
+__all__ = [
+    "LIMIT_ESCAPES",
+    "VIOLATION_KINDS",
+    "Canaries",
+    "Checker",
+    "ClassStats",
+    "Recorder",
+    "TenantBounds",
+    "Violation",
+    "outcome_label",
+]
+
+VIOLATION_KINDS = (
+    "crash",
+    "hang",
+    "untyped_error",
+    "internal_error",
+    "missing_result",
+    "fuel_escape",
+    "deadline_escape",
+    "memory_escape",
+    "output_escape",
+    "input_escape",
+    "tenant_leak",
+    "rss_bound",
+    "bad_value",
+    "unexpected",
+    "fault",
+)
+#: The kinds that mean a limit did not hold.
+LIMIT_ESCAPES = frozenset(
+    {
+        "fuel_escape",
+        "deadline_escape",
+        "memory_escape",
+        "output_escape",
+        "input_escape",
+        "rss_bound",
+    }
+)
+_SAMPLE_CHARS = 160
+_KNOWN_CODES = frozenset(range(1, len(ErrorCode) + 1))
+
+
+def _sample(data: bytes | str) -> str:
+    text = repr(data[:_SAMPLE_CHARS])
+    more = len(data) - _SAMPLE_CHARS
+    return f"{text}... ({len(data)} bytes)" if more > 0 else text
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: what kind, in which input class, what happened, on what input."""
+
+    kind: str
+    klass: str
+    detail: str
+    sample: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "class": self.klass,
+            "detail": self.detail,
+            "sample": self.sample,
+        }
+
+
+@dataclass(frozen=True)
+class TenantBounds:
+    """The limits one tenant runs under (from the daemon's config)."""
+
+    name: str
+    fuel: int
+    deadline_ms: int
+    memory_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+    def effective_deadline_ms(self, requested_ms: int) -> int:
+        """``min(requested, limit)``, the tenant's limit when nothing was requested."""
+        return min(requested_ms, self.deadline_ms) if requested_ms else self.deadline_ms
+
+
+@dataclass
+class Canaries:
+    """Secrets per tenant: no response to any other tenant may contain one of them."""
+
+    by_tenant: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, tenant: str, *secrets: str) -> None:
+        self.by_tenant.setdefault(tenant, set()).update(s for s in secrets if s)
+
+    def foreign(self, tenant: str) -> list[str]:
+        """Every secret that belongs to a tenant other than ``tenant``."""
+        return [s for name, values in self.by_tenant.items() if name != tenant for s in values]
+
+    def leaked(self, tenant: str, text: str, *, echoed: Iterable[str] = ()) -> str | None:
+        """The first foreign secret found in ``text`` (``echoed`` strings — what the caller sent
+        itself — are removed first), or None."""
+        for part in echoed:
+            if part:
+                text = text.replace(part, "")
+        for secret in self.foreign(tenant):
+            if secret in text:
+                return secret
+        return None
+
+
+def outcome_label(response: pb.EvaluateResponse) -> str:
+    """``ok``, an error code name, or ``untyped`` when the response carries neither."""
+    kind = response.WhichOneof("outcome")
+    if kind == "value":
+        return "ok"
+    if kind == "error" and response.error.code in _KNOWN_CODES:
+        return ErrorCode.from_proto(response.error.code).value
+    return "untyped"
+
+
+class Checker:
+    """Checks responses against the tenants' bounds, canaries and result regexes.
+
+    Parameters:
+        bounds: per tenant name.
+        canaries: the per-tenant secrets.
+        margin_ms: slack on deadlines (scheduling on a busy machine, the epoch tick).
+        result_regex: per evaluator name, the manifest's ``result_regex`` (values are checked
+            against it; an evaluator not listed is not checked).
+    """
+
+    def __init__(
+        self,
+        bounds: Mapping[str, TenantBounds],
+        canaries: Canaries,
+        *,
+        margin_ms: float,
+        result_regex: Mapping[str, str] | None = None,
+    ) -> None:
+        self.bounds = dict(bounds)
+        self.canaries = canaries
+        self.margin_ms = margin_ms
+        self._regex: dict[str, re.Pattern[str] | None] = {}
+        for name, pattern in (result_regex or {}).items():
+            self.set_result_regex(name, pattern)
+
+    def set_result_regex(self, evaluator: str, pattern: str) -> None:
+        try:
+            self._regex[evaluator] = re.compile(pattern)
+        except re.error:
+            self._regex[evaluator] = None  # XGrammar syntax Python cannot read: not checked
+
+    def evaluation(
+        self,
+        klass: str,
+        tenant: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse | None,
+    ) -> list[Violation]:
+        """Every invariant of one evaluation's result."""
+        sample = _sample(request.input)
+        if response is None:
+            return [Violation("missing_result", klass, f"no result for id {request.id!r}", sample)]
+        found: list[Violation] = []
+        bounds = self.bounds[tenant]
+        label = outcome_label(response)
+        if response.id != request.id:
+            found.append(
+                Violation(
+                    "missing_result",
+                    klass,
+                    f"result id {response.id!r} for request id {request.id!r}",
+                    sample,
+                )
+            )
+        if label == "untyped":
+            found.append(
+                Violation(
+                    "untyped_error", klass, "a result with neither a value nor a code", sample
+                )
+            )
+        elif label == ErrorCode.INTERNAL.value:
+            found.append(
+                Violation("internal_error", klass, f"internal: {response.error.message}", sample)
+            )
+        if bounds.fuel and response.fuel_used > bounds.fuel:
+            found.append(
+                Violation(
+                    "fuel_escape",
+                    klass,
+                    f"fuel_used {response.fuel_used} > limit {bounds.fuel}",
+                    sample,
+                )
+            )
+        deadline_ms = bounds.effective_deadline_ms(request.deadline_ms)
+        if self.over_deadline(tenant, request, response):
+            found.append(
+                Violation(
+                    "deadline_escape",
+                    klass,
+                    f"eval_time {response.eval_time_us} us > deadline {deadline_ms} ms "
+                    f"+ margin {self.margin_ms:g} ms ({label})",
+                    sample,
+                )
+            )
+        if len(request.input) > bounds.input_bytes and label not in (
+            ErrorCode.INPUT_TOO_LARGE.value,
+            ErrorCode.UNKNOWN_EVALUATOR.value,
+            ErrorCode.PERMISSION_DENIED.value,
+            ErrorCode.QUOTA_EXCEEDED.value,
+        ):
+            found.append(
+                Violation(
+                    "input_escape",
+                    klass,
+                    f"a {len(request.input)}-byte input (limit {bounds.input_bytes}) got {label}",
+                    sample,
+                )
+            )
+        if label == "ok":
+            value = response.value
+            size = len(value.encode("utf-8"))
+            if size > bounds.output_bytes:
+                found.append(
+                    Violation(
+                        "output_escape",
+                        klass,
+                        f"a {size}-byte value (limit {bounds.output_bytes})",
+                        sample,
+                    )
+                )
+            pattern = self._regex.get(request.evaluator)
+            if pattern is not None and not pattern.fullmatch(value):
+                found.append(
+                    Violation(
+                        "bad_value",
+                        klass,
+                        f"{request.evaluator} value {value[:80]!r} does not match its result_regex",
+                        sample,
+                    )
+                )
+        text = response.value if label == "ok" else response.error.message
+        leak = self.canaries.leaked(
+            tenant, text, echoed=(request.evaluator, request.input.decode("utf-8", "replace"))
+        )
+        if leak is not None:
+            found.append(
+                Violation(
+                    "tenant_leak",
+                    klass,
+                    f"a response to {tenant} carries another tenant's secret {leak[:24]!r}",
+                    sample,
+                )
+            )
+        return found
+
+    def over_deadline(
+        self, tenant: str, request: pb.EvaluateRequest, response: pb.EvaluateResponse
+    ) -> bool:
+        """Whether the evaluation took longer than its effective deadline plus the margin."""
+        deadline_ms = self.bounds[tenant].effective_deadline_ms(request.deadline_ms)
+        return response.eval_time_us > (deadline_ms + self.margin_ms) * 1000
+
+    def batch(
+        self,
+        klass: str,
+        tenant: str,
+        requests: list[pb.EvaluateRequest],
+        responses: list[pb.EvaluateResponse],
+        *,
+        ordered: bool,
+    ) -> tuple[list[Violation], list[pb.EvaluateResponse | None]]:
+        """Matches a batch's or stream's results to its requests (by position when ``ordered``,
+        else by id) and checks each. Returns the violations and the matched results."""
+        found: list[Violation] = []
+        if ordered:
+            matched: list[pb.EvaluateResponse | None] = list(responses[: len(requests)])
+            matched += [None] * (len(requests) - len(matched))
+        else:
+            by_id: dict[str, pb.EvaluateResponse] = {}
+            for response in responses:
+                if response.id in by_id:
+                    found.append(
+                        Violation("missing_result", klass, f"two results for id {response.id!r}")
+                    )
+                by_id[response.id] = response
+            matched = [by_id.pop(request.id, None) for request in requests]
+            if by_id:
+                found.append(
+                    Violation("missing_result", klass, f"{len(by_id)} results for unknown ids")
+                )
+        if len(responses) != len(requests):
+            found.append(
+                Violation(
+                    "missing_result",
+                    klass,
+                    f"{len(responses)} results for {len(requests)} items",
+                )
+            )
+        for request, result in zip(requests, matched, strict=True):
+            found.extend(self.evaluation(klass, tenant, request, result))
+        return found, matched
+
+    def text(
+        self, klass: str, tenant: str, text: str, *, echoed: Iterable[str] = ()
+    ) -> list[Violation]:
+        """A call-level message, a listing, any text shown to ``tenant``: no foreign secret."""
+        leak = self.canaries.leaked(tenant, text, echoed=echoed)
+        if leak is None:
+            return []
+        return [
+            Violation(
+                "tenant_leak",
+                klass,
+                f"text shown to {tenant} carries another tenant's secret {leak[:24]!r}",
+                _sample(text),
+            )
+        ]
+
+    @staticmethod
+    def call_error(
+        klass: str, code: str | None, details: str, *, expected: Iterable[str] = ()
+    ) -> list[Violation]:
+        """A failed call: it must carry a typed code (one of ``expected`` when given)."""
+        allowed = set(expected)
+        if code is None:
+            return [
+                Violation("untyped_error", klass, f"call failed without a code: {details[:200]}")
+            ]
+        if code == ErrorCode.INTERNAL.value:
+            return [Violation("internal_error", klass, f"call failed internal: {details[:200]}")]
+        if allowed and code not in allowed:
+            return [
+                Violation(
+                    "unexpected",
+                    klass,
+                    f"call refused with {code}, expected one of {sorted(allowed)}: {details[:200]}",
+                )
+            ]
+        return []
+
+    def memory_pages(self, klass: str, tenant: str, pages: int) -> list[Violation]:
+        """A guest reported holding ``pages`` wasm pages: within the tenant's memory limit."""
+        limit = self.bounds[tenant].memory_bytes
+        if pages * 65536 > limit:
+            return [
+                Violation(
+                    "memory_escape",
+                    klass,
+                    f"a guest of {tenant} held {pages} pages ({pages * 65536} bytes) > {limit}",
+                )
+            ]
+        return []
+
+    @staticmethod
+    def rss(rss_bytes: int, bound_bytes: int) -> list[Violation]:
+        if rss_bytes > bound_bytes:
+            return [
+                Violation(
+                    "rss_bound",
+                    "daemon",
+                    f"daemon RSS {rss_bytes / 2**20:.0f} MiB > bound {bound_bytes / 2**20:.0f} MiB",
+                )
+            ]
+        return []
+
+    def call_latency(
+        self, klass: str, elapsed_s: float, bound_s: float, what: str
+    ) -> list[Violation]:
+        """A whole call's wall time: within its bound (its deadline plus the margin)."""
+        limit = bound_s + self.margin_ms / 1000
+        if elapsed_s > limit:
+            return [
+                Violation("hang", klass, f"{what} took {elapsed_s:.3f} s > bound {limit:.3f} s")
+            ]
+        return []
+
+
+class _Reservoir:
+    """A fixed-size uniform sample of a stream of numbers (for percentiles)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        import random
+
+        self.size = size
+        self.values: list[float] = []
+        self.seen = 0
+        self._rng = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            index = self._rng.randrange(self.seen)
+            if index < self.size:
+                self.values[index] = value
+
+    def percentile(self, q: float) -> float:
+        if not self.values:
+            return 0.0
+        ordered = sorted(self.values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class ClassStats:
+    """What one input class sent and got back."""
+
+    inputs: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    families: Counter[str] = field(default_factory=Counter)
+    violations: Counter[str] = field(default_factory=Counter)
+    max_eval_us: int = 0
+    max_call_ms: float = 0.0
+    calls: int = 0
+    step_s: float = 0.0
+    stalls: int = 0
+    max_stall_ms: float = 0.0
+    call_ms: _Reservoir = field(default_factory=lambda: _Reservoir(4096, 0))
+
+    @property
+    def typed_errors(self) -> int:
+        return sum(n for label, n in self.outcomes.items() if label not in ("ok", "untyped"))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "inputs": self.inputs,
+            "ok": self.outcomes.get("ok", 0),
+            "typed_errors": self.typed_errors,
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "families": dict(sorted(self.families.items())),
+            "violations": dict(sorted(self.violations.items())),
+            "calls": self.calls,
+            "step_s": round(self.step_s, 1),
+            "stalls": self.stalls,
+            "max_stall_ms": round(self.max_stall_ms, 1),
+            "max_eval_us": self.max_eval_us,
+            "max_call_ms": round(self.max_call_ms, 3),
+            "p50_call_ms": round(self.call_ms.percentile(0.50), 3),
+            "p99_call_ms": round(self.call_ms.percentile(0.99), 3),
+        }
+
+
+class Recorder:
+    """The thread-safe tally of a run: per-class stats and every violation (samples kept)."""
+
+    def __init__(self, classes: Iterable[str], *, keep: int = 200) -> None:
+        self._lock = threading.Lock()
+        self.classes: dict[str, ClassStats] = {name: ClassStats() for name in classes}
+        self.violations: list[Violation] = []
+        self.violation_counts: Counter[str] = Counter()
+        self._keep = keep
+
+    def stats(self, klass: str) -> ClassStats:
+        with self._lock:
+            return self.classes.setdefault(klass, ClassStats())
+
+    def outcome(self, klass: str, label: str, *, family: str = "", eval_us: int = 0) -> None:
+        """One input sent and its outcome (``ok``, an error code, or ``call:CODE``)."""
+        with self._lock:
+            stats = self.classes.setdefault(klass, ClassStats())
+            stats.inputs += 1
+            stats.outcomes[label] += 1
+            if family:
+                stats.families[family] += 1
+            if eval_us > stats.max_eval_us:
+                stats.max_eval_us = eval_us
+
+    def call(self, klass: str, elapsed_ms: float) -> None:
+        """One RPC's wall time."""
+        with self._lock:
+            stats = self.classes.setdefault(klass, ClassStats())
+            stats.calls += 1
+            stats.call_ms.add(elapsed_ms)
+            stats.max_call_ms = max(stats.max_call_ms, elapsed_ms)
+
+    def stall(self, klass: str, milliseconds: float) -> None:
+        """A time over its bound that did not reproduce when the call was repeated: the machine
+        (not the daemon) held the thread; counted and reported, not a violation."""
+        with self._lock:
+            stats = self.classes.setdefault(klass, ClassStats())
+            stats.stalls += 1
+            stats.max_stall_ms = max(stats.max_stall_ms, milliseconds)
+
+    def step(self, klass: str, seconds: float) -> None:
+        """Wall time one main-loop step of ``klass`` took (lanes overlap)."""
+        with self._lock:
+            self.classes.setdefault(klass, ClassStats()).step_s += seconds
+
+    def add(self, violations: Iterable[Violation]) -> None:
+        with self._lock:
+            for violation in violations:
+                self.violation_counts[violation.kind] += 1
+                stats = self.classes.setdefault(violation.klass, ClassStats())
+                stats.violations[violation.kind] += 1
+                if len(self.violations) < self._keep:
+                    self.violations.append(violation)
+
+    @property
+    def inputs(self) -> int:
+        with self._lock:
+            return sum(stats.inputs for stats in self.classes.values())
+
+    @property
+    def violation_total(self) -> int:
+        with self._lock:
+            return sum(self.violation_counts.values())
