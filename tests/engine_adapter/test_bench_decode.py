@@ -1,0 +1,66 @@
+"""``engine-adapter bench decode`` on its tiny profile: the real model, the real daemon (started
+by the benchmark), every part, and a well-formed ``decode.json`` (never a timing assertion)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine_adapter._bench_decode import MODES, PROFILES
+from engine_adapter.cli import main
+
+pytestmark = pytest.mark.model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def decode(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama extra)")
+    out = tmp_path_factory.mktemp("bench")
+    assert main(["bench", "decode", "--profile", "tiny", "--out", str(out), "--quiet"]) == 0
+    return out, json.loads((out / "decode.json").read_text())
+
+
+def test_decode_modes_force_the_same_tokens(decode: tuple[Path, dict]) -> None:
+    out, document = decode
+    assert document["benchmark"] == "decode"
+    modes = {m["mode"]: m for m in document["decode"]["modes"]}
+    assert tuple(modes) == MODES
+    profile = PROFILES["tiny"]
+    for mode in modes.values():
+        assert mode["generations"] == profile.prompts_per_task * 2 * profile.repeats
+        assert mode["tokens_per_s"] > 0
+        assert mode["spans"] >= 1
+        assert mode["span_errors"] == {}, mode  # every evaluator answered every span
+        assert mode["forwards_per_injected_result"] == 1.0  # the local engine's one forward
+        # the evaluators agree, so the forced results (and all later tokens) are identical
+        assert mode["same_tokens_as_none"], mode
+    assert document["decode"]["evald_vs_python_tokens_per_s"] > 0
+    assert (out / "decode.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_toolcall_and_stall_are_measured(decode: tuple[Path, dict]) -> None:
+    document = decode[1]
+    tool = document["toolcall"]
+    assert tool["spans"] >= 1
+    assert tool["in_loop_vs_toolcall"] == pytest.approx(
+        tool["in_loop_span_ms"] / tool["toolcall_span_ms"], rel=1e-3
+    )
+    stall = document["stall"]
+    assert [p["policy"] for p in stall["policies"]] == ["skip", "wait"]
+    for policy in stall["policies"]:
+        assert policy["baseline"]["other_step_ms_mean"] > 0
+        assert policy["slow"]["other_step_ms_mean"] > 0
+        assert policy["stall_ratio"] == pytest.approx(
+            policy["slow"]["other_step_ms_mean"] / policy["baseline"]["other_step_ms_mean"],
+            rel=1e-2,
+        )
+    assert document["gpu_variant"] == "deploy/gpu-check.sh"
+
+
+def test_unknown_parts_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "decode", "--parts", "decode,warp"]) == 2
+    assert "unknown --parts" in capsys.readouterr().err

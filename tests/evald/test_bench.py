@@ -1,0 +1,135 @@
+"""``evald bench``: each benchmark runs on a tiny profile and writes a well-formed result file.
+
+Timings are never asserted (the machine is shared and noisy); what is asserted is the shape of
+the results, that every configuration was measured, and that the derived columns are computed
+from the rows they claim to be computed from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evald._bench._headline import README_BEGIN, README_END, headline_markdown, write_headline
+from evald._bench._overhead import PROFILES, _configs
+from evald.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def overhead(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One tiny run through the CLI (no model: the decode-step column stays empty)."""
+    out = tmp_path_factory.mktemp("bench")
+    status = main(
+        [
+            "bench",
+            "overhead",
+            "--profile",
+            "tiny",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--no-decode-step",
+        ]
+    )
+    assert status == 0
+    return out, json.loads((out / "overhead.json").read_text())
+
+
+def test_overhead_writes_every_configuration(overhead: tuple[Path, dict]) -> None:
+    out, document = overhead
+    assert document["benchmark"] == "overhead"
+    assert document["profile"] == "tiny"
+    profile = PROFILES["tiny"]
+    rows = document["rows"]
+    assert len(rows) == len(_configs(profile))
+    keys = {
+        (r["path"], r["transport"], r["rpc"], r["items_per_message"], r["concurrency"], r["input"])
+        for r in rows
+    }
+    assert len(keys) == len(rows)
+    for transport in profile.transports:
+        for rpc in ("unary", "batch", "stream"):
+            assert any(r["transport"] == transport and r["rpc"] == rpc for r in rows)
+    for row in rows:
+        assert row["evals"] > 0, row
+        assert 0 < row["p50_us"] <= row["p99_us"], row
+        assert row["evals_per_s"] > 0, row
+        assert row["decode_step_fraction"] is None  # --no-decode-step
+        if row["path"] == "evald":
+            assert row["daemon_cpu_us_per_eval"] is not None
+            assert row["evals"] % row["items_per_message"] == 0
+        else:
+            assert row["daemon_cpu_us_per_eval"] is None
+    assert (out / "overhead.png").read_bytes().startswith(PNG_MAGIC)
+    assert document["machine"]["logical_cpus"] >= 1
+    assert "wasmtime" in document["machine"]["packages"]
+
+
+def test_ratios_are_taken_against_the_python_row_of_the_same_input_and_concurrency(
+    overhead: tuple[Path, dict],
+) -> None:
+    rows = overhead[1]["rows"]
+    for row in rows:
+        base = next(
+            r
+            for r in rows
+            if r["path"] == "python"
+            and r["input"] == row["input"]
+            and r["concurrency"] == row["concurrency"]
+        )
+        assert row["vs_python_p50"] == pytest.approx(row["p50_us"] / base["p50_us"], rel=1e-2)
+        if row["path"] == "python":
+            assert row["vs_python_p50"] == 1.0
+
+
+def test_headline_names_the_engine_path(overhead: tuple[Path, dict]) -> None:
+    headline = overhead[1]["headline"]
+    stream = headline["evald_vs_python_latency"]
+    assert stream["value"] == pytest.approx(
+        stream["evald_p50_us"] / stream["python_p50_us"], rel=1e-2
+    )
+    table = headline_markdown(overhead[1], None)
+    assert table.startswith("| measure | this run | target | met |")
+    assert "evald ÷ in-process Python" in table
+    assert "Measured on" in table
+
+
+def test_headline_refreshes_only_the_marked_block(
+    tmp_path: Path, overhead: tuple[Path, dict]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n{README_BEGIN}\nold table\n{README_END}\nafter\n")
+    write_headline(tmp_path / "out", overhead[1], None, readme=readme)
+    text = readme.read_text()
+    assert "old table" not in text
+    assert text.startswith("# title\n\nbefore\n")
+    assert text.endswith(f"{README_END}\nafter\n")
+    assert "| measure |" in text
+    assert (tmp_path / "out" / "headline.md").exists()
+    rows = json.loads((tmp_path / "out" / "headline.json").read_text())["rows"]
+    assert rows and all({"measure", "value", "target", "met"} <= set(row) for row in rows)
+
+
+def test_headline_refuses_a_readme_without_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="evald-bench:begin"):
+        write_headline(tmp_path / "out", None, None, readme=readme)
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_readme_option_needs_the_all_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["bench", "overhead", "--readme", str(tmp_path / "R.md"), "--no-progress"])
+    assert status == 2
+    assert "--readme needs the `all` job" in capsys.readouterr().err
+
+
+def test_unknown_profile_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "overhead", "--profile", "huge"])
