@@ -64,7 +64,7 @@ def _fuzz(parser: argparse.ArgumentParser) -> Runner:
         help="slack on every deadline check, for a busy machine (default 250)",
     )
     parser.add_argument(
-        "--rss-bound-mib", type=int, default=1536, help="daemon RSS bound (default 1536)"
+        "--rss-bound-mib", type=int, default=1024, help="daemon RSS bound (default 1024)"
     )
     parser.add_argument(
         "--noisy-attackers",

@@ -95,7 +95,7 @@ class FuzzSettings:
     target_pid: int | None = None
     threads: int = 2
     margin_ms: float = 250.0
-    rss_bound_bytes: int = 1536 * 2**20
+    rss_bound_bytes: int = 1024 * 2**20
     faults: bool = True
     progress: bool = True
     noisy_attackers: int = 0
