@@ -143,7 +143,7 @@ def find_lowered_spans(
                     f"{path}/begin", f"{binding.begin!r} is used by two differently shaped spans"
                 )
             found[binding.begin] = binding
-        stack.extend((value, f"{path}/{key}") for key, value in reversed(node.items()))
+        stack.extend((value, f"{path}/{key}") for key, value in reversed(list(node.items())))
     return tuple(found.values())
 
 
