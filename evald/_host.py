@@ -412,15 +412,15 @@ class WasmHost:
         memory_cap = self._memory_cap(limits)
         fresh = self.config.isolation == "fresh"
         fuel = limits.fuel or _UNMETERED_FUEL
-        ticks = self._ticks(limits.deadline_ms)
         if fresh:
-            instance = self._instantiate(module, memory_cap, fuel, ticks)
+            instance = self._instantiate(module, memory_cap, fuel, self._ticks(limits.deadline_ms))
         else:
-            instance = self._reused_instance(module, memory_cap, fuel, ticks, pool_key)
+            instance = self._reused_instance(module, memory_cap, fuel, limits.deadline_ms, pool_key)
         context = instance.context
         if size:
             instance.memory.write(instance.in_ptr, data)
         context.set_fuel(fuel)
+        # Computed once, right before the call (the ticker's lag is read here, not earlier).
         context.set_epoch_deadline(self._ticks(limits.deadline_ms))
         try:
             result = instance.eval.call1(size)
@@ -558,7 +558,7 @@ class WasmHost:
         return instances
 
     def _reused_instance(
-        self, module: LoadedModule, memory_cap: int, fuel: int, ticks: int, pool_key: str
+        self, module: LoadedModule, memory_cap: int, fuel: int, deadline_ms: int, pool_key: str
     ) -> _Instance:
         instances = self._thread_instances()
         key = (pool_key, module.sha256)
@@ -567,12 +567,12 @@ class WasmHost:
             if instance.memory_cap != memory_cap:
                 if instance.memory.size() > memory_cap:
                     del instances[key]
-                    return self._reused_instance(module, memory_cap, fuel, ticks, pool_key)
+                    return self._reused_instance(module, memory_cap, fuel, deadline_ms, pool_key)
                 instance.store.set_limits(memory_size=memory_cap)
                 instance.memory_cap = memory_cap
             instances.move_to_end(key)
             return instance
-        instance = self._instantiate(module, memory_cap, fuel, ticks)
+        instance = self._instantiate(module, memory_cap, fuel, self._ticks(deadline_ms))
         instances[key] = instance
         while len(instances) > self.config.instances_per_thread:
             instances.popitem(last=False)

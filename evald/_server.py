@@ -156,9 +156,13 @@ class _TenantState:
             self._inflight -= 1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class _Work:
-    """One admitted evaluation waiting for a worker."""
+    """One admitted evaluation waiting for a worker.
+
+    Made once per item on the event loop: a plain slotted class costs about a third of a
+    frozen dataclass (whose ``__init__`` goes through ``object.__setattr__`` per field).
+    """
 
     index: int
     request_id: str
