@@ -26,7 +26,9 @@ Jobs:
              added time per span for no evaluation, in-process Python, in-process WASM and
              evald; the tool-call baseline; the batch stall. Runs engine-adapter's benchmark
              (the engine and llama extras).
-  all        both, then the headline table (headline.md, headline.json).
+  profile    where the time goes: one host evaluation split into its parts, and the daemon's
+             CPU per item by thread under EvaluateBatch(64), plus what holds the GIL (py-spy).
+  all        all three, then the headline table (headline.md, headline.json).
 
 Results: JSON and PNG under --out (default reports/bench/). The GPU variant of the decode
 benchmark (SGLang, several batch sizes) is deploy/gpu-check.sh.
@@ -42,7 +44,9 @@ Examples:
 def _bench(parser: argparse.ArgumentParser) -> Runner:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument("job", choices=("overhead", "decode", "all"), help="what to measure")
+    parser.add_argument(
+        "job", choices=("overhead", "decode", "profile", "all"), help="what to measure"
+    )
     parser.add_argument(
         "--profile",
         choices=("tiny", "full"),
@@ -85,13 +89,24 @@ def _bench(parser: argparse.ArgumentParser) -> Runner:
                 )
             if args.job in ("decode", "all"):
                 decode = _run_decode(args)
+            if args.job in ("profile", "all"):
+                from evald._bench._profile import profile_markdown, run_profile
+
+                profiled = run_profile(args.profile, out_dir=args.out)
+                print(profile_markdown(profiled) + "\n")
         except (RuntimeError, OSError, ImportError) as exc:
             print(f"error: unavailable: {' '.join(str(exc).split())[:2000]}", file=sys.stderr)
             return EXIT_ERROR
         from evald._bench._headline import headline_markdown, write_headline
 
         if args.job == "all":
-            write_headline(args.out, overhead, decode, readme=args.readme)
+            try:
+                write_headline(args.out, overhead, decode, readme=args.readme)
+            except (ValueError, OSError) as exc:
+                print(f"error: invalid_argument: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+        if args.job == "profile":
+            return EXIT_OK
         print(headline_markdown(overhead, decode))
         print(f"\nresults in {args.out}/", file=sys.stderr)
         return EXIT_OK

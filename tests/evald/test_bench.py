@@ -133,3 +133,22 @@ def test_readme_option_needs_the_all_job(
 def test_unknown_profile_is_refused() -> None:
     with pytest.raises(SystemExit):
         main(["bench", "overhead", "--profile", "huge"])
+
+
+def test_profile_breaks_the_time_down(tmp_path: Path) -> None:
+    from evald._bench._profile import run_profile
+
+    document = run_profile("tiny", out_dir=tmp_path, gil_profile=False)
+    parts = document["host"]["cpu_us"]
+    assert parts["evaluate (whole)"] > 0
+    assert {"guest call (ctypes, GIL released)", "python glue (the rest)"} <= set(parts)
+    # the named parts and the rest add up to the whole, by construction
+    assert sum(v for k, v in parts.items() if k != "evaluate (whole)") == pytest.approx(
+        parts["evaluate (whole)"], abs=0.05
+    )
+    daemon = document["daemon"]
+    assert daemon["items"] > 0 and daemon["items"] % 64 == 0
+    assert daemon["daemon_cpu_us_per_item"] > 0
+    assert daemon["thread_cpu_us_per_item"]
+    assert json.loads((tmp_path / "profile.json").read_text())["benchmark"] == "profile"
+    assert "CPU µs" in (tmp_path / "profile.md").read_text()
