@@ -78,6 +78,15 @@ def _from_wat(name: str, wat: str) -> bytes:
     return append_custom_section(bytes(wasmtime.wat2wasm(wat)), MANIFEST_SECTION, _manifest(name))
 
 
+def _with_getter(name: str, export: str, value: int) -> bytes:
+    """An echo module whose buffer getter ``export`` returns ``value`` (an i32)."""
+    wat = wat_text("echo")
+    marker = f'(func (export "{export}") (result i32) (i32.const '
+    start = wat.index(marker) + len(marker)
+    end = wat.index(")", start)
+    return _from_wat(name, wat[:start] + str(value) + wat[end:])
+
+
 def _fixed(data: bytes) -> Callable[[random.Random], bytes]:
     return lambda _rng: data
 
@@ -208,6 +217,30 @@ def refused_modules(prefix: str, *, memory_bytes: int, module_bytes: int) -> lis
             name("big_code"),
             "compile_bomb_code_bytes",
             _build(name("big_code"), extra="(func " + "nop " * (MAX_CODE_BYTES + 16) + ")"),
+            _REFUSED,
+        ),
+        MaliciousModule(
+            name("out_ptr_oob"),
+            "output_pointer_outside_memory",
+            _with_getter(name("out_ptr_oob"), "evald_output_ptr", 0x7FFF_FFF0),
+            _REFUSED,
+        ),
+        MaliciousModule(
+            name("out_ptr_neg"),
+            "output_pointer_negative",
+            _with_getter(name("out_ptr_neg"), "evald_output_ptr", -16),
+            _REFUSED,
+        ),
+        MaliciousModule(
+            name("out_cap_huge"),
+            "output_capacity_past_memory",
+            _with_getter(name("out_cap_huge"), "evald_output_cap", 0x7FFF_FFFF),
+            _REFUSED,
+        ),
+        MaliciousModule(
+            name("in_cap_zero"),
+            "input_capacity_zero",
+            _with_getter(name("in_cap_zero"), "evald_input_cap", 0),
             _REFUSED,
         ),
         MaliciousModule(

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +44,29 @@ _UNARY_METHODS = (
 _TRANSPORT_STATUSES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 Scenario = Callable[[FuzzContext, random.Random], None]
+_T = TypeVar("_T")
+
+
+class _AioLoop:
+    """One event loop thread for every ``grpc.aio`` call of the process.
+
+    grpc.aio binds its completion queue to the loop it first runs on; a fresh ``asyncio.run``
+    per scenario (on whichever lane thread) leaves it calling into closed loops. Scenarios submit
+    their coroutines here instead.
+    """
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def run(cls, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="fuzz-aio-loop", daemon=True).start()
+                cls._loop = loop
+            loop = cls._loop
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
 
 def _raw(channel: grpc.Channel, method: str) -> Callable[..., bytes]:
@@ -400,7 +425,7 @@ def abandoned_streams(ctx: FuzzContext, rng: random.Random) -> None:
             for call in calls:
                 call.cancel()
 
-    asyncio.run(abandon())
+    _AioLoop.run(abandon())
     for _ in range(streams * per_stream):
         ctx.recorder.outcome(_KLASS, "abandoned", family="abandoned_stream")
     # Everything queued must be answered or dropped: in-flight returns to zero.
@@ -471,7 +496,7 @@ def many_streams(ctx: FuzzContext, rng: random.Random) -> None:
             await asyncio.gather(*(one(i, channel) for i in range(streams)))
 
     started = time.monotonic()
-    asyncio.run(run())
+    _AioLoop.run(run())
     ctx.recorder.call(_KLASS, (time.monotonic() - started) * 1000)
     for requests, got, failure in results:
         if failure is not None:

@@ -111,6 +111,17 @@ def summary_markdown(report: dict[str, Any]) -> str:
                 f"{stats['max_ms']} |"
             )
         lines.append(f"| ratio | {noisy['ratio_p50']}x | {noisy['ratio_p99']}x | | |")
+        fewer = noisy.get("fewer_attackers")
+        if fewer:
+            lines += [
+                "",
+                f"With {fewer['attackers']} attacker thread(s), fewer than the daemon's "
+                f"{fewer['daemon_threads']} workers (what a tenant `max_concurrency` below "
+                f"`threads` enforces): victim p50 {fewer['alone']['p50_ms']} -> "
+                f"{fewer['under_attack']['p50_ms']} ms, p99 {fewer['alone']['p99_ms']} -> "
+                f"{fewer['under_attack']['p99_ms']} ms; ratio {fewer['ratio_p50']}x / "
+                f"{fewer['ratio_p99']}x.",
+            ]
     faults = report.get("faults") or {}
     if faults:
         lines += ["", "## Faults", ""]

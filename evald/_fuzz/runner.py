@@ -584,6 +584,12 @@ class FuzzRun:
                 noisy_section = noisy.measure_noisy_neighbour(
                     self.ctx, samples=self.profile.noisy_samples, attackers=attackers
                 )
+                if attackers > 1:
+                    # the same attack with fewer concurrent calls than the daemon has workers
+                    # (what a tenant's max_concurrency below `threads` would enforce)
+                    noisy_section["fewer_attackers"] = noisy.measure_noisy_neighbour(
+                        self.ctx, samples=self.profile.noisy_samples, attackers=attackers - 1
+                    )
             self._say(f"main loop ({settings.budget})")
             main_s = self._run_with_progress()
             if settings.faults and self.daemon is not None and not self.ctx.stop.is_set():
