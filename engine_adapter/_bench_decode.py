@@ -807,11 +807,13 @@ def run_decode(
                 control.register(_slow_module())
             bars.describe("setup", "decode: loading the model")
             backend = load_backend("llama", n_ctx=2048)
+            # Span deadlines far from the cost (a loaded machine can stall a thread for a second);
+            # the stall run's slow sequence sets its own, short one.
             engine = LocalEngine(
                 backend,
                 load_tokenizer(),
                 standard_evaluators(["calc", "strop"]),
-                deadline_ms=1000,
+                deadline_ms=5000,
             )
             bars.advance("setup")
             evaluators = {

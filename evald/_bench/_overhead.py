@@ -75,6 +75,8 @@ INPUTS: dict[str, tuple[str, bytes]] = {
     ),
 }
 
+#: Deadline of every benchmark evaluation (in process and in the daemon), far from the cost.
+BENCH_DEADLINE_MS = 10_000
 #: The token the ``bench`` tenant uses over TCP (a loopback daemon that lives for one run).
 BENCH_TOKEN = "evald-bench-token-0123456789abcdef"
 _SERVER_THREADS_DEFAULT = 0  # one guest thread per CPU, as the daemon's default
@@ -149,6 +151,7 @@ class _Tally:
     wall_s: float = 0.0
     client_cpu_s: float = 0.0
     daemon_cpu_s: float | None = None
+    errors: int = 0
 
 
 @dataclass
@@ -156,6 +159,7 @@ class _Slice:
     latencies_ns: list[int]
     items: int
     wall_s: float
+    errors: int = 0
 
 
 def bench_daemon_config(*, threads: int = _SERVER_THREADS_DEFAULT) -> str:
@@ -163,7 +167,9 @@ def bench_daemon_config(*, threads: int = _SERVER_THREADS_DEFAULT) -> str:
     (token, for TCP), both without a concurrency cap that 64 callers x 64 items would hit."""
     from evald._config import hash_token
 
-    limits = "[tenants.limits]\nmax_concurrency = 1000000\n"
+    # A loaded machine can hold a thread off the CPU for longer than the default 100 ms
+    # deadline: the benchmark measures cost, so deadlines are far away.
+    limits = f"[tenants.limits]\nmax_concurrency = 1000000\ndeadline_ms = {BENCH_DEADLINE_MS}\n"
     return (
         "[server]\n"
         f"threads = {threads}\n"
@@ -237,7 +243,7 @@ class _InProcess:
         from evaluators_wasm import wasm_path
         from evaluators_wasm.reference import reference
 
-        self._limits = Limits()
+        self._limits = Limits(deadline_ms=BENCH_DEADLINE_MS)
         self._reuse = WasmHost(HostConfig())
         self._fresh = WasmHost(HostConfig(isolation="fresh"))
         self._modules: dict[tuple[str, str], Any] = {}
@@ -360,7 +366,7 @@ class _Daemons:
         wall = time.perf_counter() - started
         await asyncio.gather(*(caller.close() for caller in callers))
         merged = [x for caller in callers for x in caller.latencies_ns]
-        return _Slice(merged, len(merged) * k, wall)
+        return _Slice(merged, len(merged) * k, wall, sum(caller.errors for caller in callers))
 
     def close(self) -> None:
         channels = getattr(self, "_channels", {})
@@ -399,6 +405,7 @@ class _AsyncCaller:
         self._expected = expected
         self._call: Any = None
         self.latencies_ns: list[int] = []
+        self.errors = 0
 
     async def _round_trip(self) -> list[Any]:
         if self._rpc == "unary":
@@ -434,11 +441,15 @@ class _AsyncCaller:
     async def run(self, end_ns: int) -> None:
         clock = time.perf_counter_ns
         append = self.latencies_ns.append
+        expected = self._expected
         while True:
             started = clock()
-            await self._round_trip()
+            results = await self._round_trip()
             now = clock()
             append(now - started)
+            for result in results:
+                if result.value != expected:
+                    self.errors += 1
             if now >= end_ns:
                 return
 
@@ -590,6 +601,7 @@ def _measure(
     tally.client_cpu_s += time.process_time() - cpu_before
     tally.latencies_ns.extend(result.latencies_ns)
     tally.items += result.items
+    tally.errors += result.errors
     tally.wall_s += result.wall_s
 
 
@@ -619,6 +631,7 @@ def _document(
             "evaluator": evaluator,
             "input_bytes": len(data),
             "evals": tally.items,
+            "errors": tally.errors,
             **{key: value for key, value in stats.items() if key != "n"},
             "evals_per_s": round(tally.items / tally.wall_s, 1) if tally.wall_s else 0.0,
             "client_cpu_us_per_eval": round(tally.client_cpu_s / items * 1e6, 2),
