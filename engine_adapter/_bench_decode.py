@@ -63,6 +63,9 @@ class DecodeProfile:
     stall_steps: int
     stall_repeats: int
     stall_deadline_ms: int
+    stall_cycle_tokens: int = 12
+    """Tokens sequence 0 samples per answer in the stall run: it starts over right after its
+    span, so a slow span is in flight for much of the run."""
     temperature: float = 0.0
     seed: int = 20240601
 
@@ -81,10 +84,10 @@ PROFILES: dict[str, DecodeProfile] = {
     "full": DecodeProfile(
         name="full",
         prompts_per_task=3,
-        repeats=2,
+        repeats=3,
         max_new_tokens=28,
         stall_sequences=4,
-        stall_steps=30,
+        stall_steps=40,
         stall_repeats=2,
         stall_deadline_ms=400,
     ),
@@ -321,6 +324,10 @@ def _run_decode_modes(
                 "added_ms_per_span": round(cost - base_cost, 3) if cost is not None else None,
                 "decode_delta_ms_per_span_median": _median(paired) if mode != "none" else 0.0,
                 "blocked_ms_per_span_mean": _mean([us / 1000 for us in tally.span_wait_us]),
+                "blocked_ms_per_span_median": _median([us / 1000 for us in tally.span_wait_us]),
+                "blocked_ms_per_span_max": (
+                    round(max(tally.span_wait_us) / 1000, 3) if tally.span_wait_us else None
+                ),
                 "eval_latency_ms_per_span_mean": _mean([us / 1000 for us in tally.span_eval_us]),
                 "forwards_per_injected_result": (
                     round(tally.inject_steps / tally.spans, 3) if tally.spans else None
@@ -604,7 +611,7 @@ def _stall_run(
                 client,
                 evaluator_name=SLOW_EVALUATOR if slow_one else item.evaluator,
                 deadline_ms=profile.stall_deadline_ms if slow_one else engine.deadline_ms,
-                max_tokens=profile.max_new_tokens,
+                max_tokens=profile.stall_cycle_tokens if index == 0 else profile.max_new_tokens,
             )
         )
     others_ms: list[float] = []

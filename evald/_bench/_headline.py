@@ -65,14 +65,19 @@ def headline_rows(
         )
     dec = decode or {}
     ratio = dec.get("decode", {}).get("evald_vs_python_tokens_per_s")
+    attributed = dec.get("decode", {}).get("evald_vs_python_tokens_per_s_attributed")
     if dec:
+        judged = min((r for r in (ratio, attributed) if r is not None), default=None)
         rows.append(
             {
                 "measure": "decode tokens/s with evald ÷ with in-process Python",
-                "value": ratio,
-                "shown": _ratio(ratio, 3),
+                "value": judged,
+                "shown": (
+                    f"{_ratio(ratio, 3)} measured; {_ratio(attributed, 3)} from the time the "
+                    "evaluations cost the loop (forward-pass noise removed)"
+                ),
                 "target": "≥ 0.99",
-                "met": _met(ratio, 0.99, at_least=True),
+                "met": _met(judged, 0.99, at_least=True),
             }
         )
         tool = dec.get("toolcall", {})
@@ -133,11 +138,11 @@ def headline_rows(
 def _machine_line(overhead: dict[str, Any] | None, decode: dict[str, Any] | None) -> str:
     machine = (overhead or decode or {}).get("machine", {})
     packages = machine.get("packages", {})
-    loads = [
-        doc["machine"].get("load_average_at_start")
-        for doc in (overhead, decode)
-        if doc and "machine" in doc
-    ]
+    loads = ", ".join(
+        f"{doc['machine']['load_average_at_start'][0]:g} at the {name} start"
+        for name, doc in (("overhead", overhead), ("decode", decode))
+        if doc and doc.get("machine", {}).get("load_average_at_start")
+    )
     step = ((overhead or {}).get("decode_step") or {}).get("p50_us")
     parts = [
         f"{machine.get('logical_cpus', '?')} cores ({machine.get('cpu', '?')})",
@@ -149,7 +154,7 @@ def _machine_line(overhead: dict[str, Any] | None, decode: dict[str, Any] | None
             for name in ("wasmtime", "grpcio", "llama-cpp-python", "xgrammar", "torch")
             if name in packages
         ),
-        f"load average at start {loads}",
+        f"1-minute load average {loads or 'unknown'} (other jobs shared the 2 cores)",
         f"commit {machine.get('git_commit')}",
     ]
     return "Measured on " + "; ".join(parts) + "."
