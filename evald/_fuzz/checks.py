@@ -51,6 +51,7 @@ __all__ = [
     "TenantBounds",
     "Violation",
     "outcome_label",
+    "typed_error_count",
 ]
 
 VIOLATION_KINDS = (
@@ -418,6 +419,21 @@ class Checker:
         return []
 
 
+_TYPED_CODES = frozenset(code.value for code in ErrorCode)
+
+
+def typed_error_count(outcomes: Mapping[str, int]) -> int:
+    """How many outcomes are typed errors: an error code, a call refused with one
+    (``call:CODE``), or a status gRPC's transport gave before the daemon (``transport:...``).
+    Values, registrations, abandoned and parsed inputs are not errors."""
+    total = 0
+    for label, count in outcomes.items():
+        code = label.removeprefix("call:")
+        if code in _TYPED_CODES or label.startswith("transport:"):
+            total += count
+    return total
+
+
 class _Reservoir:
     """A fixed-size uniform sample of a stream of numbers (for percentiles)."""
 
@@ -463,7 +479,7 @@ class ClassStats:
 
     @property
     def typed_errors(self) -> int:
-        return sum(n for label, n in self.outcomes.items() if label not in ("ok", "untyped"))
+        return typed_error_count(self.outcomes)
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -172,15 +172,11 @@ def _plot(report: dict[str, Any], path: Path) -> bool:
         report["classes"][n]["inputs"] - o - t for n, o, t in zip(names, ok, typed, strict=True)
     ]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.barh(names, ok, label="value", color="#4c956c")
-    left.barh(names, typed, left=ok, label="typed error", color="#f4a259")
-    left.barh(
-        names,
-        other,
-        left=[a + b for a, b in zip(ok, typed, strict=True)],
-        label="other",
-        color="#8d99ae",
-    )
+    rows = range(len(names))
+    left.barh([r - 0.27 for r in rows], ok, height=0.27, label="value", color="#4c956c")
+    left.barh(rows, typed, height=0.27, label="typed error", color="#f4a259")
+    left.barh([r + 0.27 for r in rows], other, height=0.27, label="other", color="#8d99ae")
+    left.set_yticks(list(rows), names)
     left.set_xscale("symlog")
     left.set_xlabel("inputs")
     left.set_title(
