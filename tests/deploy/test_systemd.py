@@ -372,9 +372,14 @@ def _boot_script(folder: Path) -> str:
         install -D -m 0600 {folder}/evald.toml /etc/evald/evald.toml
         # The install path the unit names, /opt/evald: a venv of the system's Python that sees
         # the project's packages (the project venv's own interpreter lives under /root, 0700).
+        # The checkout and its venv are bound under /opt first: where they live under /tmp or
+        # /home, the unit's PrivateTmp/ProtectHome (rightly) hide their own paths.
         mount -t tmpfs -o mode=0755 opt /opt
+        mkdir -p /opt/evald-src /opt/evald-deps
+        mount --bind {REPO} /opt/evald-src
+        mount --bind {site_packages} /opt/evald-deps
         {python} -m venv --without-pip /opt/evald
-        echo "import site; site.addsitedir('{site_packages}')" \\
+        echo "import sys, site; sys.path.insert(0, '/opt/evald-src'); site.addsitedir('/opt/evald-deps')" \\
             > /opt/evald/lib/python{version}/site-packages/evald-project.pth
         cp {folder}/evald-script /opt/evald/bin/evald
         chmod 0755 /opt/evald/bin/evald
