@@ -122,7 +122,10 @@ class TenantLimits:
     one more is refused with ``quota_exceeded`` instead of waiting, so a burst never queues without
     bound. ``rate_per_s`` is a token bucket of ``burst`` evaluations refilled at that rate;
     ``0`` turns the rate limit off. ``fuel = 0`` turns fuel metering off for this tenant (only the
-    deadline then stops a loop).
+    deadline then stops a loop). ``max_running`` caps the guest workers the tenant holds at once,
+    so one tenant's slow work cannot take every worker from the others; its admitted items over
+    the cap wait in the tenant's queue. ``0`` means ``max(1, threads - 1)``: with two or more
+    workers one is always left for other tenants.
     """
 
     fuel: int = 200_000_000
@@ -133,6 +136,13 @@ class TenantLimits:
     max_concurrency: int = 256
     rate_per_s: float = 0.0
     burst: int = 0
+    max_running: int = 0
+
+    def running_cap(self, threads: int) -> int:
+        """Workers the tenant may hold at once on a pool of ``threads``."""
+        if self.max_running > 0:
+            return self.max_running
+        return max(1, threads - 1)
 
     @property
     def effective_burst(self) -> int:
@@ -368,6 +378,7 @@ def _limits(table: _Table, base: TenantLimits) -> TenantLimits:
         max_concurrency=table.get_int("max_concurrency", base.max_concurrency, minimum=1),
         rate_per_s=table.get_float("rate_per_s", base.rate_per_s),
         burst=table.get_int("burst", base.burst),
+        max_running=table.get_int("max_running", base.max_running),
     )
     table.finish()
     return limits

@@ -3,9 +3,11 @@
 Threading: the event loop only parses requests, authenticates, resolves evaluators, admits work
 against quotas and sends responses. Guest code always runs on a pool of worker threads (a ctypes
 call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's slow
-evaluation never delays the loop. A batch is drained by at most ``threads`` jobs that pull items
-from a shared queue in time slices, so a large batch costs a handful of thread hand-offs rather
-than one per item, and yields the workers back to other calls between slices.
+evaluation never delays the loop. Admitted items wait in their tenant's queue; a free worker takes
+the next tenant round-robin and runs its items for one time slice, then moves on to the next
+tenant, so a large batch costs a handful of thread hand-offs rather than one per item, and no
+tenant holds more than its ``max_running`` workers at once: one tenant's slow work cannot take
+every worker from the others.
 Registration and deletion (compiling, fsync) run on a separate single control thread, so they
 never take a worker from evaluations.
 
@@ -104,9 +106,15 @@ def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
 class _TenantState:
     """A tenant's live state: its config, host limits and quota counters (thread-safe)."""
 
-    def __init__(self, config: TenantConfig, metrics: Metrics) -> None:
+    def __init__(self, config: TenantConfig, metrics: Metrics, threads: int) -> None:
         self.config = config
         self.name = config.name
+        # Scheduling state, guarded by the daemon's scheduler lock (see EvaldServer._dispatch).
+        self.running_cap = config.limits.running_cap(threads)
+        self.running = 0  # workers this tenant holds
+        self.queued = 0  # items queued and not yet counted as taken (never an undercount)
+        self.batches: collections.deque[_Batch] = collections.deque()
+        self.ready = False  # in the daemon's round-robin queue
         self.limits = _host_limits(config.limits)
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
         self._lock = threading.Lock()
@@ -170,6 +178,7 @@ class _Work:
     data: bytes
     limits: Limits
     tenant: _TenantState
+    expires: float  # time.monotonic() past which it is no longer worth starting
 
 
 _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
@@ -187,6 +196,7 @@ class _Batch:
         self.done: asyncio.Future[None] = loop.create_future()
         self._remaining = len(queue)
         self._lock = threading.Lock()
+        self.tenant: _TenantState = queue[0].tenant
 
     def finish(self, work: _Work, response: pb.EvaluateResponse) -> None:
         """Delivers one result (any thread); the last one resolves ``done``."""
@@ -356,14 +366,20 @@ class _Service(pb_grpc.EvaluatorServicer):
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: Any) -> pb.EvaluateResponse:
         async def body(tenant: _TenantState) -> pb.EvaluateResponse:
-            prepared = self._daemon.prepare(tenant, request, 0)
+            daemon = self._daemon
+            prepared = daemon.prepare(tenant, request, 0)
             if isinstance(prepared, pb.EvaluateResponse):
                 return prepared
-            loop = asyncio.get_running_loop()
-            try:
-                return await loop.run_in_executor(self._daemon.pool, self._daemon.run, prepared)
-            except RuntimeError:  # the pool is shut down: the daemon is stopping
-                raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down") from None
+            result: list[pb.EvaluateResponse] = []
+
+            def deliver(_work: _Work, response: pb.EvaluateResponse) -> None:
+                result.append(response)
+
+            # Through the tenant's queue like a batch item, so it counts against max_running.
+            await daemon.drain(collections.deque((prepared,)), deliver)
+            if daemon.stopping and result[0].error.code == _PROTO_CODES[ErrorCode.UNAVAILABLE]:
+                raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
+            return result[0]
 
         return await self._call("Evaluate", context, body)
 
@@ -662,8 +678,15 @@ class EvaldServer:
         self._health: Any = None
         self._socket_path: Path | None = None
         self._tenants = {
-            tenant.name: _TenantState(tenant, self.metrics) for tenant in config.tenants
+            tenant.name: _TenantState(tenant, self.metrics, self.threads)
+            for tenant in config.tenants
         }
+        # The fair scheduler: tenants with queued work and a free slot under their cap, in
+        # round-robin order, and the workers not running a scheduling job.
+        self._sched = threading.Lock()
+        self._ready: collections.deque[_TenantState] = collections.deque()
+        self._free = self.threads
+        self._closed = False
         self._tokened = [
             (bytes.fromhex(state.config.token_sha256), state)
             for state in self._tenants.values()
@@ -755,13 +778,15 @@ class EvaldServer:
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
             return _error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
+        limits = tenant.limits_for(request.deadline_ms)
         return _Work(
             index=index,
             request_id=request.id,
             evaluator=evaluator,
             data=request.input,
-            limits=tenant.limits_for(request.deadline_ms),
+            limits=limits,
             tenant=tenant,
+            expires=time.monotonic() + limits.deadline_ms * 0.001,
         )
 
     def run(self, work: _Work) -> pb.EvaluateResponse:
@@ -818,23 +843,101 @@ class EvaldServer:
             )
         return response
 
-    def _drain_job(self, batch: _Batch) -> None:
-        """Runs queued items on this worker for one time slice, then re-queues itself behind
-        other work, so a big batch shares the workers and a slow item holds back only the
-        worker it runs on."""
+    def _expired(self, work: _Work) -> pb.EvaluateResponse:
+        """Answers an item whose deadline passed while it waited in its tenant's queue."""
+        work.tenant.release()
+        self.metrics.observe_evaluation(
+            work.tenant.name, work.evaluator.name, ErrorCode.DEADLINE_EXCEEDED.value, 0, 0
+        )
+        return _error_response(
+            work.request_id,
+            ErrorCode.DEADLINE_EXCEEDED,
+            f"the evaluation waited in tenant {work.tenant.name!r}'s queue past its deadline of "
+            f"{work.limits.deadline_ms} ms behind the tenant's other work (max_running "
+            f"{work.tenant.running_cap}); send less at once or ask for a longer deadline",
+        )
+
+    def _next_locked(self) -> _TenantState | None:
+        """Takes one worker slot for the next ready tenant (round-robin); scheduler lock held."""
+        ready = self._ready
+        while ready:
+            tenant = ready.popleft()
+            tenant.ready = False
+            if tenant.queued <= 0 or tenant.running >= tenant.running_cap:
+                continue
+            tenant.running += 1
+            # Another worker only for items the tenant's running workers will not get to.
+            if tenant.running < tenant.running_cap and tenant.queued > tenant.running:
+                ready.append(tenant)
+                tenant.ready = True
+            return tenant
+        return None
+
+    def _dispatch_locked(self) -> None:
+        """Starts a worker job for each ready tenant while workers are free; lock held."""
+        while self._free > 0 and self._ready:
+            tenant = self._next_locked()
+            if tenant is None:
+                return
+            try:
+                self.pool.submit(self._worker, tenant)
+            except RuntimeError:  # the pool is shut down: drain() answers what is left
+                tenant.running -= 1
+                self._closed = True
+                return
+            self._free -= 1
+
+    def _slice(self, tenant: _TenantState) -> int:
+        """Runs the tenant's queued items for one time slice; returns how many it took."""
         end = time.monotonic() + _SLICE_S
+        taken = 0
+        batches = tenant.batches
         while True:
+            try:
+                batch = batches[0]
+            except IndexError:
+                return taken
             try:
                 work = batch.queue.popleft()
             except IndexError:
-                return
-            batch.finish(work, self.run(work))
-            if batch.queue and time.monotonic() >= end:
-                try:
-                    self.pool.submit(self._drain_job, batch)
-                    return
-                except RuntimeError:  # the pool is shutting down: finish here
-                    end = float("inf")
+                with self._sched:
+                    if batches and batches[0] is batch:
+                        batches.popleft()
+                continue
+            taken += 1
+            if time.monotonic() >= work.expires:
+                batch.finish(work, self._expired(work))
+            else:
+                batch.finish(work, self.run(work))
+            if time.monotonic() >= end:
+                return taken
+
+    def _worker(self, tenant: _TenantState | None) -> None:
+        """A scheduling job: runs one slice for a tenant, gives the slot back and takes the
+        next ready tenant, until none is ready; the lock is taken once per slice, not per
+        item."""
+        while tenant is not None:
+            taken = 0
+            try:
+                taken = self._slice(tenant)
+            finally:
+                with self._sched:
+                    tenant.queued -= taken
+                    tenant.running -= 1
+                    batches = tenant.batches
+                    while batches and not batches[0].queue:  # finished: let it go
+                        batches.popleft()
+                    if (
+                        tenant.queued > 0
+                        and not tenant.ready
+                        and tenant.running < tenant.running_cap
+                    ):
+                        self._ready.append(tenant)  # behind the others: round-robin
+                        tenant.ready = True
+                    tenant = self._next_locked()
+                    if tenant is None:
+                        self._free += 1
+                    self._dispatch_locked()
 
     async def drain(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
         """Runs every queued evaluation on the workers and returns when all have finished.
@@ -846,22 +949,28 @@ class EvaldServer:
             return
         loop = asyncio.get_running_loop()
         batch = _Batch(loop, queue, deliver)
-        submitted = 0
+        tenant = batch.tenant
+        with self._sched:
+            scheduled = added = not self._closed
+            if added:
+                tenant.batches.append(batch)
+                tenant.queued += len(queue)
+                if not tenant.ready and tenant.running < tenant.running_cap:
+                    self._ready.append(tenant)
+                    tenant.ready = True
+                self._dispatch_locked()
+                scheduled = not self._closed or tenant.running > 0
         try:
-            for _ in range(min(self.threads, len(queue))):
-                self.pool.submit(self._drain_job, batch)
-                submitted += 1
-        except RuntimeError:  # the pool is shut down: answer what is left below
-            pass
-        try:
-            if submitted:  # one job is enough to finish every item
+            if scheduled:
                 await batch.done
         finally:
+            left = 0
             while True:
                 try:
                     work = batch.queue.popleft()
                 except IndexError:
                     break
+                left += 1
                 work.tenant.release()
                 batch.finish(
                     work,
@@ -869,6 +978,16 @@ class EvaldServer:
                         work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
                     ),
                 )
+            if left and added:  # cancelled or shut down: forget the batch
+                with self._sched:
+                    tenant.queued -= left
+                    with contextlib.suppress(ValueError):
+                        tenant.batches.remove(batch)
+
+    def close_scheduler(self) -> None:
+        """Stops new batches from being scheduled (before the pool shuts down)."""
+        with self._sched:
+            self._closed = True
 
     async def control(self, function: Callable[..., _T], *args: Any) -> _T:
         """Runs a control-plane operation on the control thread."""
@@ -1022,6 +1141,7 @@ class EvaldServer:
 
     async def _release(self) -> None:
         loop = asyncio.get_running_loop()
+        self.close_scheduler()
         await loop.run_in_executor(None, self.pool.shutdown, True)
         await loop.run_in_executor(None, self._control_pool.shutdown, True)
         self.metrics.close()

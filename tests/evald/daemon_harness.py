@@ -85,7 +85,15 @@ def session_config(metrics_port: int) -> str:
             ),
             tenant_block("nofuel", allow_register=True, limits={"fuel": 0, "deadline_ms": 50}),
             tenant_block("alpha", evaluators=["calc"], allow_register=True, max_modules=64),
-            tenant_block("beta", evaluators=["*"], allow_register=True, max_modules=64),
+            # Both workers (above the default max_running of threads - 1), so one slow item
+            # of beta's holds back only the worker it runs on.
+            tenant_block(
+                "beta",
+                evaluators=["*"],
+                allow_register=True,
+                max_modules=64,
+                limits={"max_running": 2},
+            ),
             tenant_block("narrow", allow_register=True, limits={"max_concurrency": 2}),
             tenant_block("metered", allow_register=True, limits={"rate_per_s": 0.01, "burst": 3}),
             tenant_block("viewer", evaluators=["calc"]),
