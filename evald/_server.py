@@ -178,7 +178,6 @@ class _Work:
     data: bytes
     limits: Limits
     tenant: _TenantState
-    expires: float  # time.monotonic() past which it is no longer worth starting
 
 
 _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
@@ -778,15 +777,13 @@ class EvaldServer:
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
             return _error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
-        limits = tenant.limits_for(request.deadline_ms)
         return _Work(
             index=index,
             request_id=request.id,
             evaluator=evaluator,
             data=request.input,
-            limits=limits,
+            limits=tenant.limits_for(request.deadline_ms),
             tenant=tenant,
-            expires=time.monotonic() + limits.deadline_ms * 0.001,
         )
 
     def run(self, work: _Work) -> pb.EvaluateResponse:
@@ -843,20 +840,6 @@ class EvaldServer:
             )
         return response
 
-    def _expired(self, work: _Work) -> pb.EvaluateResponse:
-        """Answers an item whose deadline passed while it waited in its tenant's queue."""
-        work.tenant.release()
-        self.metrics.observe_evaluation(
-            work.tenant.name, work.evaluator.name, ErrorCode.DEADLINE_EXCEEDED.value, 0, 0
-        )
-        return _error_response(
-            work.request_id,
-            ErrorCode.DEADLINE_EXCEEDED,
-            f"the evaluation waited in tenant {work.tenant.name!r}'s queue past its deadline of "
-            f"{work.limits.deadline_ms} ms behind the tenant's other work (max_running "
-            f"{work.tenant.running_cap}); send less at once or ask for a longer deadline",
-        )
-
     def _next_locked(self) -> _TenantState | None:
         """Takes one worker slot for the next ready tenant (round-robin); scheduler lock held."""
         ready = self._ready
@@ -905,10 +888,7 @@ class EvaldServer:
                         batches.popleft()
                 continue
             taken += 1
-            if time.monotonic() >= work.expires:
-                batch.finish(work, self._expired(work))
-            else:
-                batch.finish(work, self.run(work))
+            batch.finish(work, self.run(work))
             if time.monotonic() >= end:
                 return taken
 

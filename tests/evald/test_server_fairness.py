@@ -119,18 +119,17 @@ def test_a_tenant_at_its_cap_leaves_a_worker_for_another(fair_daemon: Daemon) ->
         victim.close()
 
 
-def test_items_whose_deadline_passes_in_the_queue_do_not_run(fair_daemon: Daemon) -> None:
+def test_an_item_queued_behind_the_cap_still_gets_its_whole_deadline(fair_daemon: Daemon) -> None:
     attacker = Client(fair_daemon.target, ATTACKER_TOKEN, timeout_s=60)
     try:
         attacker.register(module("loop", "fair_queue_loop"))
         # One worker for the attacker: the second item waits behind the first, which runs for
-        # the whole deadline, so the second's deadline passes before it could start.
+        # the whole deadline. The deadline bounds running time, not time in the queue (as for
+        # any large batch), so the second still runs and is stopped by its own deadline.
         results = attacker.evaluate_batch([("fair_queue_loop", b"")] * 2)
         assert [outcome(result) for result in results] == ["deadline_exceeded"] * 2
-        assert results[0].eval_time_us > 0
-        assert results[1].eval_time_us == 0 and results[1].fuel_used == 0
-        assert "queue" in results[1].error.message
-        assert "max_running" in results[1].error.message
+        for result in results:
+            assert result.eval_time_us >= LOOP_DEADLINE_MS * 1000 * 0.8, result
     finally:
         attacker.close()
 
