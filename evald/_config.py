@@ -138,11 +138,16 @@ class TenantLimits:
     burst: int = 0
     max_running: int = 0
 
-    def running_cap(self, threads: int) -> int:
-        """Workers the tenant may hold at once on a pool of ``threads``."""
+    def running_cap(self, threads: int, *, shared: bool = True) -> int:
+        """Workers the tenant may hold at once on a pool of ``threads``.
+
+        The default keeps one worker out of any single tenant's reach, so another tenant's call
+        never waits behind a full deadline. A daemon serving one tenant (``shared=False``) has
+        nobody to keep it for, and gives that tenant every worker.
+        """
         if self.max_running > 0:
             return self.max_running
-        return max(1, threads - 1)
+        return max(1, threads - 1) if shared else threads
 
     @property
     def effective_burst(self) -> int:

@@ -106,11 +106,13 @@ def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
 class _TenantState:
     """A tenant's live state: its config, host limits and quota counters (thread-safe)."""
 
-    def __init__(self, config: TenantConfig, metrics: Metrics, threads: int) -> None:
+    def __init__(
+        self, config: TenantConfig, metrics: Metrics, threads: int, *, shared: bool = True
+    ) -> None:
         self.config = config
         self.name = config.name
         # Scheduling state, guarded by the daemon's scheduler lock (see EvaldServer._dispatch).
-        self.running_cap = config.limits.running_cap(threads)
+        self.running_cap = config.limits.running_cap(threads, shared=shared)
         self.running = 0  # workers this tenant holds
         self.queued = 0  # items queued and not yet counted as taken (never an undercount)
         self.batches: collections.deque[_Batch] = collections.deque()
@@ -677,7 +679,9 @@ class EvaldServer:
         self._health: Any = None
         self._socket_path: Path | None = None
         self._tenants = {
-            tenant.name: _TenantState(tenant, self.metrics, self.threads)
+            tenant.name: _TenantState(
+                tenant, self.metrics, self.threads, shared=len(config.tenants) > 1
+            )
             for tenant in config.tenants
         }
         # The fair scheduler: tenants with queued work and a free slot under their cap, in

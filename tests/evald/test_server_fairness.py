@@ -141,6 +141,9 @@ def test_max_running_config() -> None:
     assert default.running_cap(1) == 1
     assert default.running_cap(2) == 1
     assert default.running_cap(16) == 15
+    # A daemon with one tenant keeps no worker back: nobody else could use it.
+    assert default.running_cap(2, shared=False) == 2
+    assert default.running_cap(16, shared=False) == 16
     explicit = parse_config(base + "[tenants.limits]\nmax_running = 3\n").tenants[0].limits
     assert explicit.running_cap(2) == 3 and explicit.running_cap(16) == 3
     inherited = parse_config("[defaults.limits]\nmax_running = 2\n" + base).tenants[0].limits
