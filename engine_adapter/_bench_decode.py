@@ -63,9 +63,6 @@ class DecodeProfile:
     stall_steps: int
     stall_repeats: int
     stall_deadline_ms: int
-    stall_cycle_tokens: int = 12
-    """Tokens sequence 0 samples per answer in the stall run: it starts over right after its
-    span, so a slow span is in flight for much of the run."""
     temperature: float = 0.0
     seed: int = 20240601
 
@@ -77,7 +74,7 @@ PROFILES: dict[str, DecodeProfile] = {
         repeats=1,
         max_new_tokens=18,
         stall_sequences=2,
-        stall_steps=14,
+        stall_steps=26,
         stall_repeats=1,
         stall_deadline_ms=100,
     ),
@@ -461,8 +458,9 @@ def _run_toolcall(
 class _Sequence:
     """One sequence of the lockstep batch: its own llama.cpp context, matcher and injector.
 
-    It answers its prompt with the forced span prefix, samples greedily up to ``max_tokens``,
-    then starts over (a restart is not a decode step and is not timed).
+    It answers its prompt with the forced span prefix, samples greedily up to ``max_tokens``
+    (or, with ``restart_after_span``, until its span's result is in), then starts over (a
+    restart is not a decode step and is not timed).
     """
 
     def __init__(
@@ -476,6 +474,7 @@ class _Sequence:
         evaluator_name: str,
         deadline_ms: int,
         max_tokens: int,
+        restart_after_span: bool = False,
     ) -> None:
         import xgrammar as xgr
 
@@ -491,6 +490,7 @@ class _Sequence:
         )
         self._deadline_ms = deadline_ms
         self._max_tokens = max_tokens
+        self._restart_after_span = restart_after_span
         self._prompt_ids = engine.prompt_ids(item.prompt)
         self._prefix_ids = [
             int(t) for t in engine.tokenizer.encode(item.prefix, add_special_tokens=False)
@@ -549,7 +549,11 @@ class _Sequence:
             self.injected_forwards += 1
             self._count_spans()
             return "forced", blocked
-        if self._sampled >= self._max_tokens or self._matcher.is_terminated():
+        if (
+            self._sampled >= self._max_tokens
+            or self._matcher.is_terminated()
+            or (self._restart_after_span and self._span_count > 0)
+        ):
             self._restart()
             return "restart", 0
         self._matcher.fill_next_token_bitmask(self._bitmask)
@@ -587,6 +591,45 @@ class _Sequence:
             self._span_count = spans
 
 
+@dataclass
+class _StallSamples:
+    """Per step of one kind of run (policy x with/without the slow span), over its repeats."""
+
+    own_ms: list[float] = field(default_factory=list)
+    blocked_ms: list[float] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
+    sequence_0_spans: int = 0
+    sequence_0_idle_steps: int = 0
+    spans: int = 0
+    injected_forwards: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        own = _median(self.own_ms) or 0.0
+        blocked = _mean(self.blocked_ms) or 0.0
+        return {
+            # The others' step: their own work (median: robust to the neighbours' bursts) plus
+            # the mean time a step stood blocked on sequence 0's evaluation (a batched engine's
+            # step is shared by every sequence in it).
+            "other_step_ms": round(own + blocked, 3),
+            "other_own_ms_median": own,
+            "other_own_ms_mean": _mean(self.own_ms),
+            "blocked_ms_per_step_mean": round(blocked, 3),
+            "blocked_ms_max": round(max(self.blocked_ms), 3) if self.blocked_ms else None,
+            "other_step_ms_raw_mean": _mean(
+                [o + b for o, b in zip(self.own_ms, self.blocked_ms, strict=True)]
+            ),
+            "round_ms_mean": _mean(self.round_ms),
+            "steps": len(self.round_ms),
+            "steps_blocked_on_sequence_0": sum(1 for b in self.blocked_ms if b > 0),
+            "sequence_0_spans": self.sequence_0_spans,
+            "sequence_0_idle_steps": self.sequence_0_idle_steps,
+            "spans": self.spans,
+            "forwards_per_injected_result": (
+                round(self.injected_forwards / self.spans, 3) if self.spans else None
+            ),
+        }
+
+
 def _stall_run(
     engine: Any,
     backends: Sequence[Any],
@@ -594,10 +637,11 @@ def _stall_run(
     items: Sequence[_Item],
     client: Any,
     profile: DecodeProfile,
+    samples: _StallSamples,
     *,
     policy: str,
     slow: bool,
-) -> dict[str, Any]:
+) -> None:
     sequences = []
     for index, backend in enumerate(backends):
         item = items[index % len(items)]
@@ -611,51 +655,35 @@ def _stall_run(
                 client,
                 evaluator_name=SLOW_EVALUATOR if slow_one else item.evaluator,
                 deadline_ms=profile.stall_deadline_ms if slow_one else engine.deadline_ms,
-                max_tokens=profile.stall_cycle_tokens if index == 0 else profile.max_new_tokens,
+                max_tokens=profile.max_new_tokens,
+                # Sequence 0 starts over as soon as its result is in: a span (slow, in the
+                # slow run) is in flight for much of the run.
+                restart_after_span=index == 0,
             )
         )
-    others_ms: list[float] = []
-    rounds_ms: list[float] = []
-    blocked_rounds = 0
     for _ in range(profile.stall_steps):
         round_started = time.perf_counter_ns()
-        others_ns = 0
+        own_ns = 0
         counted = 0
-        slow_blocked = 0
+        blocked_ns = 0
         for index, sequence in enumerate(sequences):
             started = time.perf_counter_ns()
             kind, blocked = sequence.step(policy)
             elapsed = time.perf_counter_ns() - started
             if index == 0:
-                slow_blocked = blocked
+                blocked_ns = blocked
             elif kind != "restart":
-                others_ns += elapsed
+                own_ns += elapsed
                 counted += 1
         client.flush()  # every span closed in this step, in one message
-        rounds_ms.append((time.perf_counter_ns() - round_started) / 1e6)
-        if slow_blocked:
-            blocked_rounds += 1
+        samples.round_ms.append((time.perf_counter_ns() - round_started) / 1e6)
         if counted:
-            # The others' step: their own work, plus the time the step stood blocked on
-            # sequence 0's evaluation (a batched engine's step is shared by all).
-            others_ms.append((others_ns / counted + slow_blocked) / 1e6)
-    return {
-        "other_step_ms_mean": _mean(others_ms),
-        "other_step_ms_median": _median(others_ms),
-        "other_step_ms_max": round(max(others_ms), 3) if others_ms else None,
-        "round_ms_mean": _mean(rounds_ms),
-        "rounds_blocked_on_sequence_0": blocked_rounds,
-        "sequence_0_spans": sequences[0].spans,
-        "sequence_0_idle_steps": sequences[0].idle_steps,
-        "spans": sum(s.spans for s in sequences),
-        "forwards_per_injected_result": (
-            round(
-                sum(s.injected_forwards for s in sequences)
-                / max(1, sum(s.spans for s in sequences)),
-                3,
-            )
-        ),
-    }
+            samples.own_ms.append(own_ns / counted / 1e6)
+            samples.blocked_ms.append(blocked_ns / 1e6)
+    samples.sequence_0_spans += sequences[0].spans
+    samples.sequence_0_idle_steps += sequences[0].idle_steps
+    samples.spans += sum(s.spans for s in sequences)
+    samples.injected_forwards += sum(s.injected_forwards for s in sequences)
 
 
 def _run_stall(
@@ -678,23 +706,22 @@ def _run_stall(
         for _ in range(profile.stall_sequences):
             backends.append(load_backend("llama", n_ctx=512))
             bars.advance("stall")
-        runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+        runs = {(policy, slow): _StallSamples() for policy in policies for slow in (False, True)}
         for repeat in range(profile.stall_repeats):
             for policy in policies:
                 order = (False, True) if repeat % 2 == 0 else (True, False)
                 for slow in order:
                     bars.describe("stall", f"batch stall r{repeat + 1}: {policy}, slow={slow}")
-                    runs.setdefault((policy, slow), []).append(
-                        _stall_run(
-                            engine,
-                            backends,
-                            codec,
-                            calc_items,
-                            client,
-                            profile,
-                            policy=policy,
-                            slow=slow,
-                        )
+                    _stall_run(
+                        engine,
+                        backends,
+                        codec,
+                        calc_items,
+                        client,
+                        profile,
+                        runs[policy, slow],
+                        policy=policy,
+                        slow=slow,
                     )
                     bars.advance("stall")
     finally:
@@ -702,14 +729,19 @@ def _run_stall(
             backend.close()
     out = []
     for policy in policies:
-        merged = {run: _merge_runs(runs[policy, run == "slow"]) for run in ("baseline", "slow")}
-        base = merged["baseline"]["other_step_ms_mean"]
-        slow_ms = merged["slow"]["other_step_ms_mean"]
+        merged = {run: runs[policy, run == "slow"].summary() for run in ("baseline", "slow")}
+        base = merged["baseline"]["other_step_ms"]
+        slow_ms = merged["slow"]["other_step_ms"]
+        raw_base = merged["baseline"]["other_step_ms_raw_mean"]
+        raw_slow = merged["slow"]["other_step_ms_raw_mean"]
         out.append(
             {
                 "policy": policy,
                 **merged,
                 "stall_ratio": round(slow_ms / base, 4) if base and slow_ms else None,
+                "stall_ratio_raw_mean": (
+                    round(raw_slow / raw_base, 4) if raw_base and raw_slow else None
+                ),
                 "round_ratio": (
                     round(merged["slow"]["round_ms_mean"] / merged["baseline"]["round_ms_mean"], 4)
                     if merged["baseline"]["round_ms_mean"]
@@ -724,21 +756,6 @@ def _run_stall(
         "slow_deadline_ms": profile.stall_deadline_ms,
         "policies": out,
     }
-
-
-def _merge_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for key in runs[0]:
-        values = [run[key] for run in runs if run[key] is not None]
-        if not values:
-            merged[key] = None
-        elif key.endswith("_max"):
-            merged[key] = max(values)
-        elif isinstance(values[0], int) and not key.endswith(("mean", "median", "result")):
-            merged[key] = sum(values)
-        else:
-            merged[key] = round(statistics.fmean(values), 3)
-    return merged
 
 
 # -- the run ------------------------------------------------------------------------------

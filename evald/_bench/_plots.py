@@ -110,7 +110,7 @@ def plot_decode(document: dict[str, Any], path: Path) -> Path:
     for policy in stall:
         for run in ("baseline", "slow"):
             labels.append(f"{policy['policy']}\n{run}")
-            values.append(policy[run]["other_step_ms_mean"])
+            values.append(policy[run]["other_step_ms"])
     axes[2].bar(labels, values, color=["#2e7d32", "#c62828"] * max(1, len(stall)))
     axes[2].set_ylabel("other sequences: ms per step")
     axes[2].set_title("batch stall (one span slow up to its deadline)")
