@@ -29,6 +29,7 @@ Jobs:
   profile    where the time goes: one host evaluation split into its parts, and the daemon's
              CPU per item by thread under EvaluateBatch(64), plus what holds the GIL (py-spy).
   all        all three, then the headline table (headline.md, headline.json).
+  headline   the headline table again from the results already in --out (no measuring).
 
 Results: JSON and PNG under --out (default reports/bench/). The GPU variant of the decode
 benchmark (SGLang, several batch sizes) is deploy/gpu-check.sh.
@@ -45,7 +46,9 @@ def _bench(parser: argparse.ArgumentParser) -> Runner:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     parser.add_argument(
-        "job", choices=("overhead", "decode", "profile", "all"), help="what to measure"
+        "job",
+        choices=("overhead", "decode", "profile", "all", "headline"),
+        help="what to measure",
     )
     parser.add_argument(
         "--profile",
@@ -71,9 +74,20 @@ def _bench(parser: argparse.ArgumentParser) -> Runner:
     )
 
     def run(args: argparse.Namespace) -> int:
-        if args.readme is not None and args.job != "all":
-            print("error: invalid_argument: --readme needs the `all` job", file=sys.stderr)
+        if args.readme is not None and args.job not in ("all", "headline"):
+            print(
+                "error: invalid_argument: --readme needs the `all` or `headline` job",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
+        if args.job == "headline":
+            from evald._bench._headline import load_results
+
+            saved = load_results(args.out)
+            if saved == (None, None):
+                print(f"error: invalid_argument: no results in {args.out}", file=sys.stderr)
+                return EXIT_ERROR
+            return _headline(args, *saved)
         try:
             overhead: dict[str, Any] | None = None
             decode: dict[str, Any] | None = None
@@ -97,21 +111,28 @@ def _bench(parser: argparse.ArgumentParser) -> Runner:
         except (RuntimeError, OSError, ImportError) as exc:
             print(f"error: unavailable: {' '.join(str(exc).split())[:2000]}", file=sys.stderr)
             return EXIT_ERROR
-        from evald._bench._headline import headline_markdown, write_headline
-
-        if args.job == "all":
-            try:
-                write_headline(args.out, overhead, decode, readme=args.readme)
-            except (ValueError, OSError) as exc:
-                print(f"error: invalid_argument: {exc}", file=sys.stderr)
-                return EXIT_ERROR
         if args.job == "profile":
             return EXIT_OK
-        print(headline_markdown(overhead, decode))
-        print(f"\nresults in {args.out}/", file=sys.stderr)
-        return EXIT_OK
+        return _headline(args, overhead, decode)
 
     return run
+
+
+def _headline(
+    args: argparse.Namespace, overhead: dict[str, Any] | None, decode: dict[str, Any] | None
+) -> int:
+    """Prints the headline table; for ``all``/``headline`` also writes it (and the README)."""
+    from evald._bench._headline import headline_markdown, write_headline
+
+    if args.job in ("all", "headline"):
+        try:
+            write_headline(args.out, overhead, decode, readme=args.readme)
+        except (ValueError, OSError) as exc:
+            print(f"error: invalid_argument: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+    print(headline_markdown(overhead, decode))
+    print(f"\nresults in {args.out}/", file=sys.stderr)
+    return EXIT_OK
 
 
 def _run_decode(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,7 +12,14 @@ from typing import Any
 
 from evald._bench._common import write_json
 
-__all__ = ["README_BEGIN", "README_END", "headline_markdown", "headline_rows", "write_headline"]
+__all__ = [
+    "README_BEGIN",
+    "README_END",
+    "headline_markdown",
+    "headline_rows",
+    "load_results",
+    "write_headline",
+]
 
 README_BEGIN = "<!-- evald-bench:begin -->"
 README_END = "<!-- evald-bench:end -->"
@@ -64,17 +71,24 @@ def headline_rows(
             }
         )
     dec = decode or {}
-    ratio = dec.get("decode", {}).get("evald_vs_python_tokens_per_s")
-    attributed = dec.get("decode", {}).get("evald_vs_python_tokens_per_s_attributed")
+    decode_part = dec.get("decode", {})
+    ratio = decode_part.get("evald_vs_python_tokens_per_s")
+    attributed = decode_part.get("evald_vs_python_tokens_per_s_attributed")
     if dec:
-        judged = min((r for r in (ratio, attributed) if r is not None), default=None)
+        # Judged on the attributed ratio: every mode decodes the same tokens, so wall time
+        # differs by the evaluations plus the forward passes' noise, and the noise floor (two
+        # modes whose evaluations cost the same) is shown next to the measured ratio.
+        tps = {m["mode"]: m["tokens_per_s"] for m in decode_part.get("modes", [])}
+        floor = tps["none"] / tps["python"] if tps.get("none") and tps.get("python") else None
+        judged = attributed if attributed is not None else ratio
         rows.append(
             {
                 "measure": "decode tokens/s with evald ÷ with in-process Python",
                 "value": judged,
                 "shown": (
-                    f"{_ratio(ratio, 3)} measured; {_ratio(attributed, 3)} from the time the "
-                    "evaluations cost the loop (forward-pass noise removed)"
+                    f"{_ratio(attributed, 3)} from the time evaluations cost the loop; wall "
+                    f"clock {_ratio(ratio, 3)} (noise: no-evaluation ÷ Python "
+                    f"{_ratio(floor, 3)} in the same run)"
                 ),
                 "target": "≥ 0.99",
                 "met": _met(judged, 0.99, at_least=True),
@@ -100,6 +114,7 @@ def headline_rows(
         stall = dec.get("stall", {})
         for policy in stall.get("policies", []):
             ratio = policy.get("stall_ratio")
+            slow = policy.get("slow", {})
             engine = (
                 "a pending sequence sits out the step"
                 if policy["policy"] == "skip"
@@ -109,7 +124,11 @@ def headline_rows(
                 {
                     "measure": f"batch stall ratio, {engine}",
                     "value": ratio,
-                    "shown": _ratio(ratio, 3),
+                    "shown": (
+                        f"{_ratio(ratio, 3)} ({stall.get('sequences')} sequences, slow span "
+                        f"deadline {stall.get('slow_deadline_ms')} ms; longest stall "
+                        f"{slow.get('blocked_ms_max', 0):.0f} ms)"
+                    ),
                     "target": "≤ 1.02",
                     "met": _met(ratio, 1.02, at_least=False),
                 }
@@ -203,3 +222,14 @@ def write_headline(
             text[: begin + len(README_BEGIN)] + "\n" + table + "\n" + text[end:], encoding="utf-8"
         )
     return path
+
+
+def load_results(out_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The ``overhead.json`` and ``decode.json`` of an earlier run (None for a missing one)."""
+    import json
+
+    found: list[dict[str, Any] | None] = []
+    for name in ("overhead.json", "decode.json"):
+        path = out_dir / name
+        found.append(json.loads(path.read_text(encoding="utf-8")) if path.exists() else None)
+    return found[0], found[1]

@@ -127,7 +127,7 @@ def test_readme_option_needs_the_all_job(
 ) -> None:
     status = main(["bench", "overhead", "--readme", str(tmp_path / "R.md"), "--no-progress"])
     assert status == 2
-    assert "--readme needs the `all` job" in capsys.readouterr().err
+    assert "--readme needs the `all` or `headline` job" in capsys.readouterr().err
 
 
 def test_unknown_profile_is_refused() -> None:
@@ -152,3 +152,14 @@ def test_profile_breaks_the_time_down(tmp_path: Path) -> None:
     assert daemon["thread_cpu_us_per_item"]
     assert json.loads((tmp_path / "profile.json").read_text())["benchmark"] == "profile"
     assert "CPU µs" in (tmp_path / "profile.md").read_text()
+
+
+def test_headline_job_rebuilds_from_saved_results(
+    tmp_path: Path, overhead: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = overhead[0]
+    assert main(["bench", "headline", "--out", str(out)]) == 0
+    assert "| measure | this run |" in capsys.readouterr().out
+    assert (out / "headline.md").exists()
+    assert main(["bench", "headline", "--out", str(tmp_path / "empty")]) == 2
+    assert "no results" in capsys.readouterr().err
