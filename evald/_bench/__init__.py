@@ -12,3 +12,5 @@
 Results go to ``reports/bench/`` as JSON plus a matplotlib plot. The GPU variant of the decode
 benchmark (SGLang, several batch sizes) is ``deploy/gpu-check.sh``.
 """
+
+__all__: list[str] = []
