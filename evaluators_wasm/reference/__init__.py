@@ -1,9 +1,9 @@
 """Python reference implementations of the standard evaluators.
 
-Each module ``evaluators_wasm.reference.NAME`` exposes ``evaluate(data: bytes) -> str``, which returns
-the canonical value or raises :class:`GuestError` with the same code the WASM evaluator returns.
-They define the semantics in executable form (the differential tests compare the WASM modules
-against them) and are the in-process baseline of the overhead benchmark.
+Each module ``evaluators_wasm.reference.NAME`` exposes ``evaluate(data: bytes) -> str``, which
+returns the canonical value or raises :class:`GuestError` with the same code the WASM evaluator
+returns. They define the semantics in executable form (the differential tests compare the WASM
+modules against them) and are the in-process baseline of the overhead benchmark.
 """
 
 from __future__ import annotations

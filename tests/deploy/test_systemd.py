@@ -379,7 +379,8 @@ def _boot_script(folder: Path) -> str:
         mount --bind {REPO} /opt/evald-src
         mount --bind {site_packages} /opt/evald-deps
         {python} -m venv --without-pip /opt/evald
-        echo "import sys, site; sys.path.insert(0, '/opt/evald-src'); site.addsitedir('/opt/evald-deps')" \\
+        echo "import sys, site; sys.path.insert(0, '/opt/evald-src');" \\
+            "site.addsitedir('/opt/evald-deps')" \\
             > /opt/evald/lib/python{version}/site-packages/evald-project.pth
         cp {folder}/evald-script /opt/evald/bin/evald
         chmod 0755 /opt/evald/bin/evald
