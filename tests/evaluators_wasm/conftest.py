@@ -1,36 +1,50 @@
-"""Fixtures for the evaluator tests.
-
-``run_guest(name, data)`` runs a built standard evaluator on ``data`` and returns
-``(value, code, message)`` — ``value`` is None on error. It runs on evald's wasm host
+"""Fixtures for the evaluator tests: the standard evaluators run on evald's wasm host
 (`evald._host`), so these tests exercise the same path the daemon uses.
+
+- ``guest`` / ``run_guest(name, data)`` returns ``(value, code, message)`` (``value`` is None on
+  error) under generous limits, so the guest's own bounds are what the tests see.
+- ``default_limits_guest(name, data)`` returns the host's ``EvalOutcome`` under the daemon's
+  default fuel, memory, stack and input/output caps, on a host configured as the daemon's
+  (epoch ticker on), with a 5 s deadline: the bomb tests prove every bomb ends within the default
+  fuel, and a loaded machine cannot make them flaky (the deadline limit is tested in tests/evald).
+
+The shared checks that use these fixtures are in ``support.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from functools import cache
 
 import pytest
 
-from evald._host import HostConfig, Limits, LoadedModule, WasmHost
+from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
 from evaluators_wasm import wasm_path
-
-Outcome = tuple[str | None, str | None, str]
+from tests.evaluators_wasm.support import DEFAULT_LIMITS, Outcome, release_compiled
 
 FUEL = 2_000_000_000
 #: Generous limits so the guest's own bounds are what the tests see; no wall-clock deadline
 #: (the host runs without its epoch ticker), so a loaded machine cannot make a test flaky.
 LIMITS = Limits(fuel=FUEL)
+#: The default limits but the deadline: wall time is not what the bomb tests check.
+BOMB_LIMITS = dataclasses.replace(DEFAULT_LIMITS, deadline_ms=5_000)
+
+
+_hosts: dict[bool, WasmHost] = {}
+
+
+def _host(daemon_config: bool) -> WasmHost:
+    if daemon_config not in _hosts:
+        _hosts[daemon_config] = WasmHost(
+            HostConfig() if daemon_config else HostConfig(epoch_tick_ms=0))
+    return _hosts[daemon_config]
 
 
 @cache
-def _host() -> WasmHost:
-    return WasmHost(HostConfig(epoch_tick_ms=0))
-
-
-@cache
-def _module(name: str) -> LoadedModule:
-    return _host().load(wasm_path(name).read_bytes(), limits=LIMITS)
+def _module(name: str, daemon_config: bool) -> LoadedModule:
+    limits = BOMB_LIMITS if daemon_config else LIMITS
+    return _host(daemon_config).load(wasm_path(name).read_bytes(), limits=limits)
 
 
 def run_guest(name: str, data: bytes) -> Outcome:
@@ -39,20 +53,32 @@ def run_guest(name: str, data: bytes) -> Outcome:
     ``code`` is the ``ErrorCode`` value: a guest code, or a host code such as ``guest_fault``
     (any trap), ``fuel_exhausted``, ``memory_limit``, ``stack_overflow`` or ``input_too_large``.
     """
-    outcome = _host().evaluate(_module(name), data, LIMITS)
+    outcome = _host(False).evaluate(_module(name, False), data, LIMITS)
     return outcome.value, outcome.error.value if outcome.error else None, outcome.message
+
+
+def run_with_default_limits(name: str, data: bytes) -> EvalOutcome:
+    """Evaluates under :data:`BOMB_LIMITS` on a host configured as the daemon's."""
+    return _host(True).evaluate(_module(name, True), data, BOMB_LIMITS)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _release_host() -> Iterator[None]:
-    """Frees the shared host while wasmtime is still loaded (not in interpreter teardown)."""
+    """Frees the hosts and compiled grammars while wasmtime and XGrammar are still loaded (not
+    in interpreter teardown, where their finalizers find their libraries already gone)."""
     yield
-    if _host.cache_info().currsize:
-        _host().close()
     _module.cache_clear()
-    _host.cache_clear()
+    for host in _hosts.values():
+        host.close()
+    _hosts.clear()
+    release_compiled()
 
 
 @pytest.fixture
 def guest() -> Callable[[str, bytes], Outcome]:
     return run_guest
+
+
+@pytest.fixture
+def default_limits_guest() -> Callable[[str, bytes], EvalOutcome]:
+    return run_with_default_limits

@@ -7,101 +7,54 @@ must agree on which error an input with several problems gets, and on every byte
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import re
-from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Context, Decimal
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import pytest
 import wasmtime
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-import evaluators_wasm
-from evald._host import HostConfig, Limits, WasmHost
-from evaluators_wasm import SOURCE_DIR, wasm_path
-from evaluators_wasm.reference import GuestError
+from evaluators_wasm import wasm_path
 from evaluators_wasm.reference import calc as ref
-
-Outcome = tuple[str | None, str | None, str]
-Guest = Callable[[str, bytes], Outcome]
-
-NAME = "calc"
-CONFORMANCE = Path(evaluators_wasm.__file__).parent / "conformance" / f"{NAME}.jsonl"
-MANIFEST: dict[str, Any] = json.loads((SOURCE_DIR / NAME / "manifest.json").read_text())
-GRAMMAR = (SOURCE_DIR / NAME / "grammar.ebnf").read_text()
-RESULT_RE = re.compile(MANIFEST["result_regex"])
-FULL = os.environ.get("EVALD_FULL") == "1"
-PROPERTY = settings(
-    max_examples=10_000 if FULL else 200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+from tests.evaluators_wasm.support import (
+    MIB,
+    PROPERTY_TIMEOUT,
+    DefaultLimitsGuest,
+    Evaluator,
+    Guest,
+    Outcome,
+    mutated,
+    property_settings,
 )
-SMALLER = settings(
-    max_examples=2_000 if FULL else 60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-GUEST_CODES = {"syntax", "division_by_zero", "overflow", "domain", "too_large"}
-# A full run (10,000 examples per property, a fresh instance per example) outlasts the default
-# per-test timeout on a busy machine.
-LONG = pytest.mark.timeout(3600 if FULL else 300)
 
-
-def _cases() -> list[dict[str, Any]]:
-    lines = CONFORMANCE.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def _data(case: dict[str, Any]) -> bytes:
-    if "input_b64" in case:
-        return base64.b64decode(case["input_b64"])
-    text: str = case["input"]
-    return text.encode("utf-8")
-
-
-def reference_outcome(data: bytes) -> Outcome:
-    try:
-        return ref.evaluate(data), None, ""
-    except GuestError as err:
-        return None, err.code, err.message
+CALC = Evaluator("calc", {"syntax", "division_by_zero", "overflow", "domain", "too_large"})
+PROPERTY = property_settings()
+SMALLER = property_settings(full=2_000, quick=60)
 
 
 def assert_agree(guest: Guest, data: bytes) -> Outcome:
-    """The guest and the reference give the same outcome; a value matches the result regex."""
-    wasm = guest(NAME, data)
-    assert wasm == reference_outcome(data), data[:300]
-    if wasm[0] is not None:
-        assert RESULT_RE.fullmatch(wasm[0]), wasm[0][:300]
-        assert wasm[0] != "-0"
-    else:
-        assert wasm[1] in GUEST_CODES, wasm
-    return wasm
+    """As :meth:`Evaluator.assert_agree`; a zero is never written ``-0``."""
+    outcome = CALC.assert_agree(guest, data)
+    assert outcome[0] != "-0"
+    return outcome
 
 
 # --- conformance ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: repr(_data(c)[:40]))
+@pytest.mark.parametrize("case", CALC.cases, ids=lambda c: repr(CALC.data(c)[:40]))
 def test_conformance(guest: Guest, case: dict[str, Any]) -> None:
-    data = _data(case)
-    expected = (case.get("value"), case.get("error"))
-    assert guest(NAME, data)[:2] == expected, case
-    assert reference_outcome(data)[:2] == expected, case
+    CALC.check_case(guest, case)
 
 
 def test_conformance_covers_every_operator_and_error() -> None:
-    cases = _cases()
-    text = "".join(c.get("input", "") for c in cases)
+    text = "".join(c.get("input", "") for c in CALC.cases)
     for op in ("+", "-", "*", "/", "%", "**", "(", ")", "."):
         assert op in text
-    assert {c.get("error") for c in cases} >= GUEST_CODES
-    assert any("input_b64" in c for c in cases)
+    assert CALC.case_codes() >= CALC.error_codes
+    assert any("input_b64" in c for c in CALC.cases)
 
 
 # --- differential (hypothesis) --------------------------------------------------------------
@@ -162,22 +115,10 @@ def valid_input(draw: st.DrawFn) -> bytes:
     return (draw(_WS) + draw(expression()) + draw(_WS)).encode()
 
 
-@st.composite
-def mutated_input(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(valid_input()))
-    junk_alphabet = st.sampled_from([b"(", b")", b"*", b"**", b".", b"-", b"+", b"/", b"%",
-                                     b"0", b"9", b" ", b"e", b"\xff", b"\xc3", b"\x00"])
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        junk = draw(st.one_of(junk_alphabet, st.binary(min_size=1, max_size=3)))
-        op = draw(st.sampled_from(["delete", "insert", "replace"]))
-        if op == "delete":
-            del data[at : at + len(junk)]
-        elif op == "insert":
-            data[at:at] = junk
-        else:
-            data[at : at + len(junk)] = junk
-    return bytes(data)
+mutated_input = mutated(valid_input(), st.one_of(
+    st.sampled_from([b"(", b")", b"*", b"**", b".", b"-", b"+", b"/", b"%", b"0", b"9", b" ",
+                     b"e", b"\xff", b"\xc3", b"\x00"]),
+    st.binary(min_size=1, max_size=3)))
 
 
 _TOKENS = [b"1", b"0", b"7", b"9223372036854775807", b".", b"5", b"+", b"-", b"*", b"**", b"/",
@@ -186,16 +127,16 @@ _TOKENS = [b"1", b"0", b"7", b"9223372036854775807", b".", b"5", b"+", b"-", b"*
 token_soup = st.lists(st.sampled_from(_TOKENS), max_size=14).map(b"".join)
 
 
-@LONG
+@PROPERTY_TIMEOUT
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
 
-@LONG
+@PROPERTY_TIMEOUT
 @PROPERTY
-@given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=30)))
+@given(data=st.one_of(mutated_input, token_soup, st.binary(max_size=30)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
     assert_agree(guest, data)
 
@@ -221,7 +162,7 @@ def big_operand(draw: st.DrawFn) -> str:
     return f"0.{draw(st.text('0123456789', min_size=20, max_size=80))}"
 
 
-@LONG
+@PROPERTY_TIMEOUT
 @SMALLER
 @given(a=big_operand(), b=big_operand(), c=big_operand(),
        ops=st.lists(st.sampled_from(["+", "-", "*", "/", "%"]), min_size=1, max_size=2))
@@ -258,7 +199,7 @@ def _decimal_oracle(p: int, q: int) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-@LONG
+@PROPERTY_TIMEOUT
 @SMALLER
 @given(p=st.one_of(st.integers(-(10**40), 10**40), st.integers(-1000, 1000)),
        q=st.one_of(st.integers(1, 10**40), st.integers(1, 1000),
@@ -267,7 +208,7 @@ def test_rounding_matches_python_decimal(guest: Guest, p: int, q: int) -> None:
     """Rounding is exactly decimal's: the reference, the guest and the decimal module agree."""
     expected = _decimal_oracle(p, q)
     assert ref.evaluate(f"{p}/{q}".encode()) == expected
-    assert guest(NAME, f"{p}/{q}".encode())[0] == expected
+    assert guest(CALC.name, f"{p}/{q}".encode())[0] == expected
 
 
 @pytest.mark.parametrize("digits", [27, 28, 29, 30])
@@ -281,12 +222,11 @@ def test_rounding_ties_go_to_even(guest: Guest, digits: int) -> None:
                 value = Fraction(int(body + tail), 10 ** (digits + len(tail) - 1))
                 expected = _decimal_oracle(value.numerator, value.denominator)
                 assert ref.evaluate(text.encode()) == expected, text
-                assert guest(NAME, text.encode())[0] == expected, text
+                assert guest(CALC.name, text.encode())[0] == expected, text
 
 
 # --- bombs: a typed guest error (or a value) within the host's default limits ---------------
 
-MIB = 1 << 20
 _BOMBS: list[tuple[str, bytes, str | None]] = [
     ("1MiB-number", b"1" * MIB, "too_large"),
     ("1MiB-decimal", b"0." + b"1" * (MIB - 2), "too_large"),
@@ -313,29 +253,10 @@ _BOMBS: list[tuple[str, bytes, str | None]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def host_module() -> Any:
-    """The real host (`evald._host`) under default limits, without a wall-clock deadline.
-
-    `epoch_tick_ms=0` stops the epoch ticker, so only fuel can stop a call: the test is
-    deterministic on a loaded machine and still proves every bomb ends within the default fuel.
-    """
-    host = WasmHost(HostConfig(epoch_tick_ms=0))
-    module = host.load(wasm_path(NAME).read_bytes())
-    yield host, module
-    host.close()
-
-
 @pytest.mark.parametrize(("data", "code"), [b[1:] for b in _BOMBS], ids=[b[0] for b in _BOMBS])
-def test_bombs(guest: Guest, host_module: Any, data: bytes, code: str | None) -> None:
-    assert len(data) <= MIB
-    outcome = assert_agree(guest, data)
-    assert outcome[1] == code, outcome[1:]
-    host, module = host_module
-    limits = Limits()
-    result = host.evaluate(module, data, limits)
-    assert (result.value, result.error.value if result.error else None) == outcome[:2]
-    assert result.fuel_used < limits.fuel
+def test_bombs(default_limits_guest: DefaultLimitsGuest, data: bytes, code: str | None) -> None:
+    outcome = CALC.check_bomb(default_limits_guest, data, code)
+    assert outcome[0] != "-0"
 
 
 def test_reused_instance_keeps_no_state() -> None:
@@ -346,8 +267,8 @@ def test_reused_instance_keeps_no_state() -> None:
     store = wasmtime.Store(engine)
     store.set_limits(memory_size=64 * MIB)
     store.set_fuel(1_000_000)
-    instance = wasmtime.Instance(store, wasmtime.Module.from_file(engine, str(wasm_path(NAME))),
-                                 [])
+    module = wasmtime.Module.from_file(engine, str(wasm_path(CALC.name)))
+    instance = wasmtime.Instance(store, module, [])
     exports = instance.exports(store)
     memory, evaluate = exports["memory"], exports["evald_eval"]
     in_ptr, out_ptr = exports["evald_input_ptr"](store), exports["evald_output_ptr"](store)
@@ -411,67 +332,35 @@ def model_input(draw: st.DrawFn) -> str:
     return expr(0)
 
 
-@pytest.fixture(scope="module")
-def xgrammar() -> Any:
-    return pytest.importorskip("xgrammar")
-
-
-def _compiled(xgrammar: Any) -> tuple[Any, Any]:
-    return xgrammar.Grammar.from_ebnf(GRAMMAR), xgrammar.Grammar.from_regex(
-        MANIFEST["result_regex"])
-
-
 def test_grammar_and_regex_cannot_produce_lt() -> None:
-    assert "<" not in GRAMMAR
-    assert "<" not in MANIFEST["result_regex"]
+    assert "<" not in CALC.grammar
+    assert "<" not in CALC.manifest["result_regex"]
+    CALC.check_cannot_produce_lt()
 
 
-@LONG
-@settings(max_examples=1_000 if FULL else 60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@PROPERTY_TIMEOUT
+@property_settings(full=1_000, quick=60)
 @given(text=model_input())
-def test_model_grammar_inputs_are_accepted(guest: Guest, xgrammar: Any, text: str) -> None:
+def test_model_grammar_inputs_are_accepted(guest: Guest, text: str) -> None:
     """Whatever the grammar lets a model write, the evaluator parses (no `syntax` error)."""
-    from xgrammar.testing import _is_grammar_accept_string
-
-    assert _is_grammar_accept_string(_compiled(xgrammar)[0], text), text
-    outcome = assert_agree(guest, text.encode())
-    assert outcome[1] != "syntax", (text, outcome)
+    assert CALC.grammar_accepts(text), text
+    assert assert_agree(guest, text.encode())[1] != "syntax", text
 
 
-def test_grammar_rejects_what_the_model_may_not_write(xgrammar: Any) -> None:
-    from xgrammar.testing import _is_grammar_accept_string
-
-    grammar, _ = _compiled(xgrammar)
+def test_grammar_rejects_what_the_model_may_not_write() -> None:
     for text in ("17 * 23 + 91", "(1.5 + 2) * -3", "2 ** -1", "999999999999.999999", "0.5"):
-        assert _is_grammar_accept_string(grammar, text), text
+        assert CALC.grammar_accepts(text), text
     for text in ("1234567890123", "1.1234567", "01", ".5", "5.", "--1", "1  + 2", "(1", "1 +",
                  "1e5", "1<2", "1</calc>", " 1", "1 ", "2(3)", "- 1", "1//2"):
-        assert not _is_grammar_accept_string(grammar, text), text
+        assert not CALC.grammar_accepts(text), text
 
 
-def test_result_regex_in_xgrammar_agrees_with_python_re(xgrammar: Any, guest: Guest) -> None:
+def test_result_regex_in_xgrammar_agrees_with_python_re(guest: Guest) -> None:
     """The regex means the same to XGrammar as to `re` (used by the differential tests)."""
-    from xgrammar.testing import _is_grammar_accept_string
-
-    _, regex = _compiled(xgrammar)
-    values = [guest(NAME, _data(c))[0] for c in _cases()]
-    samples = [v for v in values if v is not None and len(v) < 5000]
-    assert len(samples) > 100
-    samples += ["-0.50", "01", "1.", ".5", "1e5", "--1", "1<", "+1", "0.0"]
-    for text in samples:
-        assert _is_grammar_accept_string(regex, text) == bool(RESULT_RE.fullmatch(text)), text
+    extra = ["-0.50", "01", "1.", ".5", "1e5", "--1", "1<", "+1", "0.0"]
+    CALC.check_regex_agrees_with_python_re(guest, extra, minimum=101)
 
 
-def test_grammar_compiles_for_the_real_tokenizer(xgrammar: Any) -> None:
+def test_grammar_compiles_for_the_real_tokenizer() -> None:
     """Compiled against SmolLM2's vocabulary, the tokens of the demo span walk the matcher."""
-    model_files = pytest.importorskip("engine_adapter._model_files")
-    tokenizer = model_files.load_tokenizer()
-    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
-    compiler = xgrammar.GrammarCompiler(info)
-    compiler.compile_regex(MANIFEST["result_regex"])
-    matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(GRAMMAR))
-    for token in tokenizer.encode("17 * 23 + 91", add_special_tokens=False):
-        assert matcher.accept_token(token)
-    assert matcher.accept_token(tokenizer.eos_token_id)
-    assert matcher.is_terminated()
+    CALC.check_tokens_walk("17 * 23 + 91")

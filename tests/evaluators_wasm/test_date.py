@@ -6,90 +6,41 @@ reference read the input with the same single left-to-right pass.
 
 from __future__ import annotations
 
-import base64
 import calendar
 import datetime
-import json
-import os
-import re
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-import evaluators_wasm
-from evaluators_wasm import SOURCE_DIR
-from evaluators_wasm.reference import GuestError
 from evaluators_wasm.reference import date as ref
-
-Outcome = tuple[str | None, str | None, str]
-Guest = Callable[[str, bytes], Outcome]
-
-NAME = "date"
-CONFORMANCE = Path(evaluators_wasm.__file__).parent / "conformance" / f"{NAME}.jsonl"
-MANIFEST: dict[str, Any] = json.loads((SOURCE_DIR / NAME / "manifest.json").read_text())
-GRAMMAR = (SOURCE_DIR / NAME / "grammar.ebnf").read_text()
-RESULT_RE = re.compile(MANIFEST["result_regex"])
-FULL = os.environ.get("EVALD_FULL") == "1"
-PROPERTY = settings(
-    max_examples=10_000 if FULL else 200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+from tests.evaluators_wasm.support import (
+    MIB,
+    PROPERTY_TIMEOUT,
+    DefaultLimitsGuest,
+    Evaluator,
+    Guest,
+    mutated,
+    property_settings,
 )
-# 10,000 examples take several minutes on two busy cores: more than the suite's 300 s timeout.
-PROPERTY_TIMEOUT = pytest.mark.timeout(3600 if FULL else 300)
 
-
-def _cases() -> list[dict[str, Any]]:
-    lines = CONFORMANCE.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def _data(case: dict[str, Any]) -> bytes:
-    if "input_b64" in case:
-        return base64.b64decode(case["input_b64"])
-    text: str = case["input"]
-    return text.encode("utf-8")
-
-
-def reference_outcome(data: bytes) -> Outcome:
-    try:
-        return ref.evaluate(data), None, ""
-    except GuestError as err:
-        return None, err.code, err.message
-
-
-def assert_agree(guest: Guest, data: bytes) -> Outcome:
-    """The guest and the reference give the same outcome; a value matches the result regex."""
-    wasm = guest(NAME, data)
-    assert wasm == reference_outcome(data), data[:300]
-    if wasm[0] is not None:
-        assert RESULT_RE.fullmatch(wasm[0]), wasm[0]
-    else:
-        assert wasm[1] in {"syntax", "overflow", "domain", "too_large"}, wasm
-    return wasm
+DATE = Evaluator("date", {"syntax", "overflow", "domain", "too_large"})
+PROPERTY = property_settings()
 
 
 # --- conformance ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: repr(_data(c)[:60]))
+@pytest.mark.parametrize("case", DATE.cases, ids=lambda c: repr(DATE.data(c)[:60]))
 def test_conformance(guest: Guest, case: dict[str, Any]) -> None:
-    data = _data(case)
-    expected = (case.get("value"), case.get("error"))
-    assert guest(NAME, data)[:2] == expected, case
-    assert reference_outcome(data)[:2] == expected, case
+    DATE.check_case(guest, case)
 
 
 def test_conformance_covers_every_operation_and_error() -> None:
-    text = CONFORMANCE.read_text(encoding="utf-8")
     for word in ("days", "week", "month", "year", "days_between(", "weekday(", "day_of_year("):
-        assert word in text
-    codes = {case.get("error") for case in _cases()}
-    assert {"syntax", "overflow", "domain"} <= codes
+        assert word in DATE.conformance_text
+    assert {"syntax", "overflow", "domain"} <= DATE.case_codes()
 
 
 # --- differential (hypothesis) --------------------------------------------------------------
@@ -142,21 +93,9 @@ def valid_input(draw: st.DrawFn) -> bytes:
     return (ws[5] + body + draw(_WS)).encode()
 
 
-@st.composite
-def mutated_input(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(valid_input()))
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        junk = draw(st.one_of(st.binary(min_size=1, max_size=3),
-                              st.sampled_from([b"-", b"+", b"0", b"9", b"s", b"(", b",", b" "])))
-        op = draw(st.sampled_from(["delete", "insert", "replace"]))
-        if op == "delete":
-            del data[at : at + len(junk)]
-        elif op == "insert":
-            data[at:at] = junk
-        else:
-            data[at : at + len(junk)] = junk
-    return bytes(data)
+mutated_input = mutated(valid_input(), st.one_of(
+    st.binary(min_size=1, max_size=3),
+    st.sampled_from([b"-", b"+", b"0", b"9", b"s", b"(", b",", b" "])))
 
 
 _TOKENS = [b"2024-02-29", b"9999-12-31", b"0001-01-01", b"2023-02-29", b"+", b"-", b"1", b"12",
@@ -169,14 +108,14 @@ token_soup = st.lists(st.sampled_from(_TOKENS), max_size=12).map(b"".join)
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    DATE.assert_agree(guest, data)
 
 
 @PROPERTY_TIMEOUT
 @PROPERTY
-@given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=40)))
+@given(data=st.one_of(mutated_input, token_soup, st.binary(max_size=40)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    DATE.assert_agree(guest, data)
 
 
 @PROPERTY_TIMEOUT
@@ -185,7 +124,7 @@ def test_differential_garbage(guest: Guest, data: bytes) -> None:
 def test_month_rule_is_clamping(guest: Guest, start: datetime.date, months: int) -> None:
     """`+ N months` is the same month count moved, day clamped (checked against a plain loop)."""
     sign = "+" if months >= 0 else "-"
-    outcome = assert_agree(guest, f"{start} {sign} {abs(months)} months".encode())
+    outcome = DATE.assert_agree(guest, f"{start} {sign} {abs(months)} months".encode())
     total = start.year * 12 + start.month - 1 + months
     year, month = total // 12, total % 12 + 1
     if 1 <= year <= 9999:
@@ -214,10 +153,9 @@ def test_month_rule_is_clamping(guest: Guest, start: datetime.date, months: int)
          "range-end", "range-end+1"],
 )
 def test_limit_pairs(guest: Guest, data: bytes, expected: tuple[str | None, str | None]) -> None:
-    assert assert_agree(guest, data)[:2] == expected
+    assert DATE.assert_agree(guest, data)[:2] == expected
 
 
-MIB = 1 << 20
 _BOMBS: list[tuple[str, bytes, str | None]] = [
     ("1MiB-of-steps", b"2024-01-01" + b" + 1 day" * (MIB // 8 - 2), "too_large"),
     ("1MiB-number", b"2024-01-01 + " + b"9" * (MIB - 30) + b" days", "overflow"),
@@ -231,9 +169,9 @@ _BOMBS: list[tuple[str, bytes, str | None]] = [
 
 
 @pytest.mark.parametrize(("data", "code"), [b[1:] for b in _BOMBS], ids=[b[0] for b in _BOMBS])
-def test_bombs(guest: Guest, data: bytes, code: str | None) -> None:
-    assert len(data) <= MIB
-    assert assert_agree(guest, data)[1] == code
+def test_bombs(default_limits_guest: DefaultLimitsGuest, data: bytes, code: str | None) -> None:
+    """A typed guest error (or a value) within the default limits, never a trap or a hang."""
+    DATE.check_bomb(default_limits_guest, data, code)
 
 
 # --- grammar and result regex ---------------------------------------------------------------
@@ -263,61 +201,31 @@ def model_input(draw: st.DrawFn) -> str:
     return f"{form}({expr()})"
 
 
-@pytest.fixture(scope="module")
-def xgrammar() -> Any:
-    return pytest.importorskip("xgrammar")
-
-
-def _compiled(xgrammar: Any) -> tuple[Any, Any]:
-    return xgrammar.Grammar.from_ebnf(GRAMMAR), xgrammar.Grammar.from_regex(
-        MANIFEST["result_regex"])
-
-
 def test_grammar_never_produces_lt() -> None:
-    assert "<" not in GRAMMAR
+    assert "<" not in DATE.grammar
+    DATE.check_cannot_produce_lt()
 
 
 @PROPERTY_TIMEOUT
-@settings(max_examples=1_000 if FULL else 60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@property_settings(full=1_000, quick=60)
 @given(text=model_input())
-def test_model_grammar_inputs_are_accepted(guest: Guest, xgrammar: Any, text: str) -> None:
+def test_model_grammar_inputs_are_accepted(guest: Guest, text: str) -> None:
     """Whatever the grammar lets a model write, the evaluator parses (no `syntax` error)."""
-    from xgrammar.testing import _is_grammar_accept_string
-
-    assert _is_grammar_accept_string(_compiled(xgrammar)[0], text), text
-    assert assert_agree(guest, text.encode())[1] != "syntax", text
+    DATE.check_model_input(guest, text)
 
 
-def test_grammar_rejects_what_the_model_may_not_write(xgrammar: Any) -> None:
-    from xgrammar.testing import _is_grammar_accept_string
-
-    grammar, _ = _compiled(xgrammar)
-    assert _is_grammar_accept_string(grammar, "days_between(2024-01-01, 2024-12-25)")
+def test_grammar_rejects_what_the_model_may_not_write() -> None:
+    assert DATE.grammar_accepts("days_between(2024-01-01, 2024-12-25)")
     for text in ("2024-1-1", "2024-01-01 + 123456 days", "2024-01-01 + 1 day + 1 day + 1 day",
                  "2024-01-01T00:00", "today", "2024-01-01</date>", "weekday(2024-01-01"):
-        assert not _is_grammar_accept_string(grammar, text), text
+        assert not DATE.grammar_accepts(text), text
 
 
-def test_result_regex_in_xgrammar_agrees_with_python_re(xgrammar: Any, guest: Guest) -> None:
-    from xgrammar.testing import _is_grammar_accept_string
-
-    _, regex = _compiled(xgrammar)
-    samples = [v for v in (guest(NAME, _data(c))[0] for c in _cases()) if v is not None]
-    assert len(samples) > 40
-    samples += ["Funday", "2024-1-1", "-0", "01", "<", "12345678", "-3652058"]
-    for text in samples:
-        assert _is_grammar_accept_string(regex, text) == bool(RESULT_RE.fullmatch(text)), text
+def test_result_regex_in_xgrammar_agrees_with_python_re(guest: Guest) -> None:
+    extra = ["Funday", "2024-1-1", "-0", "01", "<", "12345678", "-3652058"]
+    DATE.check_regex_agrees_with_python_re(guest, extra, minimum=41)
 
 
-def test_grammar_compiles_for_the_real_tokenizer(xgrammar: Any) -> None:
+def test_grammar_compiles_for_the_real_tokenizer() -> None:
     """Compiled against SmolLM2's vocabulary, the tokens of a real span walk the matcher."""
-    model_files = pytest.importorskip("engine_adapter._model_files")
-    tokenizer = model_files.load_tokenizer()
-    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer))
-    compiler.compile_regex(MANIFEST["result_regex"])
-    matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(GRAMMAR))
-    for token in tokenizer.encode("2024-01-31 + 1 month", add_special_tokens=False):
-        assert matcher.accept_token(token)
-    assert matcher.accept_token(tokenizer.eos_token_id)
-    assert matcher.is_terminated()
+    DATE.check_tokens_walk("2024-01-31 + 1 month")

@@ -7,89 +7,39 @@ several problems gets, and on every byte of the value.
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import re
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-import evaluators_wasm
-from evaluators_wasm import SOURCE_DIR
-from evaluators_wasm.reference import GuestError
 from evaluators_wasm.reference import strop as ref
-
-Outcome = tuple[str | None, str | None, str]
-Guest = Callable[[str, bytes], Outcome]
-
-NAME = "strop"
-CONFORMANCE = Path(evaluators_wasm.__file__).parent / "conformance" / f"{NAME}.jsonl"
-MANIFEST: dict[str, Any] = json.loads((SOURCE_DIR / NAME / "manifest.json").read_text())
-GRAMMAR = (SOURCE_DIR / NAME / "grammar.ebnf").read_text()
-RESULT_RE = re.compile(MANIFEST["result_regex"])
-FULL = os.environ.get("EVALD_FULL") == "1"
-PROPERTY = settings(
-    max_examples=10_000 if FULL else 200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+from tests.evaluators_wasm.support import (
+    MIB,
+    PROPERTY_TIMEOUT,
+    DefaultLimitsGuest,
+    Evaluator,
+    Guest,
+    mutated,
+    property_settings,
 )
-# 10,000 examples take several minutes on two busy cores: more than the suite's 300 s timeout.
-PROPERTY_TIMEOUT = pytest.mark.timeout(3600 if FULL else 300)
 
-
-def _cases() -> list[dict[str, Any]]:
-    lines = CONFORMANCE.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def _data(case: dict[str, Any]) -> bytes:
-    if "input_b64" in case:
-        return base64.b64decode(case["input_b64"])
-    text: str = case["input"]
-    return text.encode("utf-8")
-
-
-def reference_outcome(data: bytes) -> Outcome:
-    try:
-        return ref.evaluate(data), None, ""
-    except GuestError as err:
-        return None, err.code, err.message
-
-
-def assert_agree(guest: Guest, data: bytes) -> Outcome:
-    """The guest and the reference give the same outcome; a value matches the result regex."""
-    wasm = guest(NAME, data)
-    assert wasm == reference_outcome(data), data[:300]
-    if wasm[0] is not None:
-        assert RESULT_RE.fullmatch(wasm[0]), wasm[0][:300]
-        assert "<" not in wasm[0]
-    else:
-        assert wasm[1] in {"syntax", "overflow", "too_large"}, wasm
-    return wasm
+STROP = Evaluator("strop", {"syntax", "overflow", "too_large"})
+PROPERTY = property_settings()
 
 
 # --- conformance ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: repr(_data(c)[:60]))
+@pytest.mark.parametrize("case", STROP.cases, ids=lambda c: repr(STROP.data(c)[:60]))
 def test_conformance(guest: Guest, case: dict[str, Any]) -> None:
-    data = _data(case)
-    expected = (case.get("value"), case.get("error"))
-    assert guest(NAME, data)[:2] == expected, case
-    assert reference_outcome(data)[:2] == expected, case
+    STROP.check_case(guest, case)
 
 
 def test_conformance_covers_every_function_and_error() -> None:
-    text = CONFORMANCE.read_text(encoding="utf-8")
     for name in ("count", "len", "reverse", "upper", "lower", "substr", "index", "replace"):
-        assert f"{name}(" in text
-    codes = {case.get("error") for case in _cases()}
-    assert {"syntax", "overflow", "too_large"} <= codes
+        assert f"{name}(" in STROP.conformance_text
+    assert {"syntax", "overflow", "too_large"} <= STROP.case_codes()
 
 
 # --- differential (hypothesis) --------------------------------------------------------------
@@ -168,20 +118,7 @@ def valid_input(draw: st.DrawFn) -> bytes:
     return (draw(_WS) + body + draw(_WS)).encode("utf-8")
 
 
-@st.composite
-def mutated_input(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(valid_input()))
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        op = draw(st.sampled_from(["delete", "insert", "replace"]))
-        junk = draw(st.binary(min_size=1, max_size=3))
-        if op == "delete":
-            del data[at : at + len(junk)]
-        elif op == "insert":
-            data[at:at] = junk
-        else:
-            data[at : at + len(junk)] = junk
-    return bytes(data)
+mutated_input = mutated(valid_input(), st.binary(min_size=1, max_size=3))
 
 
 _TOKENS = [b"len", b"count", b"upper", b"substr", b"replace", b"index", b"(", b")", b",", b'"',
@@ -194,14 +131,14 @@ token_soup = st.lists(st.sampled_from(_TOKENS), max_size=12).map(b"".join)
 @PROPERTY
 @given(data=valid_input())
 def test_differential_valid(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    STROP.assert_agree(guest, data)
 
 
 @PROPERTY_TIMEOUT
 @PROPERTY
-@given(data=st.one_of(mutated_input(), token_soup, st.binary(max_size=40)))
+@given(data=st.one_of(mutated_input, token_soup, st.binary(max_size=40)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    STROP.assert_agree(guest, data)
 
 
 @PROPERTY_TIMEOUT
@@ -212,7 +149,7 @@ def test_differential_search_ops(guest: Guest, haystack: str, needle: str, new: 
     """Dense alphabets make matches overlap, which is where count/index/replace can differ."""
     for expr in (f'count("{haystack}", "{needle}")', f'index("{haystack}", "{needle}")',
                  f'replace("{haystack}", "{needle}", "{new}")'):
-        assert_agree(guest, expr.encode())
+        STROP.assert_agree(guest, expr.encode())
 
 
 def test_search_ops_match_python_str() -> None:
@@ -239,7 +176,7 @@ def test_case_table_whole_ranges_agree(guest: Guest) -> None:
     """upper/lower over every code point below U+0500 (plus Ÿ) in one call each."""
     text = "".join(chr(c) for c in range(0x20, 0x500) if c not in (0x22, 0x5C))
     for fn in ("upper", "lower"):
-        assert_agree(guest, f'{fn}("{text}")'.encode())
+        STROP.assert_agree(guest, f'{fn}("{text}")'.encode())
 
 
 # --- limits: n passes, n + 1 fails ----------------------------------------------------------
@@ -269,13 +206,12 @@ def _literal_of(n: int, char: str = "a") -> str:
          "total-1100000", "output-65536", "output-65537", "escaped-65534", "escaped-65540"],
 )
 def test_limit_pairs(guest: Guest, data: str, expected: tuple[str | None, str | None]) -> None:
-    outcome = assert_agree(guest, data.encode("utf-8"))
+    outcome = STROP.assert_agree(guest, data.encode("utf-8"))
     assert outcome[:2] == expected
 
 
-# --- bombs: a typed error (or a value), never a trap or a hang ------------------------------
+# --- bombs: a typed error (or a value) within the default limits, never a trap or a hang -----
 
-MIB = 1 << 20
 _BOMBS: list[tuple[str, bytes, str | None]] = [
     ("1MiB-string-argument", b'len("' + b"a" * (MIB - 8) + b'")', "too_large"),
     ("1MiB-of-escapes", b'len("' + b"\\u00e9" * ((MIB - 8) // 6) + b'")', "too_large"),
@@ -296,10 +232,8 @@ _BOMBS: list[tuple[str, bytes, str | None]] = [
 
 
 @pytest.mark.parametrize(("data", "code"), [b[1:] for b in _BOMBS], ids=[b[0] for b in _BOMBS])
-def test_bombs(guest: Guest, data: bytes, code: str | None) -> None:
-    assert len(data) <= MIB
-    outcome = assert_agree(guest, data)
-    assert outcome[1] == code, outcome[1:]
+def test_bombs(default_limits_guest: DefaultLimitsGuest, data: bytes, code: str | None) -> None:
+    STROP.check_bomb(default_limits_guest, data, code)
 
 
 # --- grammar and result regex ---------------------------------------------------------------
@@ -347,68 +281,34 @@ def model_input(draw: st.DrawFn) -> str:
     return str_e(0) if draw(st.booleans()) else int_e(0)
 
 
-@pytest.fixture(scope="module")
-def xgrammar() -> Any:
-    return pytest.importorskip("xgrammar")
-
-
 def test_grammar_never_produces_lt() -> None:
     """The only `<` in the grammar is inside the negated literal-character class."""
-    assert '[^"\\\\<\\n]' in GRAMMAR
-    assert "<" not in GRAMMAR.replace('[^"\\\\<\\n]', "")
+    assert '[^"\\\\<\\n]' in STROP.grammar
+    STROP.check_cannot_produce_lt()
 
 
 @PROPERTY_TIMEOUT
-@settings(max_examples=1_000 if FULL else 60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@property_settings(full=1_000, quick=60)
 @given(text=model_input())
-def test_model_grammar_inputs_are_accepted(guest: Guest, xgrammar: Any, text: str) -> None:
+def test_model_grammar_inputs_are_accepted(guest: Guest, text: str) -> None:
     """Whatever the grammar lets a model write, the evaluator parses (no `syntax` error)."""
-    from xgrammar.testing import _is_grammar_accept_string
-
-    assert _is_grammar_accept_string(_compiled(xgrammar)[0], text), text
-    outcome = assert_agree(guest, text.encode("utf-8"))
-    assert outcome[1] != "syntax", (text, outcome)
+    STROP.check_model_input(guest, text)
 
 
-def _compiled(xgrammar: Any) -> tuple[Any, Any]:
-    return xgrammar.Grammar.from_ebnf(GRAMMAR), xgrammar.Grammar.from_regex(
-        MANIFEST["result_regex"])
+def test_grammar_rejects_what_the_model_may_not_write() -> None:
+    assert STROP.grammar_accepts('count("strawberry", "r")')
+    assert STROP.grammar_accepts('len("' + "a" * 1000 + '")')  # no length bound: see strop.md
+    for text in ('len("a<b")', "substr(\"a\", 12345, 1)", 'len("a")</strop>', "LEN(\"a\")",
+                 'len("a\\q")', 'len("a\\u00e")', 'len( "a")  ', 'len("a\nb")'):
+        assert not STROP.grammar_accepts(text), text
 
 
-def test_grammar_rejects_what_the_model_may_not_write(xgrammar: Any) -> None:
-    from xgrammar.testing import _is_grammar_accept_string
-
-    grammar, _ = _compiled(xgrammar)
-    assert _is_grammar_accept_string(grammar, 'count("strawberry", "r")')
-    assert _is_grammar_accept_string(grammar, 'len("' + "a" * 1000 + '")')  # no length bound
-    for text in ('len("a<b")', "substr(\"a\", 12345, 1)",
-                 'len("a")</strop>', "LEN(\"a\")", 'len("a\\q")'):
-        assert not _is_grammar_accept_string(grammar, text), text
-
-
-def test_result_regex_in_xgrammar_agrees_with_python_re(xgrammar: Any, guest: Guest) -> None:
+def test_result_regex_in_xgrammar_agrees_with_python_re(guest: Guest) -> None:
     """The regex means the same to XGrammar as to `re` (used by the differential tests)."""
-    from xgrammar.testing import _is_grammar_accept_string
-
-    _, regex = _compiled(xgrammar)
-    values = [guest(NAME, _data(c))[0] for c in _cases()]
-    samples = [v for v in values if v is not None and len(v) < 5000]
-    assert len(samples) > 50
-    samples += ['"a<b"', '"\\q"', '"\x01"', "-2", "01", '"unterminated', "1234567"]
-    for text in samples:
-        assert _is_grammar_accept_string(regex, text) == bool(RESULT_RE.fullmatch(text)), text
+    extra = ['"a<b"', '"\\q"', '"\x01"', "-2", "01", '"unterminated', "1234567"]
+    STROP.check_regex_agrees_with_python_re(guest, extra, minimum=51)
 
 
-def test_grammar_compiles_for_the_real_tokenizer(xgrammar: Any) -> None:
+def test_grammar_compiles_for_the_real_tokenizer() -> None:
     """Compiled against SmolLM2's vocabulary, the tokens of a real span walk the matcher."""
-    model_files = pytest.importorskip("engine_adapter._model_files")
-    tokenizer = model_files.load_tokenizer()
-    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
-    compiler = xgrammar.GrammarCompiler(info)
-    compiler.compile_regex(MANIFEST["result_regex"])
-    matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(GRAMMAR))
-    for token in tokenizer.encode('count("strawberry", "r")', add_special_tokens=False):
-        assert matcher.accept_token(token)
-    assert matcher.accept_token(tokenizer.eos_token_id)
-    assert matcher.is_terminated()
+    STROP.check_tokens_walk('count("strawberry", "r")')

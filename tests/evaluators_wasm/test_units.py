@@ -9,92 +9,42 @@ conversions, mutated ones and garbage.
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
-import os
 import re
-from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import pytest
-import wasmtime
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluators_wasm import SOURCE_DIR, wasm_path
-from evaluators_wasm.reference import GuestError
 from evaluators_wasm.reference.units import MAX_NUMBER_DIGITS, UNITS, format_value
-from evaluators_wasm.reference.units import evaluate as reference
+from tests.evaluators_wasm.support import (
+    DEFAULT_LIMITS,
+    FULL,
+    PROPERTY_TIMEOUT,
+    DefaultLimitsGuest,
+    Evaluator,
+    Guest,
+    mutated,
+    property_settings,
+)
 
-NAME = "units"
-ROOT = Path(__file__).resolve().parents[2]
-CASES: list[dict[str, Any]] = [
-    json.loads(line)
-    for line in (ROOT / "evaluators_wasm" / "conformance" / f"{NAME}.jsonl")
-    .read_text(encoding="utf-8")
-    .splitlines()
-    if line.strip()
-]
-MANIFEST = json.loads((SOURCE_DIR / NAME / "manifest.json").read_text(encoding="utf-8"))
-RESULT_RE = re.compile(MANIFEST["result_regex"])
-GRAMMAR = (SOURCE_DIR / NAME / "grammar.ebnf").read_text(encoding="utf-8")
-FULL = os.environ.get("EVALD_FULL") == "1"
-EXAMPLES = 10_000 if FULL else 200
-#: The host's default per-call fuel (evald's Limits.fuel); bombs must finish within it.
-DEFAULT_FUEL = 200_000_000
-INPUT_CAP = 1 << 20
+UNITS_EV = Evaluator("units", {"syntax", "domain", "too_large"}, compare_messages=False)
+INPUT_CAP = DEFAULT_LIMITS.input_bytes
 DIMENSIONS = ("length", "mass", "volume", "time", "data", "temperature")
 
-Outcome = tuple[str | None, str | None, str]
-Guest = Callable[[str, bytes], Outcome]
 
-
-def case_input(case: dict[str, Any]) -> bytes:
-    if "input_b64" in case:
-        return base64.b64decode(case["input_b64"])
-    return str(case["input"]).encode("utf-8")
-
-
-def run_reference(data: bytes) -> tuple[str | None, str | None]:
-    try:
-        return reference(data), None
-    except GuestError as err:
-        return None, err.code
-
-
-def check_value(value: str) -> None:
-    assert RESULT_RE.fullmatch(value), f"{value!r} does not match the result regex"
-    assert "<" not in value
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.get("note") or c.get("input"))[:60])
-def test_conformance_wasm(case: dict[str, Any], guest: Guest) -> None:
-    value, code, message = guest(NAME, case_input(case))
-    if "error" in case:
-        assert (value, code) == (None, case["error"]), message
-        assert message, "every error carries a message"
-    else:
-        assert (value, code) == (case["value"], None), message
-        check_value(value)
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.get("note") or c.get("input"))[:60])
-def test_conformance_reference(case: dict[str, Any]) -> None:
-    value, code = run_reference(case_input(case))
-    if "error" in case:
-        assert (value, code) == (None, case["error"])
-    else:
-        assert (value, code) == (case["value"], None)
+@pytest.mark.parametrize("case", UNITS_EV.cases, ids=UNITS_EV.case_id)
+def test_conformance(case: dict[str, Any], guest: Guest) -> None:
+    UNITS_EV.check_case(guest, case)
 
 
 def test_conformance_covers_every_dimension_and_error() -> None:
-    words = [t for c in CASES for t in str(c.get("input", "")).split()]
+    words = [t for c in UNITS_EV.cases for t in str(c.get("input", "")).split()]
     used = {UNITS[t].dimension for t in words if t in UNITS}
     assert used == set(DIMENSIONS)
-    assert {c["error"] for c in CASES if "error" in c} == {"syntax", "domain", "too_large"}
+    assert UNITS_EV.case_codes() == UNITS_EV.error_codes
 
 
 # --- differential: generated inputs -------------------------------------------------------
@@ -132,56 +82,39 @@ def conversions(draw: st.DrawFn) -> str:
             f"{draw(SEPARATOR)}{target}{draw(SPACE)}")
 
 
-@st.composite
-def mutated(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(conversions()).encode("utf-8"))
-    for _ in range(draw(st.integers(1, 3))):
-        pos = draw(st.integers(0, len(data)))
-        action = draw(st.sampled_from(["insert", "delete", "replace"]))
-        special = st.sampled_from(list(b"-.0 9tokmKB\t\xb5\xc2\xff"))
-        byte = draw(st.one_of(special, st.integers(0, 255)))
-        if action == "insert":
-            data.insert(pos, byte)
-        elif pos < len(data):
-            if action == "delete":
-                del data[pos]
-            else:
-                data[pos] = byte
-    return bytes(data)
+mutated_conversion = mutated(
+    conversions().map(str.encode),
+    st.one_of(st.sampled_from(list(b"-.0 9tokmKB\t\xb5\xc2\xff")), st.integers(0, 255)).map(
+        lambda byte: bytes([byte])),
+)
 
 
-def assert_agree(guest: Guest, data: bytes) -> None:
-    value, code, message = guest(NAME, data)
-    assert code is None or not code.startswith("trap"), f"guest trapped on {data!r}: {message}"
-    assert (value, code) == run_reference(data), f"disagreement on {data!r}"
-    if value is not None:
-        check_value(value)
+DIFF_SETTINGS = property_settings()
 
 
-DIFF_SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
-                         suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
+@PROPERTY_TIMEOUT
 @DIFF_SETTINGS
 @given(text=conversions())
 def test_differential_generated(guest: Guest, text: str) -> None:
-    assert_agree(guest, text.encode("utf-8"))
+    UNITS_EV.assert_agree(guest, text.encode("utf-8"))
 
 
+@PROPERTY_TIMEOUT
 @DIFF_SETTINGS
-@given(data=mutated())
+@given(data=mutated_conversion)
 def test_differential_mutated(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    UNITS_EV.assert_agree(guest, data)
 
 
+@PROPERTY_TIMEOUT
 @DIFF_SETTINGS
 @given(data=st.one_of(st.binary(max_size=30),
                       st.text(st.sampled_from("0123456789.- kmto"), max_size=20).map(str.encode)))
 def test_differential_garbage(guest: Guest, data: bytes) -> None:
-    assert_agree(guest, data)
+    UNITS_EV.assert_agree(guest, data)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@property_settings()
 @given(numerator=st.integers(-(10**40), 10**40), denominator=st.integers(1, 10**40))
 def test_formatting_rounds_half_even_to_15_digits(numerator: int, denominator: int) -> None:
     """The reference's formatter checked against the definition of correct rounding: the text
@@ -232,8 +165,8 @@ def test_every_pair_at_the_extremes(guest: Guest, number: str) -> None:
         pytest.skip("the negative extreme runs in the full profile")
     for source, target in EXTREME_PAIRS:
         data = f"{number} {source} to {target}".encode()
-        value, code, message = guest(NAME, data)
-        assert (value, code) == run_reference(data), (data, message)
+        value, code, message = guest(UNITS_EV.name, data)
+        assert (value, code) == UNITS_EV.reference_outcome(data)[:2], (data, message)
         if UNITS[source].dimension != "temperature" or not number.startswith("-"):
             assert code is None, (data, message)
 
@@ -252,28 +185,6 @@ def test_intermediate_values_fit_i256() -> None:
 
 # --- bombs: typed answers within the host's default limits --------------------------------
 
-_ENGINE_CONFIG = wasmtime.Config()
-_ENGINE_CONFIG.consume_fuel = True
-_ENGINE = wasmtime.Engine(_ENGINE_CONFIG)
-
-
-def run_with_default_fuel(data: bytes) -> tuple[str | None, str | None, int]:
-    """Runs the guest with the daemon's default fuel budget; returns (value, code, fuel used)."""
-    store = wasmtime.Store(_ENGINE)
-    store.set_fuel(DEFAULT_FUEL)
-    store.set_limits(memory_size=64 * 2**20)
-    module = wasmtime.Module.from_file(_ENGINE, str(wasm_path(NAME)))
-    exports = wasmtime.Instance(store, module, []).exports(store)
-    exports["memory"].write(store, data, exports["evald_input_ptr"](store))
-    result = exports["evald_eval"](store, len(data))  # a trap (out of fuel) fails the test
-    out = exports["evald_output_ptr"](store)
-    text = bytes(exports["memory"].read(store, out, out + abs(result))).decode("utf-8")
-    used = DEFAULT_FUEL - store.get_fuel()
-    if result >= 0:
-        return text, None, used
-    return None, text.partition(":")[0], used
-
-
 def _pad(prefix: bytes, unit: bytes, suffix: bytes) -> bytes:
     k = (INPUT_CAP - len(prefix) - len(suffix)) // len(unit)
     return prefix + unit * k + suffix
@@ -291,31 +202,29 @@ def _pad(prefix: bytes, unit: bytes, suffix: bytes) -> bytes:
     (_pad(b"", "é".encode(), b""), "syntax"),
     (_pad(b"1 km to m", b"\xff", b""), "syntax"),
 ])
-def test_bombs_answered_within_default_fuel(data: bytes, code: str | None) -> None:
+def test_bombs_answered_within_default_fuel(default_limits_guest: DefaultLimitsGuest,
+                                            data: bytes, code: str | None) -> None:
     assert len(data) > INPUT_CAP - 16
-    value, got, used = run_with_default_fuel(data)
-    assert got == code
-    assert (value, got) == run_reference(data)
-    assert used < DEFAULT_FUEL
+    UNITS_EV.check_bomb(default_limits_guest, data, code)
 
 
 # --- the grammar a model writes in ---------------------------------------------------------
 
 def test_grammar_lists_exactly_the_unit_table() -> None:
-    rules = dict(line.split(" ::= ", 1) for line in GRAMMAR.splitlines() if line.strip())
+    rules = dict(line.split(" ::= ", 1) for line in UNITS_EV.grammar.splitlines() if line.strip())
     for dimension in DIMENSIONS:
         # An alternative may be split into adjacent literals ("°" "C"): see the next test.
         names = ["".join(re.findall(r'"([^"]*)"', alt)) for alt in rules[dimension].split(" | ")]
         assert sorted(names) == NAMES_BY_DIMENSION[dimension], dimension
-    assert "<" not in GRAMMAR
-    assert "<" not in MANIFEST["result_regex"]
+    assert "<" not in UNITS_EV.grammar
+    assert "<" not in UNITS_EV.manifest["result_regex"]
 
 
 def test_grammar_never_puts_a_hex_digit_after_a_non_ascii_character() -> None:
     """xgrammar 0.2.7 prints a non-ASCII character as ``\\xNN`` and, with its compile cache on,
     re-parses the grammar from that text: ``"°C"`` comes back as U+0B0C. The literals are split
     there (``"°" "C"``), and the grammar test below compiles with the cache on, as engines do."""
-    for literal in re.findall(r'"([^"]*)"', GRAMMAR):
+    for literal in re.findall(r'"([^"]*)"', UNITS_EV.grammar):
         assert not re.search(r"[^\x00-\x7f][0-9A-Fa-f]", literal), literal
 
 
@@ -327,38 +236,25 @@ GRAMMAR_REJECTS = ["1 km to kg", "1 KB to B", "1 month to d", "1.5.5 km to m", "
                    "007 km to m", "1 km to mi<"]
 
 
-@pytest.fixture(scope="module")
-def compiled_grammar() -> Any:
-    xgr = pytest.importorskip("xgrammar")
-    from engine_adapter._model_files import load_tokenizer
-
-    info = xgr.TokenizerInfo.from_huggingface(load_tokenizer())
-    xgr.GrammarCompiler(info).compile_grammar(xgr.Grammar.from_regex(MANIFEST["result_regex"]))
-    return xgr.GrammarCompiler(info).compile_grammar(xgr.Grammar.from_ebnf(GRAMMAR))
-
-
-def _grammar_accepts(compiled: Any, text: str) -> bool:
-    import xgrammar as xgr
-
-    matcher = xgr.GrammarMatcher(compiled)
-    return bool(matcher.accept_string(text)) and bool(matcher.is_completed())
-
-
 @pytest.mark.parametrize("text", GRAMMAR_ACCEPTS)
-def test_grammar_accepts_and_guest_evaluates(compiled_grammar: Any, guest: Guest,
-                                             text: str) -> None:
-    assert _grammar_accepts(compiled_grammar, text)
-    value, code, message = guest(NAME, text.encode())
-    assert code is None, message
-    assert value is not None
-    check_value(value)
+def test_grammar_accepts_and_guest_evaluates(guest: Guest, text: str) -> None:
+    UNITS_EV.check_model_example(guest, text)
 
 
 @pytest.mark.parametrize("text", GRAMMAR_REJECTS)
-def test_grammar_rejects(compiled_grammar: Any, text: str) -> None:
-    assert not _grammar_accepts(compiled_grammar, text)
+def test_grammar_rejects(text: str) -> None:
+    assert not UNITS_EV.grammar_accepts(text)
 
 
-def test_grammar_accepts_every_unit_name(compiled_grammar: Any) -> None:
+def test_grammar_accepts_every_unit_name() -> None:
     for name in UNIT_NAMES:
-        assert _grammar_accepts(compiled_grammar, f"1 {name} to {name}"), name
+        assert UNITS_EV.grammar_accepts(f"1 {name} to {name}"), name
+
+
+def test_result_regex_compiles() -> None:
+    assert UNITS_EV.regex_accepts("-12.5") and not UNITS_EV.regex_accepts("12.50")
+
+
+def test_grammar_compiles_for_the_real_tokenizer() -> None:
+    """Compiled against SmolLM2's vocabulary, the tokens of a real span walk the matcher."""
+    UNITS_EV.check_tokens_walk("98.6 °F to °C")
