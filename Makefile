@@ -6,8 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
-# llama.cpp is built from source once (pip caches the wheel); skip the multimodal library.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# llama.cpp is built from source once (pip caches the wheel); skip the multimodal library, and
+# build it without AMX kernels: llama.cpp's AMX buffer type crashes on some AMX CPUs
+# (docs/local-engine.md, "CPU choices"). Explicit -mno-amx-* flags win over -march=native.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF '-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'
 
 .PHONY: setup run test lint proto wasm full-test clean
 

@@ -195,6 +195,9 @@ class LocalEngine:
         deadline_ms: per-span evaluation deadline; past it the engine forces
             ``<result_error>deadline_exceeded</result_error>`` and goes on.
         system_prompt: the chat system message (``None``: the template's default).
+
+    The engine owns its backend: :meth:`close` (or leaving a ``with LocalEngine(...)`` block)
+    releases the model now; a script that never closes it has it released at interpreter exit.
     """
 
     def __init__(
@@ -226,6 +229,19 @@ class LocalEngine:
         self._specials = special_token_texts(tokenizer)
         self._compiled: dict[str, Any] = {}
         self._bitmask = xgr.allocate_token_bitmask(1, backend.vocab_size)
+
+    def close(self) -> None:
+        """Releases the backend's model (idempotent); the engine must not be used afterwards.
+
+        The evaluator passed in stays open: its owner closes it (:class:`EvaluatorSetup`).
+        """
+        self.backend.close()
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- request preparation --------------------------------------------------------------
 

@@ -1,18 +1,31 @@
 """SmolLM2 on llama.cpp (llama-cpp-python): the fast local backend.
 
 It reads the Q4_1 GGUF as is (loads in under a second, about 200 MiB) and decodes a token in
-about 15 ms on two cores — close to one GPU decode step, which keeps the overhead ratios of the
-benchmarks honest. Only the low-level pieces of ``llama_cpp.Llama`` are used: ``eval`` to extend
-the KV cache, the context's ``get_logits_ith(-1)`` for the last position (``Llama.scores`` stays
-empty unless every position's logits are kept), and ``n_tokens`` plus ``kv_cache_seq_rm`` to
-roll back. Tokenization and the chat template come from the transformers tokenizer, which
-tokenizes SmolLM2's text exactly as llama.cpp does.
+about 6 to 25 ms depending on the CPU — close to one GPU decode step, which keeps the overhead
+ratios of the benchmarks honest. It drives llama-cpp-python's thin wrappers of the C API
+(``LlamaModel``, ``LlamaContext``, ``LlamaBatch``) rather than ``llama_cpp.Llama``, because
+``Llama()`` does not let a caller set the model parameter this backend must set:
+
+**No extra buffer types** (``use_extra_bufts = False``). llama.cpp's AMX buffer type, chosen
+automatically on CPUs with AMX (Sapphire Rapids and newer), crashes in
+``ggml_backend_amx_mul_mat`` on the first forward on some of them (a known upstream defect).
+The other extra buffer type, CPU weight repacking, does not apply to this model's Q4_1 weights
+(llama.cpp reports every tensor as unusable with ``CPU_REPACK``), so turning both off costs
+nothing on any CPU and makes the crash impossible rather than unlikely
+(docs/local-engine.md, "CPU choices"). The Makefile also builds llama.cpp without AMX kernels.
+
+Tokenization and the chat template come from the transformers tokenizer, which tokenizes
+SmolLM2's text exactly as llama.cpp does. The native model is released deterministically:
+:meth:`LlamaBackend.close`, or at interpreter exit before Python tears down the modules the
+release needs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import weakref
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -21,7 +34,30 @@ import torch
 from engine_adapter._backend import Backend, BackendError
 from engine_adapter._model_files import smollm2_gguf_path
 
-__all__ = ["LlamaBackend"]
+__all__ = ["LLAMA_BATCH", "LlamaBackend", "default_threads", "model_params"]
+
+#: Positions fed to llama.cpp per decode call (and its micro-batch): a whole prompt in one go.
+LLAMA_BATCH = 512
+
+
+def default_threads() -> tuple[int, int]:
+    """(decode threads, prompt threads) when the caller names none.
+
+    Decoding one token is memory-bound and llama.cpp's workers spin between operations, so it
+    gets half the CPUs (at least one); a prompt or a forced result (many positions in one
+    forward) is compute-bound and gets every CPU. Measured in docs/local-engine.md.
+    """
+    cpus = os.cpu_count() or 2
+    return max(1, cpus // 2), cpus
+
+
+def model_params() -> Any:
+    """llama.cpp's default model parameters with extra buffer types (AMX, repacking) off."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = False
+    return params
 
 
 class LlamaBackend(Backend):
@@ -32,7 +68,8 @@ class LlamaBackend(Backend):
     def __init__(self, *, n_ctx: int = 4096, n_threads: int | None = None) -> None:
         super().__init__()
         try:
-            from llama_cpp import Llama
+            import llama_cpp
+            from llama_cpp import _internals
         except ImportError as exc:
             raise BackendError(
                 "the llama backend needs llama-cpp-python: pip install -e '.[llama]' "
@@ -42,21 +79,35 @@ class LlamaBackend(Backend):
             path = smollm2_gguf_path()
         except FileNotFoundError as exc:
             raise BackendError(str(exc)) from exc
-        # llama.cpp's own default (half the logical CPUs): its worker threads spin between
-        # operations, so on a small shared machine more threads make every step slower.
-        threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
-        self._llm: Any = Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_batch=512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=False,
-            verbose=False,
-        )
-        self._n_ctx = int(self._llm.n_ctx())
-        self._vocab_size = int(self._llm.n_vocab())
-        self._eos = int(self._llm.token_eos())
+        decode_threads, prompt_threads = default_threads()
+        self.params = model_params()
+        stack = ExitStack()
+        try:
+            model = _internals.LlamaModel(path_model=str(path), params=self.params, verbose=False)
+            stack.callback(model.close)
+            context_params = llama_cpp.llama_context_default_params()
+            context_params.n_ctx = n_ctx
+            context_params.n_batch = LLAMA_BATCH
+            context_params.n_ubatch = LLAMA_BATCH
+            context_params.n_threads = n_threads or decode_threads
+            context_params.n_threads_batch = n_threads or prompt_threads
+            context = _internals.LlamaContext(model=model, params=context_params, verbose=False)
+            stack.callback(context.close)
+            batch = _internals.LlamaBatch(n_tokens=LLAMA_BATCH, embd=0, n_seq_max=1, verbose=False)
+            stack.callback(batch.close)
+        except (ValueError, OSError) as exc:
+            stack.close()
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+        self._model: Any = model
+        self._ctx: Any = context
+        self._batch: Any = batch
+        self.threads = (int(context_params.n_threads), int(context_params.n_threads_batch))
+        self._n_ctx = int(context.n_ctx())
+        self._vocab_size = int(model.n_vocab())
+        self._eos = int(model.token_eos())
+        # Runs on close() or, for a script that never closes, at interpreter exit while the
+        # llama_cpp module is still whole (a release from __del__ during teardown fails).
+        self._release = weakref.finalize(self, stack.close)
 
     @property
     def vocab_size(self) -> int:
@@ -71,12 +122,21 @@ class LlamaBackend(Backend):
         return self._n_ctx
 
     def _forward(self, token_ids: list[int]) -> torch.Tensor:
-        llm = self._llm
-        if llm.n_tokens != self.n_tokens:  # pragma: no cover - guards the invariant
-            raise BackendError("llama.cpp's cache length drifted from the backend's")
-        llm.eval(token_ids)
-        pointer = llm._ctx.get_logits_ith(-1)
+        if not self._release.alive:
+            raise BackendError("the llama backend was closed")
+        context, batch = self._ctx, self._batch
+        n_past = self.n_tokens
+        try:
+            for start in range(0, len(token_ids), LLAMA_BATCH):
+                chunk = token_ids[start : start + LLAMA_BATCH]
+                batch.set_batch(batch=chunk, n_past=n_past + start, logits_all=False)
+                context.decode(batch)
+        except RuntimeError as exc:
+            context.kv_cache_seq_rm(-1, n_past, -1)  # the contract: the cache is unchanged
+            raise BackendError(f"llama.cpp decode failed: {exc}") from exc
+        pointer = context.get_logits_ith(-1)
         if not pointer:
+            context.kv_cache_seq_rm(-1, n_past, -1)
             raise BackendError("llama.cpp returned no logits for the last position")
         row = np.ctypeslib.as_array(
             ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._vocab_size,)
@@ -85,12 +145,8 @@ class LlamaBackend(Backend):
         return torch.from_numpy(row.copy())
 
     def _truncate(self, n_tokens: int) -> None:
-        llm = self._llm
-        llm._ctx.kv_cache_seq_rm(-1, n_tokens, -1)
-        llm.n_tokens = n_tokens
+        self._ctx.kv_cache_seq_rm(-1, n_tokens, -1)
 
     def close(self) -> None:
-        llm = getattr(self, "_llm", None)
-        if llm is not None:
-            llm.close()
-            self._llm = None
+        """Frees the native context and model now (idempotent)."""
+        self._release()

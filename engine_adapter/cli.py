@@ -281,7 +281,7 @@ def _generate(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     finally:
         setup.close()
-        engine.backend.close()
+        engine.close()
     out.write("\n")
     out.flush()
     if args.timings:
@@ -351,7 +351,7 @@ def _study(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     finally:
         setup.close()
-        engine.backend.close()
+        engine.close()
     print(summary.table_markdown())
     print(f"\nrecords, table and plot in {config.out_dir}", file=sys.stderr)
     return EXIT_OK

@@ -30,6 +30,13 @@ def _serve(parser: argparse.ArgumentParser) -> Runner:
         help="registered modules and caches (default: config's, else $XDG_STATE_HOME/evald, "
         "else ~/.local/state/evald)",
     )
+    parser.add_argument(
+        "--parent-fd",
+        type=int,
+        metavar="FD",
+        help="stop (as on SIGTERM) when this inherited pipe reaches end-of-file: the program "
+        "that started the daemon holds the write end, so the daemon dies with it however it dies",
+    )
 
     def run(args: argparse.Namespace) -> int:
         from evald._config import ConfigError, load_config
@@ -44,6 +51,15 @@ def _serve(parser: argparse.ArgumentParser) -> Runner:
             return EXIT_ERROR
         from evald._server import serve
 
+        if args.parent_fd is not None:
+            from evald._parent_watch import watch_parent
+
+            try:
+                watch_parent(args.parent_fd, grace_s=config.server.shutdown_grace_s)
+            except OSError as exc:
+                message = f"--parent-fd {args.parent_fd}: {exc}"
+                print(f"error: invalid_argument: {message}", file=sys.stderr)
+                return EXIT_ERROR
         try:
             serve(config)
         except EvaldError as exc:

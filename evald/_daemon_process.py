@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from evald._parent_watch import ParentLink
 from evald._toolchain import append_custom_section
 
 __all__ = [
@@ -78,6 +79,8 @@ class DaemonProcess:
     config_path: Path
     log_path: Path
     metrics_port: int | None = None
+    #: The pipe that ties the daemon's life to this process (``evald serve --parent-fd``).
+    parent_link: ParentLink | None = None
 
     @property
     def target(self) -> str:
@@ -108,7 +111,10 @@ class DaemonProcess:
         """Signals the daemon and waits for it; returns its exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signum)
-        return self.process.wait(timeout=timeout_s)
+        status = self.process.wait(timeout=timeout_s)
+        if self.parent_link is not None:
+            self.parent_link.close()
+        return status
 
     def kill(self) -> None:
         """kill -9: no drain, no clean-up (the socket file and the lock stay behind)."""
@@ -149,24 +155,33 @@ def start_daemon(
     socket_path = socket_path or root / "evald.sock"
     state_dir = state_dir or root / "state"
     log_path = root / f"daemon-{time.monotonic_ns()}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                *prefix,
-                *evald_command(),
-                "serve",
-                "--config",
-                str(config_path),
-                "--listen",
-                listen or f"unix:{socket_path}",
-                "--state-dir",
-                str(state_dir),
-                *extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    daemon = factory(process, socket_path, state_dir, config_path, log_path, metrics_port)
+    # The daemon dies with this process, however it dies (see evald._parent_watch).
+    link = ParentLink()
+    try:
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    *prefix,
+                    *evald_command(),
+                    "serve",
+                    "--config",
+                    str(config_path),
+                    "--listen",
+                    listen or f"unix:{socket_path}",
+                    "--state-dir",
+                    str(state_dir),
+                    *link.child_args(),
+                    *extra_args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=link.pass_fds,
+            )
+    except BaseException:
+        link.close()
+        raise
+    link.spawned()
+    daemon = factory(process, socket_path, state_dir, config_path, log_path, metrics_port, link)
     if wait:
         wait_serving(daemon, listen, tls_ca=tls_ca, timeout_s=start_timeout_s)
     return daemon

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from evald._client import CallError, Client
 from evald._config import DEFAULT_CONFIG_PATH
+from evald._parent_watch import ParentLink
 
 __all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
 
@@ -71,8 +72,16 @@ def running_daemon(workdir: Path, console: Console) -> Iterator[str]:
     ]
     console.print(f"[bold]starting[/] evald {' '.join(command[-7:])}")
     started = time.perf_counter()
+    # The daemon dies with the demo however the demo dies (see evald._parent_watch).
+    link = ParentLink()
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*command, *link.child_args()],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=link.pass_fds,
+        )
+    link.spawned()
     try:
         _wait_healthy(process, target, log_path)
         console.print(
@@ -89,6 +98,7 @@ def running_daemon(workdir: Path, console: Console) -> Iterator[str]:
                 process.kill()
                 status = process.wait()
             console.print(f"[bold]stopped[/] the daemon with SIGTERM (exit status {status})")
+        link.close()
 
 
 def _wait_healthy(process: subprocess.Popen[bytes], target: str, log_path: Path) -> None:

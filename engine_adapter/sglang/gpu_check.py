@@ -83,13 +83,29 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _process(
-    command: Sequence[str], log: Path, env: dict[str, str]
+    command: Sequence[str], log: Path, env: dict[str, str], *, evald: bool = False
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs ``command`` in its own process group; on exit, SIGTERM then SIGKILL to that group."""
+    """Runs ``command`` in its own process group; on exit, SIGTERM then SIGKILL to that group.
+
+    The child dies with this process however it dies: ``evald serve`` through
+    ``--parent-fd``, another program through the parent-death signal (``_process`` is called
+    from the main thread, which lives as long as the check).
+    """
+    from evald._parent_watch import ParentLink, set_parent_death_signal
+
+    link = ParentLink() if evald else None
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            list(command), stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [*command, *(link.child_args() if link else [])],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            pass_fds=link.pass_fds if link else (),
+            preexec_fn=None if link else set_parent_death_signal,
         )
+        if link:
+            link.spawned()
         try:
             yield process
         finally:
@@ -102,6 +118,8 @@ def _process(
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=30)
+            if link:
+                link.close()
 
 
 def _wait(
@@ -372,6 +390,7 @@ def _launch_and_run(
                     ],
                     evald_log,
                     env,
+                    evald=True,
                 )
             )
             _wait("evald", lambda: _evald_ready(target), evald, evald_log, 60)

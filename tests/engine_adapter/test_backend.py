@@ -172,3 +172,82 @@ def test_hf_conversion_is_cached_as_plain_safetensors(hf_backend: Any) -> None:
     # Saved without the GGUF quantizer, so reloading does not dequantize again.
     assert "quantization_config" not in config
     assert config["vocab_size"] == hf_backend.vocab_size
+
+
+# -- CPU choices and teardown (docs/local-engine.md, "CPU choices") ------------------------------
+
+
+@pytest.mark.model
+def test_llama_backend_loads_without_extra_buffer_types(llama_backend: Any) -> None:
+    """The AMX buffer type crashes on some AMX CPUs; the backend must never ask for it, on any
+    CPU, whatever this machine has (so this holds on CPUs with and without AMX alike)."""
+    from engine_adapter._llama_backend import model_params
+
+    assert llama_backend.params.use_extra_bufts is False
+    assert model_params().use_extra_bufts is False
+
+
+def test_llama_cpp_is_built_without_amx_kernels() -> None:
+    """The Makefile builds llama.cpp with -mno-amx-*: its system info must not list AMX (a
+    second guard beside the model parameter; on a CPU without AMX it holds trivially)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    info = llama_cpp.llama_print_system_info().decode()
+    assert "CPU :" in info, info
+    assert "AMX" not in info, info
+
+
+def test_default_threads_split_decode_from_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from engine_adapter._llama_backend import default_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert default_threads() == (1, 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_threads() == (8, 16)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert default_threads() == (1, 2)
+
+
+@pytest.mark.model
+def test_llama_backend_uses_its_threads(llama_backend: Any) -> None:
+    from engine_adapter._llama_backend import default_threads
+
+    assert llama_backend.threads == default_threads()
+
+
+@pytest.mark.model
+def test_closed_llama_backend_refuses_to_forward(smollm2_tokenizer: Any) -> None:
+    backend = load_backend("llama", n_ctx=256)
+    assert int(torch.argmax(backend.forward(_prompt_ids(smollm2_tokenizer)))) >= 0
+    backend.close()
+    backend.close()  # idempotent
+    with pytest.raises(BackendError, match="closed"):
+        backend.forward([1])
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("close", [False, True], ids=["never-closed", "closed"])
+def test_a_script_exits_cleanly_with_or_without_closing_its_engine(close: bool) -> None:
+    """A script that builds a LocalEngine and exits without closing it must not print a
+    traceback from the model's release during interpreter teardown."""
+    import subprocess
+    import sys
+
+    script = f"""
+from engine_adapter import LocalEngine, load_backend, standard_evaluators
+from engine_adapter._model_files import load_tokenizer
+engine = LocalEngine(load_backend("llama", n_ctx=256), load_tokenizer(), standard_evaluators())
+engine.backend.forward([1, 2, 3])
+if {close}:
+    with engine:
+        pass
+print("done")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    for bad in ("Traceback", "Exception ignored", "TypeError", "Error"):
+        assert bad not in result.stderr, result.stderr
