@@ -4,15 +4,16 @@ It reads the Q4_1 GGUF as is (loads in under a second, about 200 MiB) and decode
 about 6 to 25 ms depending on the CPU — close to one GPU decode step, which keeps the overhead
 ratios of the benchmarks honest. It drives llama-cpp-python's thin wrappers of the C API
 (``LlamaModel``, ``LlamaContext``, ``LlamaBatch``) rather than ``llama_cpp.Llama``, because
-``Llama()`` does not let a caller set the model parameter this backend must set:
+``Llama()`` does not let a caller set the model parameter this backend may need to set:
 
-**No extra buffer types** (``use_extra_bufts = False``). llama.cpp's AMX buffer type, chosen
-automatically on CPUs with AMX (Sapphire Rapids and newer), crashes in
-``ggml_backend_amx_mul_mat`` on the first forward on some of them (a known upstream defect).
-The other extra buffer type, CPU weight repacking, does not apply to this model's Q4_1 weights
-(llama.cpp reports every tensor as unusable with ``CPU_REPACK``), so turning both off costs
-nothing on any CPU and makes the crash impossible rather than unlikely
-(docs/local-engine.md, "CPU choices"). The Makefile also builds llama.cpp without AMX kernels.
+**No AMX buffer type.** llama.cpp's AMX "extra buffer type", chosen automatically on CPUs with
+AMX (Sapphire Rapids and newer), crashes in ``ggml_backend_amx_mul_mat`` on the first forward on
+some of them (a known upstream defect). The Makefile builds llama.cpp without AMX kernels, so the
+AMX buffer type does not exist in that build and the other extra buffer type, CPU weight
+repacking (fast Q4_0/Q4_K kernels on AVX2/AVX-512), stays on. A llama.cpp built with AMX (a wheel
+from elsewhere) is detected from its system info and then loads with every extra buffer type off
+(``use_extra_bufts = False``): slower for repackable weights, but it cannot crash. Either way the
+crash is impossible rather than unlikely (docs/local-engine.md, "CPU choices").
 
 Tokenization and the chat template come from the transformers tokenizer, which tokenizes
 SmolLM2's text exactly as llama.cpp does. The native model is released deterministically:
@@ -34,7 +35,7 @@ import torch
 from engine_adapter._backend import Backend, BackendError
 from engine_adapter._model_files import smollm2_gguf_path
 
-__all__ = ["LLAMA_BATCH", "LlamaBackend", "default_threads", "model_params"]
+__all__ = ["LLAMA_BATCH", "LlamaBackend", "amx_compiled", "default_threads", "model_params"]
 
 #: Positions fed to llama.cpp per decode call (and its micro-batch): a whole prompt in one go.
 LLAMA_BATCH = 512
@@ -51,12 +52,20 @@ def default_threads() -> tuple[int, int]:
     return max(1, cpus // 2), cpus
 
 
+def amx_compiled() -> bool:
+    """Whether the installed llama.cpp has AMX kernels (its AMX buffer type exists)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return "AMX_INT8 = 1" in info
+
+
 def model_params() -> Any:
-    """llama.cpp's default model parameters with extra buffer types (AMX, repacking) off."""
+    """llama.cpp's default model parameters, with extra buffer types off when AMX is built in."""
     import llama_cpp
 
     params = llama_cpp.llama_model_default_params()
-    params.use_extra_bufts = False
+    params.use_extra_bufts = not amx_compiled()
     return params
 
 
@@ -70,6 +79,7 @@ class LlamaBackend(Backend):
         try:
             import llama_cpp
             from llama_cpp import _internals
+            from llama_cpp._logger import set_verbose
         except ImportError as exc:
             raise BackendError(
                 "the llama backend needs llama-cpp-python: pip install -e '.[llama]' "
@@ -79,6 +89,7 @@ class LlamaBackend(Backend):
             path = smollm2_gguf_path()
         except FileNotFoundError as exc:
             raise BackendError(str(exc)) from exc
+        set_verbose(False)  # llama.cpp's own log: errors only (what Llama(verbose=False) sets)
         decode_threads, prompt_threads = default_threads()
         self.params = model_params()
         stack = ExitStack()

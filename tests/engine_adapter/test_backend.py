@@ -178,13 +178,29 @@ def test_hf_conversion_is_cached_as_plain_safetensors(hf_backend: Any) -> None:
 
 
 @pytest.mark.model
-def test_llama_backend_loads_without_extra_buffer_types(llama_backend: Any) -> None:
-    """The AMX buffer type crashes on some AMX CPUs; the backend must never ask for it, on any
-    CPU, whatever this machine has (so this holds on CPUs with and without AMX alike)."""
-    from engine_adapter._llama_backend import model_params
+def test_llama_backend_never_loads_the_amx_buffer_type(llama_backend: Any) -> None:
+    """The AMX buffer type crashes on some AMX CPUs. Whatever this CPU and this llama.cpp build
+    have, the model is loaded so that the AMX buffer type cannot be used: either the build has
+    no AMX kernels, or extra buffer types are off."""
+    from engine_adapter._llama_backend import amx_compiled, model_params
 
-    assert llama_backend.params.use_extra_bufts is False
-    assert model_params().use_extra_bufts is False
+    assert not (amx_compiled() and llama_backend.params.use_extra_bufts)
+    assert model_params().use_extra_bufts is (not amx_compiled())
+
+
+def test_an_amx_build_loads_with_extra_buffer_types_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule on a llama.cpp that has AMX kernels (a build this machine may not have)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine_adapter import _llama_backend
+
+    amx_info = b"CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: amx_info)
+    assert _llama_backend.amx_compiled()
+    assert _llama_backend.model_params().use_extra_bufts is False
+    plain_info = b"CPU : SSE3 = 1 | AVX512 = 1 | OPENMP = 1 | REPACK = 1 | "
+    monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: plain_info)
+    assert not _llama_backend.amx_compiled()
+    assert _llama_backend.model_params().use_extra_bufts is True
 
 
 def test_llama_cpp_is_built_without_amx_kernels() -> None:
