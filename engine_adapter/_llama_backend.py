@@ -102,6 +102,9 @@ class LlamaBackend(Backend):
             context_params.n_ubatch = LLAMA_BATCH
             context_params.n_threads = n_threads or decode_threads
             context_params.n_threads_batch = n_threads or prompt_threads
+            # What Llama() sets: flash attention changes the logits' rounding (greedy text on
+            # near ties) and measured no faster here.
+            context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             context = _internals.LlamaContext(model=model, params=context_params, verbose=False)
             stack.callback(context.close)
             batch = _internals.LlamaBatch(n_tokens=LLAMA_BATCH, embd=0, n_seq_max=1, verbose=False)
