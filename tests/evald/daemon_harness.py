@@ -86,13 +86,14 @@ def session_config(metrics_port: int) -> str:
             tenant_block("nofuel", allow_register=True, limits={"fuel": 0, "deadline_ms": 50}),
             tenant_block("alpha", evaluators=["calc"], allow_register=True, max_modules=64),
             # Both workers (above the default max_running of threads - 1), so one slow item
-            # of beta's holds back only the worker it runs on.
+            # of beta's holds back only the worker it runs on. Fuel enough for far more than
+            # the 100 ms deadline on any CPU: a looping item ends at its deadline.
             tenant_block(
                 "beta",
                 evaluators=["*"],
                 allow_register=True,
                 max_modules=64,
-                limits={"max_running": 2},
+                limits={"max_running": 2, "fuel": 100_000_000_000},
             ),
             tenant_block("narrow", allow_register=True, limits={"max_concurrency": 2}),
             tenant_block("metered", allow_register=True, limits={"rate_per_s": 0.01, "burst": 3}),
