@@ -207,3 +207,30 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def fixed_tag(*parts: Any) -> dict[str, Any]:
+    """A lowered structural tag that spells ``parts`` exactly: a string is constant text, a
+    ``(binding, content)`` pair an evaluated span whose content is ``content``.
+
+    The model still writes every token (the grammar allows only these), so what the adapter
+    sees is what a model wrote; the contents are chosen by the test, the values come from evald.
+    """
+    from engine_adapter._grammar import span_format
+
+    elements = []
+    for part in parts:
+        if isinstance(part, str):
+            elements.append({"type": "const_string", "value": part})
+        else:
+            binding, content = part
+            elements.append(span_format(binding, {"type": "const_string", "value": content}))
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:
+    """The request fields for a structural tag, with ``vllm_xargs`` if any are given."""
+    body: dict[str, Any] = {"structured_outputs": {"structural_tag": json.dumps(tag)}}
+    if xargs:
+        body["vllm_xargs"] = dict(xargs)
+    return body
