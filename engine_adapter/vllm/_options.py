@@ -56,7 +56,9 @@ class RequestOptions:
     """``(code, message)`` every span of the request answers with, for an unusable option."""
 
 
-def allowed_targets(config: AdapterConfig, environ: Mapping[str, str] | None = None) -> frozenset[str]:
+def allowed_targets(
+    config: AdapterConfig, environ: Mapping[str, str] | None = None
+) -> frozenset[str]:
     """``EVALD_TARGET`` plus the comma-separated ``EVALD_ALLOWED_TARGETS``."""
     env = os.environ if environ is None else environ
     extra = (t.strip() for t in env.get("EVALD_ALLOWED_TARGETS", "").split(","))

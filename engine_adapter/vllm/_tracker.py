@@ -281,7 +281,7 @@ class SpanTracker:
             for state, request in held:
                 if not self._must_wait(state):
                     self._release(state, request)
-        for state, request in held:
+        for state, _ in held:
             if state.held_until is not None:
                 state.held_steps += 1
                 self.stats.held_steps += 1
@@ -348,4 +348,3 @@ def _futures(state: EvaluatedRequest) -> Iterable[concurrent.futures.Future[Eval
     spans = state.injector.spans
     if spans and spans[-1].future is not None and spans[-1].result is None:
         yield spans[-1].future
-

@@ -131,7 +131,14 @@ def verify_installed(scheduler_cls: type) -> dict[str, bool]:
     Raises:
         PluginError: a method is not wrapped, e.g. a custom scheduler class overrides it.
     """
-    status = {name: bool(getattr(getattr(scheduler_cls, name, None), _MARK, False)) for name, _, _ in _hooks()}
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    status = {}
+    for name, _, _ in _hooks():
+        # A subclass's own __init__ runs the wrapped one through super().__init__(); the
+        # per-step methods must resolve to the wrappers themselves.
+        owner = Scheduler if name == "__init__" else scheduler_cls
+        status[name] = bool(getattr(getattr(owner, name, None), _MARK, False))
     missing = [name for name, ok in status.items() if not ok]
     if missing:
         raise PluginError(

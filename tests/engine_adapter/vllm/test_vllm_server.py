@@ -8,6 +8,7 @@ grammar allowing nothing else); every injected value is checked against evald's 
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import re
 import signal
@@ -168,7 +169,7 @@ def test_hung_evald_ends_every_span_without_stalling_others(
         assert answer["choices"][0]["finish_reason"] == "stop"
     assert elapsed >= 2 * DEADLINE_MS / 1000.0  # two spans, one after the other, each timed out
     for text, times in answers[len(evaluated) :]:
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
         assert text and gaps
         # Held requests leave the batch: a plain request never waits for a span's deadline.
         assert max(gaps) < 0.5 * DEADLINE_MS / 1000.0, gaps

@@ -157,7 +157,9 @@ def post(url: str, payload: Mapping[str, Any], timeout_s: float) -> dict[str, An
             answer: dict[str, Any] = json.loads(response.read())
             return answer
     except urllib.error.HTTPError as error:
-        raise AssertionError(f"HTTP {error.code}: {error.read().decode(errors='replace')}") from None
+        raise AssertionError(
+            f"HTTP {error.code}: {error.read().decode(errors='replace')}"
+        ) from None
 
 
 def start_server(
@@ -181,7 +183,7 @@ def start_server(
         **env,
     }
     environ.pop("PYTHONPATH", None)  # the vLLM venv has this repository installed itself
-    log = open(log_path, "wb")  # noqa: SIM115 - owned by the process for its lifetime
+    log = open(log_path, "wb")  # owned by the server process for its lifetime
     process = subprocess.Popen(
         command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)
     )
