@@ -206,3 +206,15 @@ def test_span_log_records_every_span(server: VllmServer, span_log: Any) -> None:
         time.sleep(0.2)
     assert any(line["content"] == "6 * 7" and line["value"] == "42" for line in lines)
     assert all(line["waited_ms"] == 0 for line in lines)  # held, never waited for
+
+
+def test_stall_benchmark_runs(server: VllmServer, daemon: Daemon) -> None:
+    """The stall benchmark's measurement on the session server (its numbers are not checked)."""
+    from bench_vllm_stall import measure_stall
+
+    result = measure_stall(server, daemon.target, rounds=1, plain=4, evaluated=4, max_tokens=12)
+    assert set(result["median_gap_ms"]) == {"spinning", "fast", "alone"}
+    assert result["stall_ratio_median"] > 0
+    spinning = result["sample_texts"]["spinning"][0]
+    assert spinning.count("<result_error>deadline_exceeded</result_error>") == 2, spinning
+    assert "<result>42</result>" in result["sample_texts"]["fast"][0]

@@ -58,7 +58,7 @@ fuel = 0
 """
 
 #: The adapter's per-span deadline on the test server (a hung evald costs a span this long).
-DEADLINE_MS = 1500
+DEADLINE_MS = 3000
 READY_TIMEOUT_S = 300.0
 
 
