@@ -38,7 +38,7 @@ from engine_adapter.sglang._config import AdapterConfig
 from engine_adapter.sglang._runtime import AdapterRuntime
 from engine_adapter.vllm._options import RequestOptions, allowed_targets, request_options
 
-__all__ = ["EvaluatedRequest", "SpanTracker", "TrackerStats"]
+__all__ = ["TrackedRequest", "SpanTracker", "TrackerStats"]
 
 logger = logging.getLogger("engine_adapter.vllm")
 
@@ -65,7 +65,7 @@ class _Refusal:
 
 
 @dataclass(eq=False)
-class EvaluatedRequest:
+class TrackedRequest:
     """One evaluated request: its injector and how far it has read the request's tokens."""
 
     request_id: str
@@ -118,12 +118,12 @@ class SpanTracker:
         self.stats = TrackerStats()
         self._factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
         self._runtimes: dict[tuple[str, str | None], AdapterRuntime] = {}
-        self._states: dict[str, EvaluatedRequest] = {}
-        self._pending: list[EvaluatedRequest] = []
+        self._states: dict[str, TrackedRequest] = {}
+        self._pending: list[TrackedRequest] = []
 
     # ------------------------------------------------------------------ vLLM's calls
 
-    def add(self, request: Any) -> EvaluatedRequest | None:
+    def add(self, request: Any) -> TrackedRequest | None:
         """Starts following ``request`` if its structural tag holds evaluated spans."""
         try:
             options = request_options(request.sampling_params, self.config, self.allowed)
@@ -223,12 +223,12 @@ class SpanTracker:
     # ------------------------------------------------------------------ introspection
 
     @property
-    def requests(self) -> dict[str, EvaluatedRequest]:
+    def requests(self) -> dict[str, TrackedRequest]:
         return dict(self._states)
 
     # ------------------------------------------------------------------ internals
 
-    def _new_state(self, request: Any, options: RequestOptions) -> EvaluatedRequest:
+    def _new_state(self, request: Any, options: RequestOptions) -> TrackedRequest:
         runtime: AdapterRuntime | None = None
         evaluator: Any
         if options.refusal is not None:
@@ -246,17 +246,17 @@ class SpanTracker:
             deadline_ms=options.config.deadline_ms,
             auto_flush=False,
         )
-        return EvaluatedRequest(
+        return TrackedRequest(
             request_id=str(request.request_id),
             injector=injector,
             output=request.output_token_ids,
             runtime=runtime,
         )
 
-    def _hold(self, scheduler: Any, pending: list[EvaluatedRequest]) -> None:
+    def _hold(self, scheduler: Any, pending: list[TrackedRequest]) -> None:
         step = int(scheduler.current_step) + 2  # schedule() increments it before comparing
         requests = scheduler.requests
-        held: list[tuple[EvaluatedRequest, Any]] = []
+        held: list[tuple[TrackedRequest, Any]] = []
         for state in pending:
             request = requests.get(state.request_id)
             if request is None:
@@ -286,7 +286,7 @@ class SpanTracker:
                 state.held_steps += 1
                 self.stats.held_steps += 1
 
-    def _must_wait(self, state: EvaluatedRequest) -> bool:
+    def _must_wait(self, state: TrackedRequest) -> bool:
         injector = state.injector
         try:
             return bool(injector.pending) and not injector.forced_tokens()
@@ -295,12 +295,12 @@ class SpanTracker:
             return False
 
     @staticmethod
-    def _release(state: EvaluatedRequest, request: Any) -> None:
+    def _release(state: TrackedRequest, request: Any) -> None:
         if state.held_until is not None:
             request.next_decode_eligible_step = state.held_until
             state.held_until = None
 
-    def _next_forced(self, state: EvaluatedRequest) -> int | None:
+    def _next_forced(self, state: TrackedRequest) -> int | None:
         injector = state.injector
         if not injector.pending:
             return None
@@ -325,7 +325,7 @@ class SpanTracker:
                 if record.result is not None:
                     runtime.log_span(record, request_id)
 
-    def _stop(self, state: EvaluatedRequest, reason: str) -> None:
+    def _stop(self, state: TrackedRequest, reason: str) -> None:
         state.fault = reason
         state.held_until = None
         self.stats.faults += 1
@@ -344,7 +344,7 @@ def _index(ids: Sequence[str], request_id: str) -> int | None:
         return None
 
 
-def _futures(state: EvaluatedRequest) -> Iterable[concurrent.futures.Future[EvalResult]]:
+def _futures(state: TrackedRequest) -> Iterable[concurrent.futures.Future[EvalResult]]:
     spans = state.injector.spans
     if spans and spans[-1].future is not None and spans[-1].result is None:
         yield spans[-1].future

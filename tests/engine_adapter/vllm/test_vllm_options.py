@@ -88,3 +88,52 @@ def test_bad_options_are_refused_in_band(
 def test_requests_without_evaluated_spans_are_not_followed(raw: str | None) -> None:
     assert request_options(params(raw), CONFIG, ALLOWED) is None
     assert request_options(SimpleNamespace(structured_outputs=None), CONFIG, ALLOWED) is None
+
+
+def test_request_helper_round_trip(tmp_path: Any) -> None:
+    """What ``evaluated_request`` sends is what the server side reads (a real evald answers
+    ``ListEvaluators``), for the standard tag and for a tag with ``evaluated_tag`` elements."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evald"))
+    from daemon_harness import start_daemon
+    from vllm_harness import CONFIG as DAEMON_CONFIG
+    from vllm_harness import TOKEN
+
+    from engine_adapter.vllm import evaluated_request
+
+    daemon = start_daemon(tmp_path, DAEMON_CONFIG)
+    try:
+        standard = evaluated_request(daemon.target, TOKEN, ["calc", "units"], send_target=True)
+        own = evaluated_request(
+            daemon.target,
+            TOKEN,
+            tag={
+                "type": "structural_tag",
+                "format": {
+                    "type": "sequence",
+                    "elements": [
+                        {"type": "const_string", "value": "Total: "},
+                        {"type": "evaluated_tag", "begin": "<calc>", "end": "</calc>",
+                         "evaluator": "calc", "result": {"begin": "<result>", "end": "</result>"}},
+                    ],
+                },
+            },
+        )  # fmt: skip
+    finally:
+        daemon.stop()
+    config = AdapterConfig(target=daemon.target)
+    for request, begins in ((standard, ["<calc>", "<units>"]), (own, ["<calc>"])):
+        body = request.extra_body(max_tokens=8)
+        assert body["max_tokens"] == 8
+        sampling = SimpleNamespace(
+            structured_outputs=SimpleNamespace(**body["structured_outputs"]),
+            extra_args=body["vllm_xargs"],
+        )
+        options = request_options(sampling, config, allowed_targets(config, {}))
+        assert options is not None and options.refusal is None
+        assert [b.begin for b in options.bindings] == begins
+        assert options.config.token == TOKEN
+    assert standard.extra_args["evald_target"] == daemon.target
+    assert "evaluated_tag" not in json.dumps(own.structural_tag)

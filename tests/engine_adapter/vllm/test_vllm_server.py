@@ -131,6 +131,41 @@ def test_openai_response_format_and_unknown_evaluator(server: VllmServer, specs:
         ], text
 
 
+def test_request_helper_with_evaluated_tags(server: VllmServer, daemon: Daemon) -> None:
+    """``evaluated_request(tag=…)``: the client lowers ``evaluated_tag`` elements (here with a
+    fixed content, and an error region of the request's own spelling); the server evaluates."""
+    from engine_adapter.vllm import evaluated_request
+
+    def span(content: str) -> dict[str, Any]:
+        return {
+            "type": "evaluated_tag", "begin": "<calc>", "end": "</calc>", "evaluator": "calc",
+            "content": {"type": "const_string", "value": content},
+            "result": {"begin": "<result>", "end": "</result>"},
+            "error": {"begin": "<oops>", "end": "</oops>"},
+        }  # fmt: skip
+
+    contents = [f"{i} * {i} - 1" for i in range(CONCURRENCY - 1)] + ["7 / 0"]
+    requests = [
+        evaluated_request(
+            daemon.target, TOKEN,
+            tag={"type": "structural_tag", "format": {"type": "sequence", "elements": [
+                {"type": "const_string", "value": "Total: "}, span(c),
+                {"type": "const_string", "value": "."}]}},
+        )
+        for c in contents
+    ]  # fmt: skip
+    answers = run_all(
+        [
+            (lambda r=r: server.complete("Compute:", max_tokens=80, **r.extra_body()))
+            for r in requests
+        ]
+    )
+    for content, answer in zip(contents, answers, strict=True):
+        value, error = evald_answer(daemon, "calc", content)
+        shown = f"<result>{value}</result>" if error is None else f"<oops>{error}</oops>"
+        assert text_of(answer) == f"Total: <calc>{content}</calc>{shown}.", text_of(answer)
+
+
 def test_refused_target_and_bad_token_answer_in_band(server: VllmServer, specs: Any) -> None:
     calc = specs["calc"].binding()
     tag = fixed_tag("So ", (calc, "1 + 2"), ".")
