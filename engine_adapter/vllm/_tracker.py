@@ -1,6 +1,6 @@
 """The adapter's state inside vLLM's scheduler: one injector per evaluated request.
 
-Everything runs in the engine-core process, on the scheduler's thread, at two points of each
+Everything runs in the engine-core process, on the scheduler's thread, at these points of each
 engine step (``EngineCore.step`` in ``vllm==0.32.0``):
 
 1. :meth:`SpanTracker.before_schedule`, just before ``Scheduler.schedule()``. Each evaluated
@@ -17,6 +17,8 @@ engine step (``EngineCore.step`` in ``vllm==0.32.0``):
    narrowed to that one token, provided the grammar's own row allows it; the sampler can then
    only pick it (all other logits are ``-inf``), whatever the sampling settings. The grammar
    matcher accepts it like any sampled token, so a forced token is never one the grammar refuses.
+3. :meth:`SpanTracker.finish`, when the scheduler frees a finished request: its injector is
+   dropped and its spans are logged (``EVALD_SPAN_LOG``).
 
 Failures never abort a request: evald down, a timeout or an evaluator error become
 ``<result_error>CODE</result_error>`` in the text, and an internal fault (logged) only stops
@@ -38,7 +40,7 @@ from engine_adapter.sglang._config import AdapterConfig
 from engine_adapter.sglang._runtime import AdapterRuntime
 from engine_adapter.vllm._options import RequestOptions, allowed_targets, request_options
 
-__all__ = ["TrackedRequest", "SpanTracker", "TrackerStats"]
+__all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
 
 logger = logging.getLogger("engine_adapter.vllm")
 
@@ -214,6 +216,10 @@ class SpanTracker:
                 self.stats.forced_tokens += 1
             except Exception as exc:
                 self._stop(state, f"forcing failed: {exc!r}")
+
+    def finish(self, request_id: str) -> None:
+        """Forgets a finished request (``Scheduler._free_request``); logs its spans."""
+        self._forget(request_id)
 
     def close(self) -> None:
         """Forgets every request (the shared clients stay up for the process)."""

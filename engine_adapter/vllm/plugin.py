@@ -2,7 +2,7 @@
 ``vllm.general_plugins`` group).
 
 vLLM calls :func:`register` in each of its processes (the API server, the engine core, the
-workers) before it builds anything. In the engine core it matters: :func:`install` wraps four
+workers) before it builds anything. In the engine core it matters: :func:`install` wraps five
 methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler class inherits:
 
 - AFTER ``__init__``: refuses what the adapter cannot run with (:func:`check_config`) and builds
@@ -11,7 +11,8 @@ methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler cla
 - AFTER ``add_request``: follows the request if its structural tag holds evaluated spans;
 - BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, and
   holds requests whose value is pending (left out of the step, KV blocks kept);
-- AFTER ``get_grammar_bitmask``: narrows the rows of requests with a token to force.
+- AFTER ``get_grammar_bitmask``: narrows the rows of requests with a token to force;
+- AFTER ``_free_request``: forgets a finished request (and logs its spans).
 
 Why the scheduler and not a logits processor: on the CPU platform the model runner (and so every
 logits processor) lives in a worker process apart from the scheduler, and only the scheduler can
@@ -195,6 +196,7 @@ def _hooks() -> Iterator[tuple[str, Callable[[Any], Any], str]]:
     yield "add_request", _wrap_add_request, "after"
     yield "schedule", _wrap_schedule, "before"
     yield "get_grammar_bitmask", _wrap_get_grammar_bitmask, "after"
+    yield "_free_request", _wrap_free_request, "after"
 
 
 def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
@@ -250,6 +252,21 @@ def _wrap_get_grammar_bitmask(original: Callable[..., Any]) -> Callable[..., Any
         return result
 
     return get_grammar_bitmask
+
+
+def _wrap_free_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        tracker = getattr(self, _TRACKER_ATTR, None)
+        if tracker is not None:
+            try:
+                tracker.finish(request.request_id)
+            except Exception:
+                logger.exception("evald adapter: finishing a request failed")
+        return result
+
+    return _free_request
 
 
 # ---------------------------------------------------------------------- helpers

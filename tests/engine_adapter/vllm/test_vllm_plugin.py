@@ -62,7 +62,13 @@ def test_hooks_installed_on_vllms_scheduler() -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     out = json.loads(lines[0][len("RESULT ") :])
-    hooks = {"__init__": True, "add_request": True, "schedule": True, "get_grammar_bitmask": True}
+    hooks = {
+        "__init__": True,
+        "add_request": True,
+        "schedule": True,
+        "get_grammar_bitmask": True,
+        "_free_request": True,
+    }
     assert out["off"] is False  # nothing is touched without EVALD_TARGET
     assert out["on"] == hooks and out["async"] == hooks
     assert out["wrapped_once"] is True
