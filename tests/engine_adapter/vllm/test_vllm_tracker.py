@@ -94,3 +94,27 @@ def test_a_pending_value_holds_the_request_out_of_the_next_step(
     tracker.before_schedule(scheduler)
     assert request.next_decode_eligible_step == 0  # released, as it was before the hold
     assert state.injector.forced_tokens()
+
+
+def test_when_every_request_is_held_the_scheduler_sleeps_on_the_evaluation(
+    codec: TokenCodec, tag: Any
+) -> None:
+    """Nobody else can run: one bounded wait on the pending future instead of a busy loop."""
+    import concurrent.futures
+    import time
+
+    tracker, scheduler = _setup(codec, 1, tag)
+    state = tracker.requests["r0"]
+    pending: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    state.injector._evaluator.submit = lambda *args: pending  # type: ignore[union-attr]
+    _close_span(codec, tracker, scheduler)
+    request = scheduler.running[0]
+    while state.injector.forced_tokens():
+        request.output_token_ids.append(state.injector.forced_tokens()[0])
+        tracker.before_schedule(scheduler)
+    started = time.monotonic()
+    tracker.before_schedule(scheduler)
+    waited = time.monotonic() - started
+    assert tracker.stats.idle_waits >= 1
+    assert 0.01 <= waited < 1.0  # one slice of IDLE_WAIT_S, not the span deadline
+    assert request.next_decode_eligible_step > scheduler.current_step + 1
