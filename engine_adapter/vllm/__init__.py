@@ -1,0 +1,28 @@
+"""The vLLM adapter: a vLLM plugin that evaluates spans through evald during decoding.
+
+Install the adapter next to vLLM 0.32.0, set ``EVALD_TARGET`` (and ``EVALD_TOKEN``) and start
+vLLM's OpenAI server: vLLM loads :func:`plugin.register` from the ``vllm.general_plugins`` entry
+point in each of its processes, and the engine core's scheduler evaluates spans, forces results
+through the grammar bitmask and holds a request whose value is pending out of the batch. Requests
+ask for evaluation with :func:`evaluated_request`. See ``docs/vllm.md``.
+
+Importing this package imports neither vLLM nor torch (the request helper runs on clients).
+"""
+
+from __future__ import annotations
+
+from engine_adapter.vllm._options import (
+    EXTRA_ARG_EVALUATORS,
+    EXTRA_ARG_TARGET,
+    EXTRA_ARG_TOKEN,
+)
+from engine_adapter.vllm.request import EvaluatedRequest, evaluated_request, lower_for_vllm
+
+__all__ = [
+    "EXTRA_ARG_EVALUATORS",
+    "EXTRA_ARG_TARGET",
+    "EXTRA_ARG_TOKEN",
+    "EvaluatedRequest",
+    "evaluated_request",
+    "lower_for_vllm",
+]

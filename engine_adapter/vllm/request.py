@@ -1,0 +1,138 @@
+"""Client side: what a request sends to a vLLM server with the adapter, so its spans are evaluated.
+
+Needs only the evald client (no vLLM, no torch)::
+
+    from engine_adapter.vllm.request import evaluated_request
+    req = evaluated_request("unix:/run/evald/evald.sock", token, ["calc"])
+    # OpenAI-compatible API (/v1/completions, /v1/chat/completions)
+    client.completions.create(model=..., prompt=..., extra_body=req.extra_body())
+    # offline vllm.LLM
+    SamplingParams(max_tokens=64, **req.sampling_params_kwargs())
+
+The structural tag is sent **lowered** (plain XGrammar formats, see
+``engine_adapter.sglang._spans``): vLLM validates and compiles structural tags with XGrammar
+before any plugin sees them, so an ``evaluated_tag`` element is lowered here, on the client,
+with the tenant's evaluators. The tenant's token and evald's address travel in
+``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_adapter._client import list_evaluators
+from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
+from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+from engine_adapter.sglang.request import _choose
+from engine_adapter.vllm._options import EXTRA_ARG_EVALUATORS, EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN
+
+__all__ = ["EvaluatedRequest", "evaluated_request", "lower_for_vllm"]
+
+
+@dataclass(frozen=True)
+class EvaluatedRequest:
+    """The parts of a request that ask the server's adapter to evaluate spans."""
+
+    structural_tag: dict[str, Any]
+    """The lowered tag: ``{"type": "structural_tag", "format": …}``."""
+    extra_args: dict[str, str] = field(default_factory=dict)
+    """For ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP)."""
+
+    def extra_body(self, **more: Any) -> dict[str, Any]:
+        """``extra_body`` for the OpenAI client (or fields to merge into a raw JSON body)."""
+        body: dict[str, Any] = {
+            "structured_outputs": {"structural_tag": json.dumps(self.structural_tag)},
+            **more,
+        }
+        if self.extra_args:
+            body["vllm_xargs"] = {**self.extra_args, **more.get("vllm_xargs", {})}
+        return body
+
+    def sampling_params_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.SamplingParams`` (offline ``vllm.LLM``)."""
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return {
+            "structured_outputs": StructuredOutputsParams(
+                structural_tag=json.dumps(self.structural_tag)
+            ),
+            "extra_args": dict(self.extra_args),
+        }
+
+
+def evaluated_request(
+    target: str | None = None,
+    token: str | None = None,
+    evaluators: Sequence[str] | None = None,
+    *,
+    tag: Mapping[str, Any] | str | None = None,
+    prefix: str | None = None,
+    at_least_one: bool = False,
+    special_tokens: Sequence[str] = ("<|",),
+    send_target: bool = False,
+    timeout_s: float = 10.0,
+) -> EvaluatedRequest:
+    """The structural tag and extra arguments for a request whose spans the server evaluates.
+
+    Parameters:
+        target: evald's address (``unix:PATH`` or ``HOST:PORT``); default ``$EVALD_TARGET``.
+            It must be the evald the server uses (or one with the same evaluators).
+        token: the tenant's token; default ``$EVALD_TOKEN``. Sent as ``evald_token``.
+        evaluators: names (or tags) of the evaluators the model may call; default all the
+            tenant may call. Ignored when ``tag`` is given.
+        tag: your own structural tag with ``evaluated_tag`` elements (lowered here), instead of
+            the standard one.
+        prefix, at_least_one, special_tokens: as for
+            :func:`engine_adapter.build_structural_tag`.
+        send_target: also send ``evald_target`` (the server accepts only its own
+            ``EVALD_TARGET`` or one of ``EVALD_ALLOWED_TARGETS``).
+        timeout_s: for the ``ListEvaluators`` call.
+
+    Raises:
+        evald.CallError: evald refused or could not be reached.
+        ValueError: an unknown evaluator (the message lists the tenant's).
+        engine_adapter.EvaluatedTagError: a bad ``evaluated_tag`` field (names it).
+    """
+    import os
+
+    specs = list_evaluators(target, token, timeout_s=timeout_s)
+    if tag is not None:
+        lowered = lower_for_vllm(tag, specs, special_tokens=special_tokens)
+    else:
+        grammar = build_structural_tag(
+            _choose(specs, evaluators),
+            "grammar-eval",
+            prefix=prefix,
+            special_tokens=special_tokens,
+            at_least_one=at_least_one,
+        )
+        assert grammar.structural_tag is not None
+        lowered = grammar.structural_tag
+    extra: dict[str, str] = {}
+    token = token if token is not None else os.environ.get("EVALD_TOKEN")
+    if token:
+        extra[EXTRA_ARG_TOKEN] = token
+    if send_target:
+        extra[EXTRA_ARG_TARGET] = target or os.environ.get("EVALD_TARGET", "")
+    renamed = [f"{spec.tag}={spec.name}" for spec in specs if spec.tag != spec.name]
+    if renamed:
+        extra[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
+    return EvaluatedRequest(lowered, extra)
+
+
+def lower_for_vllm(
+    tag: Mapping[str, Any] | str,
+    specs: Sequence[EvaluatorSpec],
+    *,
+    special_tokens: Sequence[str] = ("<|",),
+) -> dict[str, Any]:
+    """``tag`` with its ``evaluated_tag`` elements lowered (unchanged if it has none)."""
+    parsed = json.loads(tag) if isinstance(tag, str) else dict(tag)
+    if not contains_evaluated_tag(parsed):
+        return dict(parsed)
+    grammar = lower_evaluated_tags(parsed, specs, special_tokens=special_tokens)
+    assert grammar.structural_tag is not None
+    return dict(grammar.structural_tag)

