@@ -1,8 +1,9 @@
 """The client end of the data path (:mod:`evald._data_path`): one connection, blocking reads.
 
 Used by the engine's :class:`engine_adapter.EvaluatorClient` (when given a ``data_target``), by
-the benchmarks and by tests. Sending never blocks on the daemon (:class:`~evald._frames.FrameWriter`);
-:meth:`DataConnection.receive` blocks until the next RESULTS frame.
+the benchmarks and by tests. Sending never blocks on the daemon
+(:class:`~evald._frames.FrameWriter`); :meth:`DataConnection.receive` blocks until the next
+RESULTS frame.
 """
 
 from __future__ import annotations
@@ -46,9 +47,7 @@ class DataConnection:
     Use :meth:`connect`.
     """
 
-    def __init__(
-        self, sock: socket.socket, reader: Any, tenant: str, max_frame_bytes: int
-    ) -> None:
+    def __init__(self, sock: socket.socket, reader: Any, tenant: str, max_frame_bytes: int) -> None:
         self._sock = sock
         self.tenant = tenant
         self._reader = reader
@@ -76,7 +75,10 @@ class DataConnection:
             sock.settimeout(timeout_s)
             sock.connect(str(unix_socket_path(target)))
             hello = HELLO_MAGIC + (token or "").encode("utf-8")
-            sock.sendall(encode_frame(Kind.HELLO, hello))
+            try:
+                sock.sendall(encode_frame(Kind.HELLO, hello))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before reading (too many connections): its ERROR is waiting
             reader = sock.makefile("rb", buffering=256 * 1024)
             try:
                 frame = read_frame(reader.read, max_frame_bytes)

@@ -139,6 +139,8 @@ class _Connection:
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
             self._sock.settimeout(None)
             while not daemon.stopping:
+                if self._writer.failed is not None:
+                    raise self._writer.failed  # the peer is gone: what it sent is moot
                 frame = read_frame(self._reader.read, self._max_frame)
                 if frame is None:
                     break  # the client is done sending: answer what it sent, then close
@@ -219,7 +221,11 @@ class _Connection:
         if not items:
             return
         with self._lock:
-            while self._outstanding >= self._backlog_limit and not daemon.stopping:
+            while (
+                self._outstanding >= self._backlog_limit
+                and not daemon.stopping
+                and self._writer.failed is None
+            ):
                 self._changed.wait(0.5)
             self._outstanding += len(items)
         queue: collections.deque[_Work] = collections.deque()
@@ -464,4 +470,3 @@ class DataServer:
             self._thread.join(1.0)
         with contextlib.suppress(OSError):
             self.path.unlink()
-

@@ -1,0 +1,302 @@
+"""The engine data path over a real unix socket: authentication, limits, malformed frames,
+tenant isolation and fair dispatch, against a real daemon (``evald serve``)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import TOKENS, Daemon, free_port, module, outcome, session_config, start_daemon
+
+from evald._data_client import DataCallError, DataConnection
+from evald._errors import ErrorCode
+from evald._frames import HELLO_MAGIC, Kind, encode_frame
+from evald.v1 import evald_pb2 as pb
+
+MAX_CONNECTIONS = 6
+
+
+@pytest.fixture(scope="module")
+def data_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = tmp_path_factory.mktemp("data")
+    port = free_port()
+    config = session_config(port).replace(
+        "[server]\n",
+        f'[server]\ndata_listen = "unix:{root}/data.sock"\n'
+        f"data_max_connections = {MAX_CONNECTIONS}\n",
+        1,
+    )
+    handle = start_daemon(root, config, metrics_port=port)
+    try:
+        yield handle
+    finally:
+        status = handle.stop()
+        assert status == 0, handle.log_path.read_text()
+
+
+def _target(daemon: Daemon) -> str:
+    return f"unix:{Path(daemon.config_path).parent / 'data.sock'}"
+
+
+def connect(daemon: Daemon, tenant: str | None = None) -> DataConnection:
+    return DataConnection.connect(_target(daemon), TOKENS[tenant] if tenant else None)
+
+
+def request(
+    evaluator: str, data: bytes, request_id: str, deadline_ms: int = 0
+) -> pb.EvaluateRequest:
+    return pb.EvaluateRequest(
+        evaluator=evaluator, input=data, id=request_id, deadline_ms=deadline_ms
+    )
+
+
+def round_trip(
+    connection: DataConnection, *items: pb.EvaluateRequest
+) -> dict[str, pb.EvaluateResponse]:
+    connection.send(pb.EvaluateBatchRequest(items=items))
+    results: dict[str, pb.EvaluateResponse] = {}
+    while len(results) < len(items):
+        message = connection.receive()
+        assert message is not None, "the daemon closed the connection"
+        results.update((result.id, result) for result in message.results)
+    return results
+
+
+def raw_socket(daemon: Daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(_target(daemon)[len("unix:") :])
+    return sock
+
+
+def read_error(sock: socket.socket) -> tuple[str, str]:
+    """Reads frames until an ERROR frame (skipping READY/RESULTS); returns (code, message)."""
+    reader = sock.makefile("rb")
+    while True:
+        header = reader.read(5)
+        assert len(header) == 5, "the daemon closed without an ERROR frame"
+        length, kind = struct.unpack("!IB", header)
+        payload = reader.read(length)
+        if kind == Kind.ERROR:
+            error = pb.Error.FromString(payload)
+            assert reader.read(1) == b"", "the daemon must close after an ERROR frame"
+            return ErrorCode.from_proto(error.code).value, error.message
+
+
+def still_serves(daemon: Daemon) -> None:
+    with connect(daemon) as connection:
+        results = round_trip(connection, request("calc", b"2 + 3", "check"))
+        assert results["check"].value == "5"
+
+
+def test_the_local_tenant_evaluates_like_the_grpc_stream(data_daemon: Daemon) -> None:
+    with connect(data_daemon) as connection:
+        assert connection.tenant == "local"
+        items = [request("calc", f"{i} * 7".encode(), str(i)) for i in range(20)]
+        results = round_trip(connection, *items, request("calc", b"1 +", "bad"))
+    grpc_results = data_daemon.client().evaluate_batch([("calc", f"{i} * 7") for i in range(20)])
+    assert [results[str(i)].value for i in range(20)] == [r.value for r in grpc_results]
+    assert results["3"].semantics_version == "calc/1" and results["3"].fuel_used > 0
+    assert outcome(results["bad"]) == "syntax"  # an evaluation error is a value, as on gRPC
+
+
+def test_a_token_picks_its_tenant_and_a_wrong_one_is_refused(data_daemon: Daemon) -> None:
+    with connect(data_daemon, "alpha") as connection:
+        assert connection.tenant == "alpha"
+        results = round_trip(connection, request("strop", b'upper("a")', "s"))
+        assert outcome(results["s"]) == "permission_denied"  # alpha may use calc only
+    with pytest.raises(DataCallError) as refused:
+        DataConnection.connect(_target(data_daemon), "not-a-token")
+    assert refused.value.code is ErrorCode.PERMISSION_DENIED
+    assert "matches no tenant" in refused.value.message
+    still_serves(data_daemon)
+
+
+def test_nothing_is_read_before_the_hello_and_it_is_bounded(data_daemon: Daemon) -> None:
+    # A BATCH before the HELLO.
+    with raw_socket(data_daemon) as sock:
+        sock.sendall(encode_frame(Kind.BATCH, b""))
+        code, message = read_error(sock)
+    assert code == "invalid_argument" and "HELLO" in message
+    # A HELLO that claims to be huge: refused from its header, the payload is never awaited.
+    with raw_socket(data_daemon) as sock:
+        sock.sendall(struct.pack("!IB", 100 * 1024 * 1024, Kind.HELLO))
+        started = time.monotonic()
+        code, message = read_error(sock)
+    assert code == "invalid_argument" and "over this connection's limit of 1024" in message
+    assert time.monotonic() - started < 4.0  # well before the HELLO timeout
+    # A HELLO without the magic.
+    with raw_socket(data_daemon) as sock:
+        sock.sendall(encode_frame(Kind.HELLO, b"hello daemon"))
+        code, _ = read_error(sock)
+    assert code == "invalid_argument"
+    still_serves(data_daemon)
+
+
+def test_a_silent_connection_is_closed_after_the_hello_timeout(data_daemon: Daemon) -> None:
+    with raw_socket(data_daemon) as sock:
+        code, message = read_error(sock)  # waits for the daemon to give up (5 s)
+    assert code == "permission_denied" and "no HELLO frame" in message
+    still_serves(data_daemon)
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        (encode_frame(Kind.BATCH, b"\xff\xff\xff"), "not a valid evald.v1.EvaluateBatchRequest"),
+        (struct.pack("!IB", 0, 77), "unknown frame kind 77"),
+        (encode_frame(Kind.HELLO, HELLO_MAGIC), "expected a BATCH frame, got HELLO"),
+        (struct.pack("!IB", 2**31, Kind.BATCH), "over this connection's limit"),
+        (
+            encode_frame(
+                Kind.BATCH,
+                pb.EvaluateBatchRequest(
+                    items=[request("calc", b"1", str(i)) for i in range(101)]
+                ).SerializeToString(),
+            ),
+            "over the daemon's max_batch_items of 100",
+        ),
+    ],
+    ids=["corrupt-protobuf", "unknown-kind", "second-hello", "oversized", "too-many-items"],
+)
+def test_a_malformed_frame_gets_a_typed_error_and_the_daemon_keeps_serving(
+    data_daemon: Daemon, frame: bytes, expected: str
+) -> None:
+    with raw_socket(data_daemon) as sock:
+        sock.sendall(encode_frame(Kind.HELLO, HELLO_MAGIC))
+        # a good message first: it is answered before the error ends the connection
+        good = pb.EvaluateBatchRequest(items=[request("calc", b"6 * 7", "good")])
+        sock.sendall(encode_frame(Kind.BATCH, good.SerializeToString()) + frame)
+        code, message = read_error(sock)
+    assert code == "invalid_argument"
+    assert expected in message
+    still_serves(data_daemon)
+
+
+def test_each_tenants_limits_hold_on_the_data_path(data_daemon: Daemon) -> None:
+    with connect(data_daemon, "limits") as connection:
+        limits = connection
+        data_daemon.client("limits").register(module("echo", "dp_echo"), replace=True)
+        results = round_trip(
+            limits, request("dp_echo", b"x" * 1001, "big"), request("dp_echo", b"ok", "small")
+        )
+    assert (
+        outcome(results["big"]) == "input_too_large"
+        and "1000 bytes" in results["big"].error.message
+    )
+    assert results["small"].value == "ok"
+    # max_concurrency = 2: a burst of slow items is admitted two at a time, the rest refused
+    data_daemon.client("narrow").register(module("loop", "dp_narrow_loop"), replace=True)
+    with connect(data_daemon, "narrow") as connection:
+        results = round_trip(
+            connection, *[request("dp_narrow_loop", b"", str(i), deadline_ms=30) for i in range(5)]
+        )
+    outcomes = sorted(outcome(result) for result in results.values())
+    assert outcomes.count("quota_exceeded") == 3, outcomes
+    # a rate of 0.01/s with a burst of 3
+    data_daemon.client("metered").register(module("echo", "dp_metered"), replace=True)
+    with connect(data_daemon, "metered") as connection:
+        results = round_trip(connection, *[request("dp_metered", b"m", str(i)) for i in range(5)])
+    assert sorted(outcome(result) for result in results.values()).count("quota_exceeded") >= 2
+
+
+def test_tenants_do_not_see_each_others_modules(data_daemon: Daemon) -> None:
+    data_daemon.client("alpha").register(module("echo", "dp_private"), replace=True)
+    with connect(data_daemon, "alpha") as connection:
+        assert round_trip(connection, request("dp_private", b"mine", "a"))["a"].value == "mine"
+    with connect(data_daemon, "beta") as connection:
+        result = round_trip(connection, request("dp_private", b"yours?", "b"))["b"]
+    assert outcome(result) == "unknown_evaluator"
+
+
+def test_a_fast_result_is_not_held_back_by_a_slow_one_of_its_message(
+    data_daemon: Daemon,
+) -> None:
+    # nofuel holds one worker (max_running = threads - 1): the fast item runs first, then the
+    # slow one for its whole deadline. The fast result must come in a frame of its own.
+    data_daemon.client("nofuel").register(module("loop", "dp_slow"), replace=True)
+    data_daemon.client("nofuel").register(module("echo", "dp_fast"), replace=True)
+    with connect(data_daemon, "nofuel") as connection:
+        connection.send(
+            pb.EvaluateBatchRequest(
+                items=[request("dp_fast", b"quick", "fast"), request("dp_slow", b"", "slow")]
+            )
+        )
+        first = connection.receive()
+        assert first is not None
+        assert [result.id for result in first.results] == ["fast"]
+        second = connection.receive()
+        assert second is not None
+        assert [(r.id, outcome(r)) for r in second.results] == [("slow", "deadline_exceeded")]
+
+
+def test_a_tenant_that_does_not_read_stalls_only_itself(data_daemon: Daemon) -> None:
+    greedy = connect(data_daemon)
+    try:
+        message = pb.EvaluateBatchRequest(
+            items=[request("calc", b"1 + 1", str(i)) for i in range(100)]
+        )
+        for _ in range(200):  # 20,000 results it never reads: its backlog stops its reader
+            greedy.send(message)
+        with connect(data_daemon, "beta") as other:
+            started = time.monotonic()
+            assert round_trip(other, request("calc", b"2 * 21", "x"))["x"].value == "42"
+            assert time.monotonic() - started < 5.0
+    finally:
+        greedy.close()
+    still_serves(data_daemon)
+
+
+def _connect_retrying(daemon: Daemon) -> DataConnection:
+    """A connection, once the daemon has noticed that earlier tests closed theirs."""
+    give_up = time.monotonic() + 10
+    while True:
+        try:
+            return connect(daemon)
+        except DataCallError:
+            assert time.monotonic() < give_up
+            time.sleep(0.05)
+
+
+def test_connections_are_capped(data_daemon: Daemon) -> None:
+    open_connections = [_connect_retrying(data_daemon) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with pytest.raises(DataCallError) as refused:
+            connect(data_daemon)
+        assert refused.value.code is ErrorCode.UNAVAILABLE
+        assert "data_max_connections" in refused.value.message
+    finally:
+        for connection in open_connections:
+            connection.close()
+    with _connect_retrying(data_daemon) as connection:  # the daemon noticed the closed ones
+        assert round_trip(connection, request("calc", b"2 + 3", "again"))["again"].value == "5"
+
+
+def test_connections_are_counted_in_the_rpc_metric(data_daemon: Daemon) -> None:
+    still_serves(data_daemon)
+    with pytest.raises(DataCallError):
+        DataConnection.connect(_target(data_daemon), "wrong")
+    url = f"http://127.0.0.1:{data_daemon.metrics_port}/metrics"
+    give_up = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        ok = re.search(
+            r'evald_rpcs_total\{code="ok",method="DataStream",tenant="local"\} (\S+)', text
+        )
+        denied = re.search(
+            r'evald_rpcs_total\{code="permission_denied",method="DataStream",'
+            r'tenant="unauthenticated"\} (\S+)',
+            text,
+        )
+        if ok and denied:
+            break
+        assert time.monotonic() < give_up, text
+        time.sleep(0.05)
+    assert float(ok.group(1)) >= 1 and float(denied.group(1)) >= 1
