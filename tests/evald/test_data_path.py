@@ -300,3 +300,28 @@ def test_connections_are_counted_in_the_rpc_metric(data_daemon: Daemon) -> None:
         assert time.monotonic() < give_up, text
         time.sleep(0.05)
     assert float(ok.group(1)) >= 1 and float(denied.group(1)) >= 1
+
+
+def test_shutdown_answers_what_is_running_then_says_unavailable(tmp_path: Path) -> None:
+    config = (
+        f'[server]\ndata_listen = "unix:{tmp_path}/data.sock"\nshutdown_grace_s = 5\n'
+        '[[tenants]]\nname = "local"\nevaluators = ["*"]\nallow_register = true\n'
+        "[tenants.limits]\nfuel = 0\ndeadline_ms = 300\n"
+    )
+    handle = start_daemon(tmp_path, config)
+    try:
+        handle.client().register(module("loop", "dp_shutdown_loop"))
+        connection = DataConnection.connect(f"unix:{tmp_path}/data.sock")
+        connection.send(pb.EvaluateBatchRequest(items=[request("dp_shutdown_loop", b"", "run")]))
+        time.sleep(0.1)  # admitted and running
+    finally:
+        status = handle.stop()
+    assert status == 0, handle.log_path.read_text()
+    message = connection.receive()  # the running item was answered before the end
+    assert message is not None
+    assert [(r.id, outcome(r)) for r in message.results] == [("run", "deadline_exceeded")]
+    with pytest.raises(DataCallError) as ended:
+        connection.receive()
+    assert ended.value.code is ErrorCode.UNAVAILABLE and "shutting down" in ended.value.message
+    connection.close()
+    assert not (tmp_path / "data.sock").exists()
