@@ -807,7 +807,8 @@ class EvaldServer:
         )
 
     def run(self, work: _Work) -> pb.EvaluateResponse:
-        """Runs one admitted evaluation on the calling (worker) thread; never raises."""
+        """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics
+        wait in the thread's tally until the slice ends (``Metrics.flush_tally``)."""
         outcome: EvalOutcome | None = None
         try:
             outcome = self.host.evaluate(
@@ -824,7 +825,7 @@ class EvaldServer:
             response = _error_response(
                 work.request_id, ErrorCode.INTERNAL, "internal error in the wasm host (see log)"
             )
-            self.metrics.observe_evaluation(
+            self.metrics.tally_evaluation(
                 work.tenant.name, work.evaluator.name, ErrorCode.INTERNAL.value, 0, 0
             )
             return response
@@ -842,7 +843,7 @@ class EvaldServer:
             response.error.code = _PROTO_CODES[code]
             response.error.message = outcome.message
             label = code.value
-        self.metrics.observe_evaluation(
+        self.metrics.tally_evaluation(
             work.tenant.name, work.evaluator.name, label, outcome.elapsed_us, outcome.fuel_used
         )
         if _log.isEnabledFor(logging.DEBUG):
@@ -921,6 +922,7 @@ class EvaldServer:
             try:
                 taken = self._slice(tenant)
             finally:
+                self.metrics.flush_tally()
                 with self._sched:
                     tenant.queued -= taken
                     tenant.running -= 1

@@ -154,10 +154,12 @@ def test_profile_breaks_the_time_down(tmp_path: Path) -> None:
     assert sum(v for k, v in parts.items() if k != "evaluate (whole)") == pytest.approx(
         parts["evaluate (whole)"], abs=0.05
     )
-    daemon = document["daemon"]
-    assert daemon["items"] > 0 and daemon["items"] % 64 == 0
-    assert daemon["daemon_cpu_us_per_item"] > 0
-    assert daemon["thread_cpu_us_per_item"]
+    for key in ("daemon", "daemon_data_path"):
+        daemon = document[key]
+        assert daemon["items"] > 0 and daemon["items"] % 64 == 0
+        assert daemon["daemon_cpu_us_per_item"] > 0
+        assert daemon["thread_cpu_us_per_item"]
+    assert document["daemon_data_path"]["rpc"].startswith("data path")
     assert json.loads((tmp_path / "profile.json").read_text())["benchmark"] == "profile"
     assert "CPU µs" in (tmp_path / "profile.md").read_text()
 
