@@ -137,7 +137,6 @@ class _Connection:
             tenant_label = tenant.name
             authenticated = True
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
-            self._sock.settimeout(None)
             while not daemon.stopping:
                 if self._writer.failed is not None:
                     raise self._writer.failed  # the peer is gone: what it sent is moot
@@ -188,8 +187,27 @@ class _Connection:
             self._server.forget(self)
 
     def _hello(self) -> _TenantState:
-        self._sock.settimeout(HELLO_TIMEOUT_S)
-        frame = read_frame(self._reader.read, MAX_HELLO_BYTES)
+        # One deadline for the whole HELLO (a timer, not a per-read timeout: a client sending a
+        # byte every few seconds must not hold the connection open).
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self.shut_reading()
+
+        timer = threading.Timer(HELLO_TIMEOUT_S, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            frame = read_frame(self._reader.read, MAX_HELLO_BYTES)
+        except (FrameError, OSError):
+            if expired.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            timer.cancel()
+        if expired.is_set():
+            raise TimeoutError
         if frame is None:
             raise OSError("closed before HELLO")
         kind, payload = frame

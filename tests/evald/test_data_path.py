@@ -139,10 +139,16 @@ def test_nothing_is_read_before_the_hello_and_it_is_bounded(data_daemon: Daemon)
     still_serves(data_daemon)
 
 
-def test_a_silent_connection_is_closed_after_the_hello_timeout(data_daemon: Daemon) -> None:
+def test_a_slow_hello_is_cut_off_at_the_hello_timeout(data_daemon: Daemon) -> None:
+    # A byte now and then (each well within any per-read timeout) must not keep it open.
     with raw_socket(data_daemon) as sock:
-        code, message = read_error(sock)  # waits for the daemon to give up (5 s)
+        started = time.monotonic()
+        for byte in struct.pack("!IB", 20, Kind.HELLO)[:4]:
+            sock.sendall(bytes([byte]))
+            time.sleep(1.5)
+        code, message = read_error(sock)
     assert code == "permission_denied" and "no HELLO frame" in message
+    assert 4.5 <= time.monotonic() - started < 9.0  # the 5 s of HELLO_TIMEOUT_S, once
     still_serves(data_daemon)
 
 
