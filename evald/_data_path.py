@@ -259,6 +259,8 @@ class _Connection:
                 self._results.extend(refused)
                 send_now = not queue
                 results = self._take_locked() if send_now else []
+                if not send_now:
+                    self._wake_flusher_locked()  # not after the admitted items' results
             if send_now:
                 self._send(results)
         if not queue:

@@ -8,8 +8,9 @@ reused instance takes a few microseconds.
 At that scale the metrics themselves cost more than the guest call (a counter and two histogram
 observations take three locks and about 3 µs), so the daemon's workers tally their evaluations in
 a thread-local table (:meth:`Metrics.tally_evaluation`: a dict lookup and two bisects) and add it
-to the shared metrics once per time slice (:meth:`Metrics.flush_tally`): a scrape sees an
-evaluation at most one slice (a few milliseconds) after it finished.
+to the shared metrics once per batch, before the batch's last answer goes out, or at the end of
+a time slice (:meth:`Metrics.flush_tally`): a caller that has its answers sees them counted, and
+a scrape sees an evaluation at most one slice (a few milliseconds) after it finished.
 """
 
 from __future__ import annotations

@@ -808,7 +808,8 @@ class EvaldServer:
 
     def run(self, work: _Work) -> pb.EvaluateResponse:
         """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics
-        wait in the thread's tally until the slice ends (``Metrics.flush_tally``)."""
+        wait in the thread's tally until its batch's last item or the slice's end
+        (``Metrics.flush_tally``)."""
         outcome: EvalOutcome | None = None
         try:
             outcome = self.host.evaluate(
@@ -909,7 +910,10 @@ class EvaldServer:
                         batches.popleft()
                 continue
             taken += 1
-            batch.finish(work, self.run(work))
+            response = self.run(work)
+            if not batch.queue:  # a batch's last item: its caller may read the metrics next
+                self.metrics.flush_tally()
+            batch.finish(work, response)
             if time.monotonic() >= end:
                 return taken
 

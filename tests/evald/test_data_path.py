@@ -200,9 +200,17 @@ def test_each_tenants_limits_hold_on_the_data_path(data_daemon: Daemon) -> None:
     # max_concurrency = 2: a burst of slow items is admitted two at a time, the rest refused
     data_daemon.client("narrow").register(module("loop", "dp_narrow_loop"), replace=True)
     with connect(data_daemon, "narrow") as connection:
-        results = round_trip(
-            connection, *[request("dp_narrow_loop", b"", str(i), deadline_ms=30) for i in range(5)]
-        )
+        items = [request("dp_narrow_loop", b"", str(i), deadline_ms=30) for i in range(5)]
+        connection.send(pb.EvaluateBatchRequest(items=items))
+        first = connection.receive()
+        assert first is not None
+        # the refusals go out at once, not after the admitted items have run for 30 ms
+        assert [outcome(r) for r in first.results] == ["quota_exceeded"] * 3
+        results = {r.id: r for r in first.results}
+        while len(results) < 5:
+            message = connection.receive()
+            assert message is not None
+            results.update((r.id, r) for r in message.results)
     outcomes = sorted(outcome(result) for result in results.values())
     assert outcomes.count("quota_exceeded") == 3, outcomes
     # a rate of 0.01/s with a burst of 3
