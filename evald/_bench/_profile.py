@@ -266,11 +266,11 @@ def daemon_breakdown(
                     time.sleep(duration_s)
                 done.set()
                 driver.join()
-                close()
                 wall = time.perf_counter() - started
-                after = _thread_cpu(daemon.pid)
+                after = _thread_cpu(daemon.pid)  # before close(): its reader thread then ends
                 daemon_cpu = (cpu_seconds_of(daemon.pid) or 0.0) - daemon_before
                 client_cpu = time.process_time() - client_before
+                close()
         finally:
             daemon.stop()
     n = max(1, count[0])
