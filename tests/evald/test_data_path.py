@@ -339,3 +339,26 @@ def test_shutdown_answers_what_is_running_then_says_unavailable(tmp_path: Path) 
     assert ended.value.code is ErrorCode.UNAVAILABLE and "shutting down" in ended.value.message
     connection.close()
     assert not (tmp_path / "data.sock").exists()
+
+
+def test_a_tenant_flooding_slow_items_leaves_a_worker_for_another(data_daemon: Daemon) -> None:
+    # nofuel holds at most one of the two workers (max_running = threads - 1): its ten slow
+    # items take ten deadlines (500 ms) one after another, and beta's item, sent after them on
+    # its own connection, runs on the other worker at once.
+    data_daemon.client("nofuel").register(module("loop", "dp_flood"), replace=True)
+    with connect(data_daemon, "nofuel") as flooder, connect(data_daemon, "beta") as other:
+        flooder.send(
+            pb.EvaluateBatchRequest(items=[request("dp_flood", b"", str(i)) for i in range(10)])
+        )
+        time.sleep(0.06)  # the flood is admitted and running
+        started = time.monotonic()
+        answer = round_trip(other, request("calc", b"6 * 7", "mine"))["mine"]
+        waited = time.monotonic() - started
+        flooded: dict[str, pb.EvaluateResponse] = {}
+        while len(flooded) < 10:
+            message = flooder.receive()
+            assert message is not None
+            flooded.update((r.id, r) for r in message.results)
+    assert answer.value == "42"
+    assert waited < 0.3, waited  # not behind the flood's remaining ~440 ms
+    assert {outcome(r) for r in flooded.values()} == {"deadline_exceeded"}
