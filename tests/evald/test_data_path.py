@@ -3,6 +3,8 @@ tenant isolation and fair dispatch, against a real daemon (``evald serve``)."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import re
 import socket
 import struct
@@ -362,3 +364,66 @@ def test_a_tenant_flooding_slow_items_leaves_a_worker_for_another(data_daemon: D
     assert answer.value == "42"
     assert waited < 0.3, waited  # not behind the flood's remaining ~440 ms
     assert {outcome(r) for r in flooded.values()} == {"deadline_exceeded"}
+
+
+def _mutated(data: bytes, rng: random.Random) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 6)):
+        choice = rng.random()
+        if choice < 0.4 and out:
+            out[rng.randrange(len(out))] = rng.randrange(256)
+        elif choice < 0.7:
+            out.insert(rng.randrange(len(out) + 1), rng.randrange(256))
+        elif out:
+            del out[rng.randrange(len(out))]
+    return bytes(out)
+
+
+def _random_connection_bytes(rng: random.Random) -> bytes:
+    """A HELLO (usually), then a mix of good, mutated, oversized and garbage frames, maybe cut."""
+    good = pb.EvaluateBatchRequest(items=[request("calc", b"1 + 2", "g")]).SerializeToString()
+    parts = [encode_frame(Kind.HELLO, HELLO_MAGIC)] if rng.random() < 0.8 else []
+    for _ in range(rng.randint(0, 5)):
+        choice = rng.random()
+        if choice < 0.3:
+            parts.append(encode_frame(Kind.BATCH, _mutated(good, rng)))
+        elif choice < 0.5:
+            parts.append(encode_frame(Kind.BATCH, good))
+        elif choice < 0.6:
+            length = rng.choice([0, 1, 5, 1025, 2**31, 2**32 - 1])
+            parts.append(struct.pack("!IB", length, rng.randrange(256)))
+        elif choice < 0.8:
+            parts.append(rng.randbytes(rng.randrange(1, 64)))
+        else:
+            items = [
+                request(
+                    rng.choice(["calc", "strop", "nope", ""]),
+                    rng.randbytes(rng.randrange(30)),
+                    str(i),
+                    deadline_ms=rng.choice([0, 1, 100, 10**9]),
+                )
+                for i in range(rng.randint(0, 20))
+            ]
+            parts.append(
+                encode_frame(Kind.BATCH, pb.EvaluateBatchRequest(items=items).SerializeToString())
+            )
+    data = b"".join(parts)
+    return data[: rng.randrange(len(data))] if data and rng.random() < 0.3 else data
+
+
+def test_random_frames_never_break_the_daemon(data_daemon: Daemon) -> None:
+    rng = random.Random(16)
+    for _ in range(150):
+        with raw_socket(data_daemon) as sock:
+            with contextlib.suppress(OSError):
+                sock.sendall(_random_connection_bytes(rng))
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(65536):  # the daemon answers, then closes
+                    pass
+    still_serves(data_daemon)
+    failures = [
+        line
+        for line in data_daemon.log_lines()
+        if line.get("level") in ("error", "critical") or line.get("code") == "internal"
+    ]
+    assert not failures, failures[:3]
