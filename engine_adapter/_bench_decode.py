@@ -7,7 +7,8 @@ daemon started here on a private unix socket:
    span, as in the accuracy study) with the same sampling seeds, once per evaluator mode, in
    interleaved order: ``none`` (results known in advance: the same tokens are forced, nothing is
    evaluated — the floor), ``python`` (the reference implementations in this process),
-   ``inprocess`` (evald's WASM host in this process) and ``evald`` (the daemon, one stream).
+   ``inprocess`` (evald's WASM host in this process) and ``evald`` (the daemon, one connection
+   on its data path, as an engine uses it; the gRPC stream's cost is in ``bench overhead``).
    Reported: tokens/s, the time each span added over ``none`` (paired by prompt and repeat),
    the time the engine was blocked on each result, and how many forwards each injected result
    cost (one: the local engine forwards the closing token and the whole result together; a
@@ -822,7 +823,11 @@ def run_decode(
     with Progress(show_progress) as bars, tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
         bars.task("setup", 3)
         bars.describe("setup", "decode: starting evald")
-        daemon: Any = start_daemon(Path(tmp), _DAEMON_CONFIG)
+        data_target = f"unix:{Path(tmp) / 'data.sock'}"
+        daemon: Any = start_daemon(
+            Path(tmp),
+            _DAEMON_CONFIG.replace("[server]\n", f'[server]\ndata_listen = "{data_target}"\n', 1),
+        )
         bars.advance("setup")
         evaluators: dict[str, Any] = {}
         backend = None
@@ -844,10 +849,10 @@ def run_decode(
                 "none": _KnownResults(),
                 "python": ReferenceEvaluator(["calc", "strop"]),
                 "inprocess": InProcessWasmEvaluator(),
-                "evald": EvaluatorClient(daemon.target),
+                "evald": EvaluatorClient(daemon.target, data_target=data_target),
             }
             if not evaluators["evald"].wait_connected(30):
-                raise RuntimeError(f"cannot open a stream to the daemon at {daemon.target}")
+                raise RuntimeError(f"cannot connect to the daemon's data path at {data_target}")
             items = _items(engine, profile)
             bars.advance("setup")
             in_loop: list[int] = []

@@ -7,6 +7,8 @@ The public API, re-exported from the private modules that implement it:
 * its configuration: :func:`load_config`, :func:`parse_config`, :class:`Config` and the typed
   sections, :func:`hash_token`, :func:`default_target`;
 * a blocking client: :class:`Client`, :class:`CallError`;
+* the engine data path's client end (docs/data-path.md): :class:`DataConnection`,
+  :class:`DataCallError`;
 * the stable error codes: :class:`ErrorCode`, :class:`EvaldError`;
 * the wasm host: :class:`WasmHost`, :class:`HostConfig`, :class:`Limits`, :class:`LoadedModule`,
   :class:`EvalOutcome`, :class:`Manifest`.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
         load_config,
         parse_config,
     )
+    from evald._data_client import DataCallError, DataConnection
     from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
     from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, Manifest, WasmHost
     from evald._server import EvaldServer, serve
@@ -43,6 +46,8 @@ __all__ = [
     "Client",
     "Config",
     "ConfigError",
+    "DataCallError",
+    "DataConnection",
     "ErrorCode",
     "EvalOutcome",
     "EvaldError",
@@ -76,6 +81,8 @@ _HOMES = {
     "hash_token": "_config",
     "load_config": "_config",
     "parse_config": "_config",
+    "DataCallError": "_data_client",
+    "DataConnection": "_data_client",
     "ERROR_CODE_METADATA_KEY": "_errors",
     "ErrorCode": "_errors",
     "EvaldError": "_errors",

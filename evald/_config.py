@@ -196,6 +196,8 @@ class ServerSettings:
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
+    data_listen: str = ""
+    data_max_connections: int = 128
 
     @property
     def resolved_listen(self) -> str:
@@ -403,6 +405,10 @@ def _server(table: _Table) -> ServerSettings:
     listen = table.get_str("listen", base.listen)
     if listen and not listen.startswith("unix:") and ":" not in listen:
         raise table.error("listen", f"expected unix:PATH or HOST:PORT, got {listen!r}")
+    data_listen = table.get_str("data_listen", base.data_listen)
+    if data_listen and not data_listen.startswith("unix:"):
+        message = f"the data path listens on a unix socket only: unix:PATH, got {data_listen!r}"
+        raise table.error("data_listen", message)
     settings = ServerSettings(
         listen=listen,
         state_dir=table.get_str("state_dir", base.state_dir),
@@ -419,6 +425,10 @@ def _server(table: _Table) -> ServerSettings:
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),
+        data_listen=data_listen,
+        data_max_connections=table.get_int(
+            "data_max_connections", base.data_max_connections, minimum=1
+        ),
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise table.error("tls_cert", "tls_cert and tls_key must be given together")

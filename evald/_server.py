@@ -44,6 +44,7 @@ from grpc_reflection.v1alpha import reflection
 
 from evald import _sdnotify
 from evald._config import Config, HostSettings, TenantConfig, TenantLimits
+from evald._data_path import DataServer
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
 from evald._logging import configure_logging
@@ -186,15 +187,24 @@ _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
 
 
 class _Batch:
-    """Items of one call being drained by worker jobs; ``done`` resolves when all finished."""
+    """Items of one call being drained by worker jobs; ``done`` resolves when all finished.
+
+    Without a loop (the data path, whose threads wait on nothing) there is no ``done``:
+    ``deliver`` alone reports each result.
+    """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, queue: collections.deque[_Work], deliver: _Deliver
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        queue: collections.deque[_Work],
+        deliver: _Deliver,
     ) -> None:
         self.loop = loop
         self.queue = queue
         self.deliver = deliver
-        self.done: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] | None = (
+            loop.create_future() if loop is not None else None
+        )
         self._remaining = len(queue)
         self._lock = threading.Lock()
         self.tenant: _TenantState = queue[0].tenant
@@ -205,12 +215,12 @@ class _Batch:
         with self._lock:
             self._remaining -= 1
             last = self._remaining == 0
-        if last:
+        if last and self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone
                 self.loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
-        if not self.done.done():
+        if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
 
@@ -678,6 +688,7 @@ class EvaldServer:
         self._server: Any = None
         self._health: Any = None
         self._socket_path: Path | None = None
+        self._data: DataServer | None = None  # the data path, when [server] data_listen is set
         self._tenants = {
             tenant.name: _TenantState(
                 tenant, self.metrics, self.threads, shared=len(config.tenants) > 1
@@ -705,6 +716,11 @@ class EvaldServer:
     def registry(self) -> Registry:
         assert self._registry is not None, "EvaldServer.start() has not run"
         return self._registry
+
+    @property
+    def data_target(self) -> str | None:
+        """``unix:PATH`` of the data path while it serves, else None."""
+        return self._data.target if self._data is not None else None
 
     @property
     def host(self) -> WasmHost:
@@ -791,7 +807,9 @@ class EvaldServer:
         )
 
     def run(self, work: _Work) -> pb.EvaluateResponse:
-        """Runs one admitted evaluation on the calling (worker) thread; never raises."""
+        """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics
+        wait in the thread's tally until its batch's last item or the slice's end
+        (``Metrics.flush_tally``)."""
         outcome: EvalOutcome | None = None
         try:
             outcome = self.host.evaluate(
@@ -808,7 +826,7 @@ class EvaldServer:
             response = _error_response(
                 work.request_id, ErrorCode.INTERNAL, "internal error in the wasm host (see log)"
             )
-            self.metrics.observe_evaluation(
+            self.metrics.tally_evaluation(
                 work.tenant.name, work.evaluator.name, ErrorCode.INTERNAL.value, 0, 0
             )
             return response
@@ -826,7 +844,7 @@ class EvaldServer:
             response.error.code = _PROTO_CODES[code]
             response.error.message = outcome.message
             label = code.value
-        self.metrics.observe_evaluation(
+        self.metrics.tally_evaluation(
             work.tenant.name, work.evaluator.name, label, outcome.elapsed_us, outcome.fuel_used
         )
         if _log.isEnabledFor(logging.DEBUG):
@@ -892,7 +910,10 @@ class EvaldServer:
                         batches.popleft()
                 continue
             taken += 1
-            batch.finish(work, self.run(work))
+            response = self.run(work)
+            if not batch.queue:  # a batch's last item: its caller may read the metrics next
+                self.metrics.flush_tally()
+            batch.finish(work, response)
             if time.monotonic() >= end:
                 return taken
 
@@ -905,6 +926,7 @@ class EvaldServer:
             try:
                 taken = self._slice(tenant)
             finally:
+                self.metrics.flush_tally()
                 with self._sched:
                     tenant.queued -= taken
                     tenant.running -= 1
@@ -931,42 +953,57 @@ class EvaldServer:
         """
         if not queue:
             return
-        loop = asyncio.get_running_loop()
-        batch = _Batch(loop, queue, deliver)
+        batch = _Batch(asyncio.get_running_loop(), queue, deliver)
+        added, scheduled = self.enqueue(batch)
+        try:
+            if scheduled:
+                await cast("asyncio.Future[None]", batch.done)
+        finally:
+            self.abandon(batch, added)
+
+    def enqueue(self, batch: _Batch) -> tuple[bool, bool]:
+        """Puts a batch in its tenant's queue and wakes workers; any thread.
+
+        Returns:
+            (added, scheduled): whether the batch was queued, and whether workers will run it;
+            a batch that is not scheduled must be answered by :meth:`abandon`.
+        """
         tenant = batch.tenant
         with self._sched:
             scheduled = added = not self._closed
             if added:
                 tenant.batches.append(batch)
-                tenant.queued += len(queue)
+                tenant.queued += len(batch.queue)
                 if not tenant.ready and tenant.running < tenant.running_cap:
                     self._ready.append(tenant)
                     tenant.ready = True
                 self._dispatch_locked()
                 scheduled = not self._closed or tenant.running > 0
-        try:
-            if scheduled:
-                await batch.done
-        finally:
-            left = 0
-            while True:
-                try:
-                    work = batch.queue.popleft()
-                except IndexError:
-                    break
-                left += 1
-                work.tenant.release()
-                batch.finish(
-                    work,
-                    _error_response(
-                        work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
-                    ),
-                )
-            if left and added:  # cancelled or shut down: forget the batch
-                with self._sched:
-                    tenant.queued -= left
-                    with contextlib.suppress(ValueError):
-                        tenant.batches.remove(batch)
+        return added, scheduled
+
+    def abandon(self, batch: _Batch, added: bool) -> None:
+        """Answers the batch's items no worker has taken ``unavailable`` and releases their
+        quota (its caller was cancelled, or the daemon is shutting down); any thread."""
+        tenant = batch.tenant
+        left = 0
+        while True:
+            try:
+                work = batch.queue.popleft()
+            except IndexError:
+                break
+            left += 1
+            work.tenant.release()
+            batch.finish(
+                work,
+                _error_response(
+                    work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
+                ),
+            )
+        if left and added:  # cancelled or shut down: forget the batch
+            with self._sched:
+                tenant.queued -= left
+                with contextlib.suppress(ValueError):
+                    tenant.batches.remove(batch)
 
     def close_scheduler(self) -> None:
         """Stops new batches from being scheduled (before the pool shuts down)."""
@@ -1086,6 +1123,9 @@ class EvaldServer:
             self._health = health
             if self._socket_path is not None:
                 os.chmod(self._socket_path, settings.socket_mode)
+            if settings.data_listen:
+                self._data = DataServer(self, settings.data_listen)
+                self._data.start()
             if settings.metrics_listen:
                 self.metrics_port = self.metrics.serve(settings.metrics_listen)
             await health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -1098,6 +1138,7 @@ class EvaldServer:
             extra={
                 "fields": {
                     "listen": self.listen,
+                    "data_listen": settings.data_listen,
                     "state_dir": str(self.state_dir),
                     "threads": self.threads,
                     "tenants": sorted(self._tenants),
@@ -1118,13 +1159,24 @@ class EvaldServer:
             await self._health.enter_graceful_shutdown()
         for sink in list(self._sinks):
             sink.event.set()
+        data, self._data = self._data, None
+        data_stopped = (
+            asyncio.get_running_loop().run_in_executor(None, data.stop, grace)
+            if data is not None
+            else None
+        )
         if self._server is not None:
             await self._server.stop(grace)
+        if data_stopped is not None:
+            await data_stopped
         await self._release()
         _log.info("stopped")
 
     async def _release(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._data is not None:  # start() failed after the data path started
+            await loop.run_in_executor(None, self._data.stop, 0.0)
+            self._data = None
         self.close_scheduler()
         await loop.run_in_executor(None, self.pool.shutdown, True)
         await loop.run_in_executor(None, self._control_pool.shutdown, True)

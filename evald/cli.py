@@ -143,4 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m evald.cli``: the subcommands register with ``evald.cli``, a module
+    # other than this ``__main__``, so dispatch through it.
+    from evald.cli import main as package_main
+
+    sys.exit(package_main())

@@ -19,6 +19,8 @@ def _pyplot() -> Any:
 
 
 def _row_label(row: dict[str, Any]) -> str:
+    if row["path"] == "raw-uds":
+        return f"raw uds x{row['items_per_message']} (floor)"
     if row["path"] != "evald":
         return str(row["path"])
     return f"evald {row['transport']} {row['rpc']}x{row['items_per_message']}"
@@ -54,7 +56,7 @@ def plot_overhead(document: dict[str, Any], path: Path) -> Path:
         r
         for r in rows
         if r["input"] == reference_input
-        and (r["path"] != "evald" or r["items_per_message"] in (1, 64))
+        and (r["path"] not in ("evald", "raw-uds") or r["items_per_message"] in (1, 64))
     ]
     for label in dict.fromkeys(_row_label(r) for r in chosen):
         series = sorted(

@@ -5,13 +5,15 @@ busy the neighbours are):
 
 * **host** — one ``WasmHost.evaluate`` on a reused instance (short calc input), and each of its
   parts timed alone, best of several runs: the guest call, the input write, the output read,
-  the buffer zeroing, the fuel and epoch-deadline calls, the deadline computation and the
-  outcome object. What is left is the host's Python glue. The parts are reached through the
-  host's private instance on purpose: this is a profile of exactly that code.
-* **daemon** — ``evald serve`` answering ``EvaluateBatch`` of 64 items on its unix socket in a
-  closed loop: CPU per item of each of its threads (event loop, guest workers, epoch ticker,
-  gRPC), from ``/proc``; thread names from ``py-spy dump``. With py-spy, also a sampled profile
-  of what holds the GIL (the daemon's Python code runs under one lock, so that is its ceiling).
+  the buffer zeroing (copies through the memory view), the fuel, epoch-deadline and memory-size
+  calls, the deadline computation and the outcome object. What is left is the host's Python
+  glue. The parts are reached through the host's private instance on purpose: this is a
+  profile of exactly that code.
+* **daemon** — ``evald serve`` answering 64-item messages on its unix socket in a closed loop,
+  once as gRPC ``EvaluateBatch`` and once on the data path: CPU per item of each of its threads
+  (event loop, guest workers, data-path readers, epoch ticker, gRPC), from ``/proc``; thread
+  names from ``py-spy dump``. With py-spy, also a sampled profile of what holds the GIL (the
+  daemon's Python code runs under one lock, so that is its ceiling).
 
 py-spy is optional (``pip install py-spy``, in the ``bench`` extra); without it threads are
 named by id and the GIL profile is skipped.
@@ -71,9 +73,13 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
         instance = host._thread_instances()[("", module.sha256)]
         memory, context, function = instance.memory, instance.context, instance.eval
         size = len(_DATA)
+        view, in_ptr, out_ptr = instance.view, instance.in_ptr, instance.out_ptr
+
+        def write() -> None:
+            view[in_ptr : in_ptr + size] = _DATA
 
         def guest() -> None:
-            memory.write(instance.in_ptr, _DATA)
+            view[in_ptr : in_ptr + size] = _DATA
             context.set_fuel(limits.fuel)
             context.set_epoch_deadline(1000)
             function.call1(size)
@@ -82,9 +88,7 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
             "evaluate (whole)": _best_cpu_us(
                 lambda: host.evaluate(module, _DATA, limits), calls, repeats
             ),
-            "input write (memmove)": _best_cpu_us(
-                lambda: memory.write(instance.in_ptr, _DATA), calls, repeats
-            ),
+            "input write (memory view)": _best_cpu_us(write, calls, repeats),
             "set fuel": _best_cpu_us(lambda: context.set_fuel(limits.fuel), calls, repeats),
             "set epoch deadline": _best_cpu_us(
                 lambda: context.set_epoch_deadline(1000), calls, repeats
@@ -93,11 +97,12 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
             "deadline in ticks (ticker lag)": _best_cpu_us(
                 lambda: host._ticks(limits.deadline_ms), calls, repeats
             ),
-            "output read": _best_cpu_us(lambda: memory.read(instance.out_ptr, 3), calls, repeats),
+            "memory size (grown since the view?)": _best_cpu_us(memory.size, calls, repeats),
+            "output read (decode from the view)": _best_cpu_us(
+                lambda: str(view[out_ptr : out_ptr + 3], "utf-8"), calls, repeats
+            ),
             "zero both buffers": _best_cpu_us(
-                lambda: memory.zero((instance.in_ptr, size), (instance.out_ptr, 3)),
-                calls,
-                repeats,
+                lambda: host._clear_buffers(instance, size, 3), calls, repeats
             ),
             "outcome object": _best_cpu_us(
                 lambda: EvalOutcome("482", None, "", 1, 1), calls, repeats
@@ -109,7 +114,7 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
     # The guest call alone: the write/fuel/deadline it needs are timed separately above.
     parts["guest call (ctypes, GIL released)"] = round(
         with_call
-        - parts["input write (memmove)"]
+        - parts["input write (memory view)"]
         - parts["set fuel"]
         - parts["set epoch deadline"],
         2,
@@ -181,26 +186,62 @@ def _gil_profile(raw: Path, top: int = 25) -> dict[str, Any]:
     }
 
 
-def daemon_breakdown(duration_s: float = 10.0, *, gil_profile: bool = True) -> dict[str, Any]:
-    """CPU µs per item of each daemon thread under ``EvaluateBatch`` of 64 items (see above)."""
+def _data_path_batches(target: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(one 64-item round trip on the data path, close)."""
+    from evald._data_client import DataConnection
+    from evald.v1 import evald_pb2 as pb
+
+    connection = DataConnection.connect(target)
+    message = pb.EvaluateBatchRequest(
+        items=[pb.EvaluateRequest(evaluator="calc", input=_DATA, id=str(i)) for i in range(64)]
+    )
+
+    def round_trip() -> None:
+        connection.send(message)
+        got = 0
+        while got < 64:
+            response = connection.receive()
+            if response is None:
+                raise RuntimeError("the daemon closed the data-path connection")
+            got += len(response.results)
+
+    return round_trip, connection.close
+
+
+def daemon_breakdown(
+    duration_s: float = 10.0, *, gil_profile: bool = True, transport: str = "grpc"
+) -> dict[str, Any]:
+    """CPU µs per item of each daemon thread under 64-item messages (see above), over gRPC
+    ``EvaluateBatch`` (``transport="grpc"``) or the data path (``"data"``)."""
     from evald._bench._overhead import bench_daemon_config
     from evald._client import Client
     from evald._daemon_process import start_daemon
 
     py_spy = _py_spy()
     with tempfile.TemporaryDirectory(prefix="evald-profile-") as tmp:
-        daemon: Any = start_daemon(Path(tmp), bench_daemon_config())
+        data_target = f"unix:{Path(tmp) / 'data.sock'}"
+        daemon: Any = start_daemon(Path(tmp), bench_daemon_config(data_listen=data_target))
         try:
             with Client(daemon.target) as client:
                 items = [("calc", _DATA)] * 64
+                if transport == "data":
+                    round_trip, close = _data_path_batches(data_target)
+                else:
+
+                    def round_trip() -> None:
+                        client.evaluate_batch(items)
+
+                    def close() -> None:
+                        pass
+
                 for _ in range(30):
-                    client.evaluate_batch(items)
+                    round_trip()
                 done = threading.Event()
                 count = [0]
 
                 def load() -> None:
                     while not done.is_set():
-                        client.evaluate_batch(items)
+                        round_trip()
                         count[0] += 64
 
                 names = _thread_names(py_spy, daemon.pid)
@@ -226,9 +267,10 @@ def daemon_breakdown(duration_s: float = 10.0, *, gil_profile: bool = True) -> d
                 done.set()
                 driver.join()
                 wall = time.perf_counter() - started
-                after = _thread_cpu(daemon.pid)
+                after = _thread_cpu(daemon.pid)  # before close(): its reader thread then ends
                 daemon_cpu = (cpu_seconds_of(daemon.pid) or 0.0) - daemon_before
                 client_cpu = time.process_time() - client_before
+                close()
         finally:
             daemon.stop()
     n = max(1, count[0])
@@ -237,7 +279,8 @@ def daemon_breakdown(duration_s: float = 10.0, *, gil_profile: bool = True) -> d
         label = names.get(tid, "other native threads (gRPC core)")
         by_name[label] += seconds - before.get(tid, 0.0)
     return {
-        "rpc": "EvaluateBatch, 64 x calc 17 * 23 + 91, unix socket, one closed-loop caller",
+        "rpc": ("data path" if transport == "data" else "EvaluateBatch")
+        + ", 64 x calc 17 * 23 + 91, unix socket, one closed-loop caller",
         "items": count[0],
         "items_per_s": round(count[0] / wall, 1),
         "daemon_cpu_us_per_item": round(daemon_cpu / n * 1e6, 2),
@@ -256,19 +299,23 @@ def profile_markdown(document: dict[str, Any]) -> str:
     """The two breakdowns as Markdown tables."""
     lines = ["| host: one reused-instance evaluation (calc, 12 bytes) | CPU µs |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in document["host"]["cpu_us"].items()]
-    daemon = document["daemon"]
-    lines += [
-        "",
-        f"| daemon thread ({daemon['items_per_s']:,.0f} items/s, {daemon['rpc']}) | CPU µs/item |",
-        "|---|---|",
-    ]
-    lines += [f"| {k} | {v} |" for k, v in daemon["thread_cpu_us_per_item"].items()]
-    lines.append(f"| **daemon total** | **{daemon['daemon_cpu_us_per_item']}** |")
-    lines.append(f"| client (this process) | {daemon['client_cpu_us_per_item']} |")
-    gil = daemon.get("gil_profile")
-    if gil:
-        lines += ["", "| holds the GIL (py-spy, self) | % of samples |", "|---|---|"]
-        lines += [f"| `{k}` | {v} |" for k, v in list(gil["self_percent"].items())[:15]]
+    for key in ("daemon", "daemon_data_path"):
+        daemon = document.get(key)
+        if daemon is None:
+            continue
+        lines += [
+            "",
+            f"| daemon thread ({daemon['items_per_s']:,.0f} items/s, {daemon['rpc']}) "
+            "| CPU µs/item |",
+            "|---|---|",
+        ]
+        lines += [f"| {k} | {v} |" for k, v in daemon["thread_cpu_us_per_item"].items()]
+        lines.append(f"| **daemon total** | **{daemon['daemon_cpu_us_per_item']}** |")
+        lines.append(f"| client (this process) | {daemon['client_cpu_us_per_item']} |")
+        gil = daemon.get("gil_profile")
+        if gil:
+            lines += ["", "| holds the GIL (py-spy, self) | % of samples |", "|---|---|"]
+            lines += [f"| `{k}` | {v} |" for k, v in list(gil["self_percent"].items())[:15]]
     return "\n".join(lines)
 
 
@@ -293,6 +340,7 @@ def run_profile(
         "profile": profile,
         "host": host_breakdown(calls, repeats),
         "daemon": daemon_breakdown(duration_s, gil_profile=gil_profile),
+        "daemon_data_path": daemon_breakdown(duration_s, gil_profile=gil_profile, transport="data"),
         "machine": {**machine, "load_average_at_end": load_average()},
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """The evaluator clients: the evald stream client against the real daemon (``evald serve`` as a
-subprocess on a real unix socket), including a daemon killed mid-stream, a hung daemon and a
-restart; and the in-process WASM and Python-reference evaluators."""
+subprocess on a real unix socket), over gRPC and over the data path, including a daemon killed
+mid-stream, a hung daemon and a restart; and the in-process WASM and Python-reference
+evaluators."""
 
 from __future__ import annotations
 
@@ -58,6 +59,22 @@ SPANS = [
 ]
 
 
+#: The engine client's two transports: the gRPC stream and the data path (docs/data-path.md).
+TRANSPORTS = ("grpc", "data")
+
+
+def config(root: Path) -> str:
+    """CONFIG with the data path on ``root/data.sock``."""
+    return CONFIG.replace("[server]\n", f'[server]\ndata_listen = "unix:{root}/data.sock"\n', 1)
+
+
+def evaluator_client(
+    daemon: Daemon, transport: str, token: str | None = None, **options: Any
+) -> EvaluatorClient:
+    data_target = f"unix:{daemon.config_path.parent / 'data.sock'}" if transport == "data" else None
+    return EvaluatorClient(daemon.target, token, data_target=data_target, **options)
+
+
 def expected(evaluator: str, content: str) -> tuple[str | None, str | None]:
     from evaluators_wasm.reference import GuestError, reference
 
@@ -73,16 +90,17 @@ def outcome(result: EvalResult) -> tuple[str | None, str | None]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    handle = start_daemon(tmp_path_factory.mktemp("evald"), CONFIG)
+    root = tmp_path_factory.mktemp("evald")
+    handle = start_daemon(root, config(root))
     try:
         yield handle
     finally:
         handle.stop()
 
 
-@pytest.fixture()
-def client(daemon: Daemon) -> Iterator[EvaluatorClient]:
-    with EvaluatorClient(daemon.target) as evaluator:
+@pytest.fixture(params=TRANSPORTS)
+def client(daemon: Daemon, request: pytest.FixtureRequest) -> Iterator[EvaluatorClient]:
+    with evaluator_client(daemon, request.param) as evaluator:
         assert evaluator.wait_connected(30.0)
         yield evaluator
 
@@ -120,9 +138,10 @@ def test_list_evaluators_builds_the_same_grammar_as_the_manifests(daemon: Daemon
     assert from_daemon.structural_tag == from_source.structural_tag
 
 
-def test_bearer_token_selects_the_tenant(daemon: Daemon) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bearer_token_selects_the_tenant(daemon: Daemon, transport: str) -> None:
     assert [s.name for s in list_evaluators(daemon.target, TOKEN)] == ["calc"]
-    with EvaluatorClient(daemon.target, TOKEN) as client:
+    with evaluator_client(daemon, transport, TOKEN) as client:
         assert client.wait_connected(30.0)
         allowed = client.submit("calc", "6 * 7", 5000)
         refused = client.submit("strop", 'len("a")', 5000)
@@ -131,8 +150,9 @@ def test_bearer_token_selects_the_tenant(daemon: Daemon) -> None:
         assert refused.result(timeout=30).error_code == "permission_denied"
 
 
-def test_a_wrong_token_fails_spans_with_permission_denied(daemon: Daemon) -> None:
-    with EvaluatorClient(daemon.target, "not-a-valid-token-at-all") as client:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_wrong_token_fails_spans_with_permission_denied(daemon: Daemon, transport: str) -> None:
+    with evaluator_client(daemon, transport, "not-a-valid-token-at-all") as client:
         deadline_s = 5.0
         started = time.monotonic()
         future = client.submit("calc", "1 + 1", int(deadline_s * 1000))
@@ -143,8 +163,10 @@ def test_a_wrong_token_fails_spans_with_permission_denied(daemon: Daemon) -> Non
         assert time.monotonic() - started < deadline_s + SLACK_S
 
 
-def test_no_daemon_gives_unavailable_within_the_deadline(tmp_path: Path) -> None:
-    with EvaluatorClient(f"unix:{tmp_path / 'absent.sock'}") as client:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_no_daemon_gives_unavailable_within_the_deadline(tmp_path: Path, transport: str) -> None:
+    absent = f"unix:{tmp_path / 'absent.sock'}"
+    with EvaluatorClient(absent, data_target=absent if transport == "data" else None) as client:
         started = time.monotonic()
         first = client.submit("calc", "1 + 1", 1000)
         client.flush()
@@ -164,10 +186,13 @@ def test_tcp_target_without_a_listener_gives_unavailable(tmp_path: Path) -> None
         assert future.result(timeout=2 + SLACK_S).error_code == "unavailable"
 
 
-def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, CONFIG)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(
+    tmp_path: Path, transport: str
+) -> None:
+    daemon = start_daemon(tmp_path, config(tmp_path))
     try:
-        with EvaluatorClient(daemon.target) as client:
+        with evaluator_client(daemon, transport) as client:
             assert client.wait_connected(30.0)
             os.kill(daemon.process.pid, signal.SIGSTOP)  # a real hang: the process stops
             try:
@@ -187,11 +212,12 @@ def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(tmp_path: Path) -> 
         daemon.stop()
 
 
-def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, CONFIG)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path, transport: str) -> None:
+    daemon = start_daemon(tmp_path, config(tmp_path))
     try:
-        with EvaluatorClient(
-            daemon.target, backoff_initial_s=0.05, backoff_max_s=0.5, connect_timeout_s=0.5
+        with evaluator_client(
+            daemon, transport, backoff_initial_s=0.05, backoff_max_s=0.5, connect_timeout_s=0.5
         ) as client:
             assert client.wait_connected(30.0)
             warm = client.submit("calc", "1 + 1", 10_000)
@@ -213,7 +239,10 @@ def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path) -> None:
             assert client.stats.disconnects >= 1
 
             restarted = start_daemon(
-                tmp_path, CONFIG, socket_path=daemon.socket_path, state_dir=daemon.state_dir
+                tmp_path,
+                config(tmp_path),
+                socket_path=daemon.socket_path,
+                state_dir=daemon.state_dir,
             )
             try:
                 assert client.wait_connected(30.0), "the client reconnects by itself"

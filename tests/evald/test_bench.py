@@ -45,21 +45,26 @@ def test_overhead_writes_every_configuration(overhead: tuple[Path, dict]) -> Non
     assert document["profile"] == "tiny"
     profile = PROFILES["tiny"]
     rows = document["rows"]
-    assert len(rows) == len(_configs(profile))
+    assert len(rows) == len(_configs(profile)) == profile.configurations_per_round
     keys = {
         (r["path"], r["transport"], r["rpc"], r["items_per_message"], r["concurrency"], r["input"])
         for r in rows
     }
     assert len(keys) == len(rows)
     for transport in profile.transports:
-        for rpc in ("unary", "batch", "stream"):
+        rpcs = ("stream",) if transport == "data" else ("unary", "batch", "stream")
+        for rpc in rpcs:
             assert any(r["transport"] == transport and r["rpc"] == rpc for r in rows)
+    # the data path's floor: the same frames to a process that does not evaluate
+    for items in profile.items_per_message:
+        assert any(r["path"] == "raw-uds" and r["items_per_message"] == items for r in rows)
     for row in rows:
         assert row["evals"] > 0, row
         assert 0 < row["p50_us"] <= row["p99_us"], row
         assert row["evals_per_s"] > 0, row
         assert row["decode_step_fraction"] is None  # --no-decode-step
-        if row["path"] == "evald":
+        assert row["errors"] == 0, row
+        if row["path"] in ("evald", "raw-uds"):
             assert row["daemon_cpu_us_per_eval"] is not None
             assert row["evals"] % row["items_per_message"] == 0
         else:
@@ -92,9 +97,12 @@ def test_headline_names_the_engine_path(overhead: tuple[Path, dict]) -> None:
     assert stream["value"] == pytest.approx(
         stream["evald_p50_us"] / stream["python_p50_us"], rel=1e-2
     )
+    floor = headline["evald_data_vs_raw_floor"]
+    assert floor["value"] == pytest.approx(floor["evald_p50_us"] / floor["raw_p50_us"], rel=1e-2)
     table = headline_markdown(overhead[1], None)
     assert table.startswith("| measure | this run | target | met |")
     assert "evald ÷ in-process Python" in table
+    assert "raw unix-socket round trip" in table
     assert "Measured on" in table
 
 
@@ -146,10 +154,12 @@ def test_profile_breaks_the_time_down(tmp_path: Path) -> None:
     assert sum(v for k, v in parts.items() if k != "evaluate (whole)") == pytest.approx(
         parts["evaluate (whole)"], abs=0.05
     )
-    daemon = document["daemon"]
-    assert daemon["items"] > 0 and daemon["items"] % 64 == 0
-    assert daemon["daemon_cpu_us_per_item"] > 0
-    assert daemon["thread_cpu_us_per_item"]
+    for key in ("daemon", "daemon_data_path"):
+        daemon = document[key]
+        assert daemon["items"] > 0 and daemon["items"] % 64 == 0
+        assert daemon["daemon_cpu_us_per_item"] > 0
+        assert daemon["thread_cpu_us_per_item"]
+    assert document["daemon_data_path"]["rpc"].startswith("data path")
     assert json.loads((tmp_path / "profile.json").read_text())["benchmark"] == "profile"
     assert "CPU µs" in (tmp_path / "profile.md").read_text()
 

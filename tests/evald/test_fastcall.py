@@ -213,3 +213,22 @@ def test_raw_memory_zeroes_several_ranges_and_checks_them_all(engine, module) ->
     with pytest.raises(IndexError):
         memory.zero((0, 1), (65535, 2))
     assert memory.read(0, 1) == b"a"  # nothing was zeroed when one range was out of bounds
+
+
+def test_raw_memory_view_is_the_memory_until_it_grows(engine, module) -> None:
+    store, instance = _instance(engine, module)
+    exported = fast.export(store, instance, "memory")
+    assert isinstance(exported, wasmtime.Memory)
+    memory = fast.RawMemory(store, exported)
+    view = memory.view()
+    assert len(view) == memory.size() == 65536
+    view[200:205] = b"world"
+    assert memory.read(200, 5) == b"world"  # writes through the view land in guest memory
+    memory.write(300, b"abc")
+    assert bytes(view[300:303]) == b"abc"  # and the view sees writes made another way
+    exported.grow(store, 2)
+    grown = memory.view()
+    assert len(grown) == 3 * 65536  # a new view covers the grown memory
+    grown[65536 * 3 - 1] = 7
+    assert memory.read(65536 * 3 - 1, 1) == b"\x07"
+    assert bytes(grown[200:205]) == b"world"

@@ -151,3 +151,17 @@ def test_two_deadlines_run_out_side_by_side(host: WasmHost) -> None:
     with ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(run, range(2)))
     assert [o.error for o in outcomes] == [ErrorCode.DEADLINE_EXCEEDED] * 2
+
+
+def test_a_reused_instance_takes_a_new_memory_view_after_a_grow(host: WasmHost) -> None:
+    # Copies go through a byte view of the guest memory; a call that grows the memory (which
+    # may move it) must leave the instance with a view of the whole grown memory.
+    grow = host.load(guest("grow"))
+    limits = Limits(memory_bytes=40 * PAGE)
+    for pages in (1, 3, 5):
+        assert host.evaluate(grow, arg(pages), limits, pool_key="view").value == "ok"
+        instance = host._thread_instances()["view", grow.sha256]
+        assert instance.view_size == instance.memory.size() == len(instance.view)
+    assert instance.view_size >= 10 * PAGE
+    dump = host.load(guest("dump_input", 16))
+    assert host.evaluate(dump, b"after", limits, pool_key="view").value == "after" + "\0" * 11
