@@ -118,6 +118,12 @@ class TokenCodec:
     def vocab_size(self) -> int:
         return len(self._bytes)
 
+    @property
+    def byte_table(self) -> Sequence[bytes]:
+        """Every token's bytes, indexed by id (read-only by contract: the injector's hot path
+        indexes it directly)."""
+        return self._bytes
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes of one token (empty for ids outside the vocabulary)."""
         if 0 <= token_id < len(self._bytes):
@@ -243,6 +249,11 @@ class _State(NamedTuple):
     """The plan covers the whole result text (else only the shared prefix ``<result``)."""
 
 
+# The per-token fast path builds states without the named tuple's Python-level ``__new__``.
+_new_state = tuple.__new__
+_OUTSIDE = _Phase.OUTSIDE
+
+
 class Injector:
     """Detects closed spans, submits them, and tells the engine which tokens to force.
 
@@ -301,15 +312,40 @@ class Injector:
             except re.error:
                 self._value_checks.append(None)  # XGrammar-only syntax: the grammar still checks
         self._text = bytearray()
+        self._token_bytes = self._codec.byte_table
+        self._vocab_n = len(self._token_bytes)
         self._spans: list[SpanRecord] = []
         self._history: list[_State] = [_State()]
 
     # ----------------------------------------------------------------- what engines call
 
     def accept_token(self, token_id: int) -> None:
-        """Records one token that entered the sequence (sampled or forced), in order."""
-        state = self._history[-1]
-        before = len(self._text)
+        """Records one token that entered the sequence (sampled or forced), in order.
+
+        Runs for every token of every evaluated sequence on the engine's scheduler thread, so
+        free text (no opener in sight) takes a short path: one C-level search over the last
+        few bytes and one history entry, no other Python work.
+        """
+        history = self._history
+        state = history[-1]
+        text = self._text
+        before = len(text)
+        if state.phase is _OUTSIDE:
+            piece = self._token_bytes[token_id] if 0 <= token_id < self._vocab_n else b""
+            text += piece  # in place: the bytearray is self._text
+            start = before - self._max_begin + 1
+            if start < state.mark:
+                start = state.mark
+            if self._begin_pattern.search(text, start) is None:
+                after = before + len(piece)
+                mark = after - self._max_begin + 1
+                if mark < state.mark:
+                    mark = state.mark
+                history.append(
+                    _new_state(_State, (after, _OUTSIDE, mark, -1, state.span_count, (), -1, False))
+                )
+                return
+            del text[before:]  # an opener may start here: the general path below takes over
         if state.plan and state.plan_at == before and state.plan[0] == token_id:
             rest = state.plan[1:]
         else:
