@@ -401,7 +401,14 @@ class Injector:
         Then either :meth:`forced_tokens` has tokens, or the value is not known yet and the
         engine should :meth:`wait`.
         """
+        if self._history[-1].phase is not _Phase.RESULT:  # no span waits: nothing to refresh
+            return False
         return self._refresh().phase is _Phase.RESULT
+
+    @property
+    def span_count(self) -> int:
+        """How many spans closed in the current sequence (``len(spans)`` without the copy)."""
+        return self._history[-1].span_count
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Blocks until the pending span's value is known, the deadline passes, or ``timeout_s``.

@@ -113,8 +113,9 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
             return
         try:
             self._runtime.flush()
-            if not self._injector.pending:  # free text: nothing to force, nothing to log yet
-                if self._logged < len(self._injector.spans):
+            injector = self._injector
+            if not injector.pending:  # free text: nothing to force, nothing to log yet
+                if self._logged < injector.span_count:
                     self._log_finished_spans()
                 return
             token = self._next_forced_token()
