@@ -121,6 +121,9 @@ class _TenantState:
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
         self._lock = threading.Lock()
         self._inflight = 0
+        self.calls = 0  # calls in flight (event loop only)
+        self.unread = 0  # bytes reserved by this tenant's streams (event loop only)
+        self.sinks: set[_Sink] = set()  # its open streams, woken when unread bytes are freed
         self._rate = config.limits.rate_per_s
         self._burst = float(config.limits.effective_burst)
         self._tokens = self._burst
@@ -165,6 +168,31 @@ class _TenantState:
         with self._lock:
             self._inflight -= 1
 
+    def enter_call(self) -> None:
+        """Counts one call in flight (event loop only).
+
+        Raises:
+            EvaldError: ``quota_exceeded`` at the tenant's ``max_calls``.
+        """
+        limit = self.config.limits.max_calls
+        if self.calls >= limit:
+            raise EvaldError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"tenant {self.name!r} already has {self.calls} calls in flight, its max_calls; "
+                "retry when some finish (or send more items per batch or stream)",
+            )
+        self.calls += 1
+
+    def leave_call(self) -> None:
+        self.calls -= 1
+
+    def free_unread(self, size: int) -> None:
+        """Returns stream output bytes to the tenant's budget and wakes its stalled streams."""
+        if size:
+            self.unread -= size
+            for sink in self.sinks:
+                sink.room.set()
+
 
 @dataclasses.dataclass(slots=True)
 class _Work:
@@ -180,6 +208,7 @@ class _Work:
     data: bytes
     limits: Limits
     tenant: _TenantState
+    reserved: int = 0  # stream output bytes reserved for this item's response
 
 
 _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
@@ -215,30 +244,35 @@ class _Batch:
 
 
 class _Sink:
-    """Where a stream's workers drop finished results; wakes the sender once per burst."""
+    """Where a stream's workers drop finished results; wakes the sender once per burst.
+
+    Each result travels with the output bytes reserved for it at admission, freed when the
+    sender hands the result to gRPC.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._results: list[pb.EvaluateResponse] = []
+        self._results: list[tuple[pb.EvaluateResponse, int]] = []
         self.event = asyncio.Event()
         self.room = asyncio.Event()
-        self.outstanding = 0
+        self.outstanding = 0  # items admitted and not yet sent
+        self.reserved = 0  # output bytes reserved for them
 
-    def put_threadsafe(self, _work: _Work, response: pb.EvaluateResponse) -> None:
+    def put_threadsafe(self, work: _Work, response: pb.EvaluateResponse) -> None:
         with self._lock:
-            self._results.append(response)
+            self._results.append((response, work.reserved))
             first = len(self._results) == 1
         if first:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
                 self._loop.call_soon_threadsafe(self.event.set)
 
-    def put_local(self, responses: Iterable[pb.EvaluateResponse]) -> None:
+    def put_local(self, responses: Iterable[tuple[pb.EvaluateResponse, int]]) -> None:
         with self._lock:
             self._results.extend(responses)
         self.event.set()
 
-    def take(self) -> list[pb.EvaluateResponse]:
+    def take(self) -> list[tuple[pb.EvaluateResponse, int]]:
         with self._lock:
             results, self._results = self._results, []
         return results
@@ -254,6 +288,57 @@ def _error_response(request_id: str, code: ErrorCode, message: str) -> pb.Evalua
     return pb.EvaluateResponse(
         id=request_id, error=pb.Error(code=_PROTO_CODES[code], message=message)
     )
+
+
+#: Bytes an ``EvaluateResponse`` adds to its parent message beyond its own size (tag, length).
+_ITEM_FRAMING = 6
+#: Room for everything of a response but its value: a host or guest message (at most about
+#: 1,000 characters), the code, fuel, time and semantics version.
+_RESPONSE_OVERHEAD = 1536
+
+
+def send_limit(max_message_bytes: int, max_batch_items: int) -> int:
+    """The daemon's gRPC send limit: a full budget of values plus, for every item that did not
+    fit, its error (the id it echoes was part of a request, itself at most max_message_bytes)."""
+    return 2 * max_message_bytes + max_batch_items * _RESPONSE_OVERHEAD
+
+
+def receive_limit(max_message_bytes: int, max_batch_items: int, max_input_bytes: int) -> int:
+    """The daemon's gRPC receive limit: ``max_message_bytes``, or less when the largest request
+    the input and batch caps admit is smaller (gRPC refuses longer messages before parsing)."""
+    largest = max_batch_items * (max_input_bytes + 2 * _RESPONSE_OVERHEAD) + 64 * 1024
+    return min(max_message_bytes, largest)
+
+
+class _ResponseBudget:
+    """The value bytes one response message may still carry (thread-safe).
+
+    A value that no longer fits is replaced by its own ``output_too_large`` error, so a batch
+    whose values add up past the send limit still answers every item (never a bare
+    ``RESOURCE_EXHAUSTED`` for the whole call). Errors always fit: they are small, and the send
+    limit (:func:`send_limit`) leaves room for one per item.
+    """
+
+    __slots__ = ("_left", "_lock", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._left = limit
+        self._lock = threading.Lock()
+
+    def fit(self, response: pb.EvaluateResponse) -> pb.EvaluateResponse:
+        size = response.ByteSize() + _ITEM_FRAMING
+        with self._lock:
+            if size <= self._left or response.WhichOneof("outcome") != "value":
+                self._left -= size
+                return response
+        return _error_response(
+            response.id,
+            ErrorCode.OUTPUT_TOO_LARGE,
+            f"the value ({len(response.value.encode())} bytes) does not fit in this response: "
+            f"a response carries at most {self.limit} bytes (max_message_bytes); send fewer "
+            "items per batch",
+        )
 
 
 def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
@@ -309,6 +394,14 @@ class _CallFailed(Exception):
         self.message = message
 
 
+def _reservation(tenant: _TenantState, item: pb.EvaluateRequest) -> int:
+    """The most bytes ``item``'s response can take: the tenant's output cap, the id it echoes
+    (up to four bytes a character) and the rest of a response."""
+    request_id = item.id
+    id_bytes = len(request_id) if request_id.isascii() else 4 * len(request_id)
+    return tenant.limits.output_bytes + id_bytes + _RESPONSE_OVERHEAD + _ITEM_FRAMING
+
+
 class _Service(pb_grpc.EvaluatorServicer):
     """``evald.v1.Evaluator``: authenticates every call, then evaluates on worker threads."""
 
@@ -330,7 +423,11 @@ class _Service(pb_grpc.EvaluatorServicer):
         try:
             tenant = daemon.authenticate(context)
             tenant_label = tenant.name
-            return await body(tenant)
+            tenant.enter_call()
+            try:
+                return await body(tenant)
+            finally:
+                tenant.leave_call()
         except EvaldError as exc:
             failure = _CallFailed(exc.code, exc.message)
         except asyncio.CancelledError:
@@ -380,7 +477,7 @@ class _Service(pb_grpc.EvaluatorServicer):
             await daemon.drain(collections.deque((prepared,)), deliver)
             if daemon.stopping and result[0].error.code == _PROTO_CODES[ErrorCode.UNAVAILABLE]:
                 raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
-            return result[0]
+            return daemon.response_budget().fit(result[0])
 
         return await self._call("Evaluate", context, body)
 
@@ -399,8 +496,15 @@ class _Service(pb_grpc.EvaluatorServicer):
                 else:
                     queue.append(prepared)
 
+            budget = daemon.response_budget()
+            for index, refused in enumerate(results):
+                if refused is not None:
+                    results[index] = budget.fit(refused)
+
             def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
-                results[work.index] = response
+                # Counted as each finishes, so the daemon never holds more than one response's
+                # worth of values for the call.
+                results[work.index] = budget.fit(response)
 
             await daemon.drain(queue, deliver)
             return pb.EvaluateBatchResponse(results=cast("list[pb.EvaluateResponse]", results))
@@ -409,11 +513,12 @@ class _Service(pb_grpc.EvaluatorServicer):
 
     async def EvaluateStream(
         self, request_iterator: AsyncIterator[pb.EvaluateBatchRequest], context: Any
-    ) -> AsyncIterator[pb.EvaluateBatchResponse]:
+    ) -> None:
         daemon = self._daemon
         method = "EvaluateStream"
         try:
             tenant = daemon.authenticate(context)
+            tenant.enter_call()
         except EvaldError as exc:
             daemon.metrics.observe_rpc(method, "unauthenticated", exc.code.value)
             await context.abort(
@@ -422,58 +527,134 @@ class _Service(pb_grpc.EvaluatorServicer):
                 trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
             )
             return
+        try:
+            await self._stream(tenant, request_iterator, context)
+        finally:
+            tenant.leave_call()
+
+    async def _stream(
+        self,
+        tenant: _TenantState,
+        request_iterator: AsyncIterator[pb.EvaluateBatchRequest],
+        context: Any,
+    ) -> None:
+        daemon = self._daemon
+        method = "EvaluateStream"
+        settings = daemon.config.server
         loop = asyncio.get_running_loop()
         sink = _Sink(loop)
         drains: set[asyncio.Task[None]] = set()
+        tenant.sinks.add(sink)
 
-        # Backpressure: results the client has not taken yet count against this bound, so a
-        # client that sends without reading stalls (HTTP/2 flow control) instead of growing
-        # the daemon's memory.
-        backlog_limit = daemon.config.server.max_batch_items
+        # Backpressure in bytes: every admitted item reserves the most its response can take
+        # (its output cap, its id, an error message) until the response is handed to gRPC. At
+        # the stream's or the tenant's bound the daemon stops reading the stream (HTTP/2 flow
+        # control then stalls the client), so a client that sends without reading can make the
+        # daemon hold at most stream_unread_bytes, and all of a tenant's streams unread_bytes.
+        stream_bound = settings.stream_unread_bytes
+        tenant_bound = tenant.config.limits.unread_bytes
+
+        def has_room(size: int) -> bool:
+            return (sink.reserved == 0 or sink.reserved + size <= stream_bound) and (
+                tenant.unread == 0 or tenant.unread + size <= tenant_bound
+            )
+
+        def reserve(size: int) -> None:
+            sink.reserved += size
+            sink.outstanding += 1
+            tenant.unread += size
+
+        def start(queue: collections.deque[_Work]) -> None:
+            task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
+            drains.add(task)
+            task.add_done_callback(drains.discard)
 
         async def read() -> None:
             async for message in request_iterator:
                 if isinstance(message, _Malformed):
                     raise EvaldError(ErrorCode.INVALID_ARGUMENT, message.reason)
                 daemon.check_batch_size(len(message.items))
-                while sink.outstanding >= backlog_limit:
-                    sink.room.clear()
-                    await sink.room.wait()
                 queue: collections.deque[_Work] = collections.deque()
-                refused: list[pb.EvaluateResponse] = []
+                refused: list[tuple[pb.EvaluateResponse, int]] = []
                 for index, item in enumerate(message.items):
+                    size = _reservation(tenant, item)
+                    while not has_room(size):
+                        if queue:
+                            start(queue)
+                            queue = collections.deque()
+                        if refused:
+                            sink.put_local(refused)
+                            refused = []
+                        sink.room.clear()
+                        await sink.room.wait()
                     prepared = daemon.prepare(tenant, item, index)
+                    reserve(size)
                     if isinstance(prepared, pb.EvaluateResponse):
-                        refused.append(prepared)
+                        refused.append((prepared, size))
                     else:
+                        prepared.reserved = size
                         queue.append(prepared)
-                sink.outstanding += len(message.items)
                 if refused:
                     sink.put_local(refused)
                 if queue:
-                    task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
-                    drains.add(task)
-                    task.add_done_callback(drains.discard)
+                    start(queue)
+
+        async def send(results: list[tuple[pb.EvaluateResponse, int]]) -> None:
+            budget = _ResponseBudget(settings.max_message_bytes)
+            batch: list[pb.EvaluateResponse] = []
+            freed = 0
+            for response, reserved in results:
+                fitted = budget.fit(response)
+                if fitted is not response and batch:  # full: send what fits, then go on
+                    await write(batch, freed)
+                    batch, freed = [], 0
+                    budget = _ResponseBudget(settings.max_message_bytes)
+                    fitted = budget.fit(response)
+                batch.append(fitted)
+                freed += reserved
+            if batch:
+                await write(batch, freed)
+
+        async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
+            try:
+                await asyncio.wait_for(
+                    context.write(pb.EvaluateBatchResponse(results=batch)),
+                    settings.stream_stall_s,
+                )
+            except TimeoutError:
+                raise EvaldError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the client read no results for {settings.stream_stall_s:g} s while "
+                    f"{sink.reserved} bytes of them waited (stream_unread_bytes is "
+                    f"{stream_bound}); the stream is ended: read results as they come",
+                ) from None
+            sink.outstanding -= len(batch)
+            sink.reserved -= freed
+            tenant.free_unread(freed)
+            sink.room.set()
 
         reader = loop.create_task(read())
         reader.add_done_callback(lambda _task: sink.event.set())
         daemon.register_sink(sink)
         code = "ok"
         try:
-            while True:
-                await sink.event.wait()
-                sink.event.clear()
-                results = sink.take()
-                if results:
-                    sink.outstanding -= len(results)
-                    sink.room.set()
-                    yield pb.EvaluateBatchResponse(results=results)
-                if daemon.stopping and not reader.done():
-                    reader.cancel()
-                if reader.done() and sink.outstanding <= 0:
-                    break
             failure: EvaldError | None = None
-            if not reader.cancelled() and reader.exception() is not None:
+            try:
+                while True:
+                    await sink.event.wait()
+                    sink.event.clear()
+                    results = sink.take()
+                    if results:
+                        await send(results)
+                    if daemon.stopping and not reader.done():
+                        reader.cancel()
+                    if reader.done() and sink.outstanding <= 0:
+                        break
+            except EvaldError as exc:  # the client stopped reading
+                failure = exc
+            if failure is not None:
+                pass
+            elif not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
                 if isinstance(error, EvaldError):
                     failure = error
@@ -496,9 +677,13 @@ class _Service(pb_grpc.EvaluatorServicer):
             raise
         finally:
             daemon.unregister_sink(sink)
+            tenant.sinks.discard(sink)
             reader.cancel()
             for task in list(drains):
                 task.cancel()
+            # Whatever was not sent (the call ended or was cancelled) goes back to the tenant.
+            tenant.free_unread(sink.reserved)
+            sink.reserved = 0
             daemon.metrics.observe_rpc(method, tenant.name, code)
 
     async def ListEvaluators(
@@ -556,6 +741,55 @@ class _Service(pb_grpc.EvaluatorServicer):
             return pb.DeleteEvaluatorResponse()
 
         return await self._call("DeleteEvaluator", context, body)
+
+
+class _Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses calls without a valid token from their metadata, before gRPC reads the body.
+
+    An interceptor runs when the call's headers have arrived and no message has been read. A
+    call that does not authenticate gets a stream handler that aborts at once and never
+    iterates its requests, so an unauthenticated client cannot make the daemon receive, buffer
+    or parse its message (up to the receive limit, on as many connections as it likes): the
+    call costs its headers. Authenticated calls pass to the service unchanged, which
+    authenticates again with the peer in hand (the tokenless tenant needs the unix socket).
+    """
+
+    def __init__(self, daemon: EvaldServer) -> None:
+        self._daemon = daemon
+        self._prefix = f"/{SERVICE_NAME}/"
+        self._over_unix = daemon.listen.startswith("unix:")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        method = str(handler_call_details.method)
+        if method.startswith(self._prefix):
+            try:
+                self._daemon.tenant_for(
+                    handler_call_details.invocation_metadata, over_unix=self._over_unix
+                )
+            except EvaldError as exc:
+                self._daemon.metrics.observe_rpc(
+                    method[len(self._prefix) :], "unauthenticated", exc.code.value
+                )
+                return _refusal(exc)
+        return await continuation(handler_call_details)
+
+
+def _refusal(error: EvaldError) -> Any:
+    """A handler that fails the call with ``error`` without reading a single request message."""
+
+    async def refuse(_requests: AsyncIterator[Any], context: Any) -> None:
+        await context.abort(
+            error.code.grpc_status,
+            error.message,
+            trailing_metadata=((ERROR_CODE_METADATA_KEY, error.code.value),),
+        )
+
+    # No deserializer: nothing is parsed, and the handler never asks for a message.
+    return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 def _add_service(service: _Service, server: Any) -> None:
@@ -726,13 +960,23 @@ class EvaldServer:
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
         """
+        over_unix = str(context.peer()).startswith("unix:")
+        return self.tenant_for(context.invocation_metadata(), over_unix=over_unix)
+
+    def tenant_for(self, metadata: Any, *, over_unix: bool) -> _TenantState:
+        """:meth:`authenticate` from the call's metadata alone (what an interceptor sees before
+        gRPC reads the request body).
+
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix.
+        """
         authorization: str | None = None
-        for key, value in context.invocation_metadata() or ():
+        for key, value in metadata or ():
             if key == "authorization":
                 authorization = value if isinstance(value, str) else value.decode("latin-1")
                 break
         if authorization is None:
-            if self._tokenless is not None and str(context.peer()).startswith("unix:"):
+            if self._tokenless is not None and over_unix:
                 return self._tokenless
             where = "this unix socket" if self._socket_path else "TCP"
             raise EvaldError(
@@ -754,6 +998,10 @@ class EvaldServer:
         if found is None:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token matches no tenant")
         return found
+
+    def response_budget(self) -> _ResponseBudget:
+        """A fresh value budget for one response message (``max_message_bytes``)."""
+        return _ResponseBudget(self.config.server.max_message_bytes)
 
     def check_batch_size(self, items: int) -> None:
         limit = self.config.server.max_batch_items
@@ -1061,13 +1309,27 @@ class EvaldServer:
         settings = self.config.server
         try:
             await loop.run_in_executor(self._control_pool, self._load)
-            max_message = settings.max_message_bytes
+            largest_input = max(
+                (tenant.limits.input_bytes for tenant in self.config.tenants),
+                default=self.config.default_limits.input_bytes,
+            )
             server = grpc.aio.server(
+                interceptors=(_Gatekeeper(self),),
                 options=(
-                    ("grpc.max_receive_message_length", max_message),
-                    ("grpc.max_send_message_length", max_message),
+                    (
+                        "grpc.max_receive_message_length",
+                        receive_limit(
+                            settings.max_message_bytes, settings.max_batch_items, largest_input
+                        ),
+                    ),
+                    (
+                        "grpc.max_send_message_length",
+                        send_limit(settings.max_message_bytes, settings.max_batch_items),
+                    ),
+                    ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
                     ("grpc.so_reuseport", 0),
-                )
+                ),
+                maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
             )
             _add_service(_Service(self), server)
             health = health_aio.HealthServicer()
