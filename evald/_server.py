@@ -394,6 +394,12 @@ class _CallFailed(Exception):
         self.message = message
 
 
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _reservation(tenant: _TenantState, item: pb.EvaluateRequest) -> int:
     """The most bytes ``item``'s response can take: the tenant's output cap, the id it echoes
     (up to four bytes a character) and the rest of a response."""
@@ -616,18 +622,19 @@ class _Service(pb_grpc.EvaluatorServicer):
                 await write(batch, freed)
 
         async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
-            try:
-                await asyncio.wait_for(
-                    context.write(pb.EvaluateBatchResponse(results=batch)),
-                    settings.stream_stall_s,
-                )
-            except TimeoutError:
+            # Not asyncio.wait_for: it waits for the cancelled write, which gRPC finishes only
+            # when the client reads. A stalled write is left to the call's end (the abort).
+            writing = loop.create_task(context.write(pb.EvaluateBatchResponse(results=batch)))
+            done, _ = await asyncio.wait((writing,), timeout=settings.stream_stall_s)
+            if not done:
+                writing.add_done_callback(_ignore_result)
                 raise EvaldError(
                     ErrorCode.QUOTA_EXCEEDED,
                     f"the client read no results for {settings.stream_stall_s:g} s while "
                     f"{sink.reserved} bytes of them waited (stream_unread_bytes is "
                     f"{stream_bound}); the stream is ended: read results as they come",
-                ) from None
+                )
+            writing.result()
             sink.outstanding -= len(batch)
             sink.reserved -= freed
             tenant.free_unread(freed)
@@ -1327,6 +1334,9 @@ class EvaldServer:
                         send_limit(settings.max_message_bytes, settings.max_batch_items),
                     ),
                     ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
+                    # No flow-control windows grown by bandwidth probing: what a call may have
+                    # in flight before the daemon reads it stays at HTTP/2's 64 KiB per stream.
+                    ("grpc.http2.bdp_probe", 0),
                     ("grpc.so_reuseport", 0),
                 ),
                 maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
