@@ -195,7 +195,9 @@ class ServerSettings:
     ``RESOURCE_EXHAUSTED``), ``max_streams_per_connection`` the HTTP/2 streams one connection
     may open. ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
     a stream whose client reads nothing for ``stream_stall_s`` while at that bound is ended
-    with ``quota_exceeded``.
+    with ``quota_exceeded``. Registrations compile in a separate, niced worker process, one at
+    a time: at most ``compile_queue`` wait (more are refused with ``unavailable``), and one that
+    uses more than ``compile_cpu_s`` of CPU or ``compile_timeout_s`` of wall time is refused.
     """
 
     listen: str = ""
@@ -212,6 +214,9 @@ class ServerSettings:
     max_streams_per_connection: int = 256
     stream_unread_bytes: int = 16 * MIB
     stream_stall_s: float = 30.0
+    compile_queue: int = 8
+    compile_cpu_s: float = 10.0
+    compile_timeout_s: float = 30.0
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
@@ -447,6 +452,11 @@ def _server(table: _Table) -> ServerSettings:
             "stream_unread_bytes", base.stream_unread_bytes, minimum=64 * KIB
         ),
         stream_stall_s=table.get_float("stream_stall_s", base.stream_stall_s, minimum=0.1),
+        compile_queue=table.get_int("compile_queue", base.compile_queue, minimum=1),
+        compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
+        compile_timeout_s=table.get_float(
+            "compile_timeout_s", base.compile_timeout_s, minimum=1.0
+        ),
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),

@@ -43,6 +43,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from evald import _sdnotify
+from evald._compiler import CompiledModule, Compiler
 from evald._config import Config, HostSettings, TenantConfig, TenantLimits
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
@@ -714,9 +715,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                     "(set allow_register = true for it in the daemon config)",
                 )
             wasm = bytes(request.module)
-            evaluator = await daemon.control(
-                daemon.registry.register, tenant.config, wasm, tenant.limits, request.replace
-            )
+            evaluator = await daemon.register(tenant, wasm, request.replace)
             daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
             _log.info(
                 "registered evaluator",
@@ -912,6 +911,10 @@ class EvaldServer:
         self.stopping = False
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="evald-guest")
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
+        self._registrations = 0  # waiting or compiling (event loop only)
+        self._compiler = Compiler(
+            cpu_s=settings.compile_cpu_s, wall_s=settings.compile_timeout_s
+        )
         self._sinks: set[_Sink] = set()
         self._store: ModuleStore | None = None
         self._host: WasmHost | None = None
@@ -1228,6 +1231,23 @@ class EvaldServer:
         with self._sched:
             self._closed = True
 
+    async def register(self, tenant: _TenantState, wasm: bytes, replace: bool) -> Evaluator:
+        """Queues one registration for the control thread (at most ``compile_queue`` wait)."""
+        limit = self.config.server.compile_queue
+        if self._registrations >= limit:
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                f"{self._registrations} registrations are already waiting to compile "
+                f"(compile_queue is {limit}); retry shortly",
+            )
+        self._registrations += 1
+        try:
+            return await self.control(
+                self.registry.register, tenant.config, wasm, tenant.limits, replace
+            )
+        finally:
+            self._registrations -= 1
+
     async def control(self, function: Callable[..., _T], *args: Any) -> _T:
         """Runs a control-plane operation on the control thread."""
         loop = asyncio.get_running_loop()
@@ -1243,8 +1263,14 @@ class EvaldServer:
         store = ModuleStore(self.state_dir)
         store.lock()
         self._store = store
-        self._host = WasmHost(self._host_config())
-        registry = Registry(self._host, store, self.config.tenants)
+        host_settings = self._host_config()
+        self._host = WasmHost(host_settings)
+        compiler = self._compiler
+
+        def compile_upload(wasm: bytes, memory_cap: int) -> CompiledModule:
+            return compiler.compile(host_settings, wasm, memory_cap)
+
+        registry = Registry(self._host, store, self.config.tenants, compile=compile_upload)
         standard = registry.load_standard(
             {name: wasm_path(name) for name in STANDARD_EVALUATORS},
             _host_limits(self.config.default_limits),
@@ -1400,6 +1426,7 @@ class EvaldServer:
         self.close_scheduler()
         await loop.run_in_executor(None, self.pool.shutdown, True)
         await loop.run_in_executor(None, self._control_pool.shutdown, True)
+        await loop.run_in_executor(None, self._compiler.close)
         self.metrics.close()
         if self._host is not None:
             self._host.close()
