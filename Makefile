@@ -13,7 +13,7 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py evald/_epoch.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench,sglang-cpu]'

@@ -1,0 +1,19 @@
+"""The one native part of evald: the GIL-free epoch ticker (evald/_epoch.c).
+
+Everything else is declared in pyproject.toml. The extension is optional: where it cannot be
+built the daemon falls back to a Python ticker thread and logs a warning (deadlines then
+depend on the GIL, see docs/daemon.md).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "evald._epoch",
+            sources=["evald/_epoch.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall"],
+            optional=True,
+        )
+    ]
+)
