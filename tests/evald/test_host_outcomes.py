@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from wat_modules import guest
 
+from evald import _engine
 from evald._errors import GUEST_ERROR_CODES, ErrorCode, EvaldError
 from evald._host import HostConfig, Limits, LoadedModule, WasmHost
 from evaluators_wasm import wasm_path
@@ -183,11 +185,23 @@ def test_a_standard_evaluator_runs_on_the_host(host: WasmHost) -> None:
     assert host.evaluate(calc, b"1 / 0", Limits()).error is ErrorCode.DIVISION_BY_ZERO
 
 
-def tickers() -> int:
+def python_tickers() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "evald-epoch-ticker")
 
 
-def test_close_and_dropping_the_host_stop_the_ticker_thread() -> None:
+def os_threads() -> int:
+    """Threads of this process as the kernel sees them (the native ticker is not a Python
+    thread)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_close_and_dropping_the_host_stop_the_ticker_thread(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native:
+        monkeypatch.setattr(_engine, "_NATIVE", None)
+    tickers = os_threads if native else python_tickers
     before = tickers()
     host = WasmHost()
     assert tickers() == before + 1
