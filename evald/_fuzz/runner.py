@@ -590,6 +590,13 @@ class FuzzRun:
                     noisy_section["fewer_attackers"] = noisy.measure_noisy_neighbour(
                         self.ctx, samples=self.profile.noisy_samples, attackers=attackers - 1
                     )
+                self._say("noisy neighbour: registrations")
+                noisy_section["registration"] = noisy.measure_registration_neighbour(
+                    self.ctx, samples=self.profile.noisy_samples
+                )
+            self._say("what a caller can make the daemon hold")
+            for scenario in protocol.HOLD_SCENARIOS:
+                scenario(self.ctx, random.Random(f"{settings.seed}:hold:{scenario.__name__}"))
             self._say(f"main loop ({settings.budget})")
             main_s = self._run_with_progress()
             if settings.faults and self.daemon is not None and not self.ctx.stop.is_set():
@@ -761,6 +768,10 @@ class FuzzRun:
             "latency": {
                 "max_eval_ms": max((s.max_eval_us for s in recorder.classes.values()), default=0)
                 / 1000,
+                "deadline_overruns": recorder.overruns,
+                "worst_overrun_ms": round(recorder.worst_overrun_us / 1000, 2),
+                "worst_overrun_deadline_ms": recorder.worst_overrun_deadline_ms,
+                "worst_overrun_class": recorder.worst_overrun_class,
                 "max_call_ms": round(
                     max((s.max_call_ms for s in recorder.classes.values()), default=0.0), 1
                 ),
