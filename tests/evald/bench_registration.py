@@ -31,7 +31,6 @@ from daemon_harness import TOKENS, Daemon, start_daemon, tenant_block
 from evald._client import Client
 from evald._fuzz.noisy import heavy_module
 from evald._toolchain import append_custom_section
-from evald.v1 import evald_pb2 as pb
 
 #: Runs ``evald`` with registration compiling on the daemon's control thread (the old path).
 _IN_PROCESS = (
