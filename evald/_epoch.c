@@ -18,6 +18,9 @@
 
 typedef void (*increment_fn)(void *engine);
 
+/* Ticker threads alive in this process (for tests: a dropped host must stop its thread). */
+static atomic_int live_threads;
+
 typedef struct {
     PyObject_HEAD
     pthread_t thread;
@@ -67,6 +70,7 @@ static void stop_thread(Ticker *self) {
         atomic_store(&self->stopping, 1);
         pthread_join(self->thread, NULL);
         self->running = 0;
+        atomic_fetch_sub(&live_threads, 1);
     }
 }
 
@@ -99,6 +103,7 @@ static int Ticker_init(Ticker *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->running = 1;
+    atomic_fetch_add(&live_threads, 1);
     return 0;
 }
 
@@ -144,9 +149,18 @@ static PyTypeObject TickerType = {
     .tp_methods = Ticker_methods,
 };
 
+static PyObject *live(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(atomic_load(&live_threads));
+}
+
+static PyMethodDef module_methods[] = {
+    {"live", (PyCFunction)live, METH_NOARGS, "Ticker threads running in this process."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "evald._epoch",
-    "The GIL-free epoch ticker thread (see evald._engine.EpochTicker).", -1, NULL,
+    "The GIL-free epoch ticker thread (see evald._engine.EpochTicker).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__epoch(void) {

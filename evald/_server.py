@@ -629,6 +629,10 @@ class _Service(pb_grpc.EvaluatorServicer):
             done, _ = await asyncio.wait((writing,), timeout=settings.stream_stall_s)
             if not done:
                 writing.add_done_callback(_ignore_result)
+                _log.info(
+                    "stream cut off: its client stopped reading",
+                    extra={"fields": {"tenant": tenant.name, "unread_bytes": sink.reserved}},
+                )
                 raise EvaldError(
                     ErrorCode.QUOTA_EXCEEDED,
                     f"the client read no results for {settings.stream_stall_s:g} s while "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -189,10 +188,10 @@ def python_tickers() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "evald-epoch-ticker")
 
 
-def os_threads() -> int:
-    """Threads of this process as the kernel sees them (the native ticker is not a Python
-    thread)."""
-    return len(os.listdir("/proc/self/task"))
+def native_tickers() -> int:
+    """Native ticker threads alive (they are not Python threads)."""
+    assert _engine._NATIVE is not None, _engine._NATIVE_MISSING
+    return int(_engine._NATIVE.live())
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
@@ -201,7 +200,7 @@ def test_close_and_dropping_the_host_stop_the_ticker_thread(
 ) -> None:
     if not native:
         monkeypatch.setattr(_engine, "_NATIVE", None)
-    tickers = os_threads if native else python_tickers
+    tickers = native_tickers if native else python_tickers
     before = tickers()
     host = WasmHost()
     assert tickers() == before + 1

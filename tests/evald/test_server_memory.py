@@ -37,7 +37,7 @@ def _config() -> str:
             "threads = 2",
             "max_batch_items = 4096",
             f"stream_unread_bytes = {_STREAM_UNREAD}",
-            "stream_stall_s = 2.0",
+            "stream_stall_s = 1.0",
             "shutdown_grace_s = 2",
             tenant_block("alpha", evaluators=["*"], limits={"max_concurrency": 20000}),
             tenant_block(
@@ -184,7 +184,7 @@ def test_a_stream_whose_client_reads_nothing_is_cut_off(tcp_daemon: tuple[Daemon
         stream = pb_grpc.EvaluatorStub(channel).EvaluateStream(
             _amplifying_requests(30), timeout=60, metadata=_auth("alpha")
         )
-        time.sleep(3.0)  # past stream_stall_s (2 s) without reading
+        time.sleep(4.0)  # well past stream_stall_s (1 s) without reading
         received = 0
         with pytest.raises(grpc.RpcError) as ended:
             for message in stream:
