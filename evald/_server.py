@@ -8,8 +8,15 @@ the next tenant round-robin and runs its items for one time slice, then moves on
 tenant, so a large batch costs a handful of thread hand-offs rather than one per item, and no
 tenant holds more than its ``max_running`` workers at once: one tenant's slow work cannot take
 every worker from the others.
-Registration and deletion (compiling, fsync) run on a separate single control thread, so they
-never take a worker from evaluations.
+Registration and deletion (fsync) run on a separate single control thread, so they never take
+a worker from evaluations; validating and compiling an upload runs in a niced, CPU-limited worker
+process (:mod:`evald._compiler`), so it holds neither the GIL nor every core.
+
+Before anything is read: the gatekeeper interceptor refuses a call without a valid token from its
+metadata, with a handler that never reads the body. After: calls per tenant and in total are
+bounded, stream output is bounded in bytes per stream and per tenant, and every response fits a
+byte budget with a typed error for each item past it (docs/daemon.md, "What a caller can make the
+daemon hold").
 
 Errors: a failed evaluation is data (``EvaluateResponse.error``); a failed call (authentication,
 a malformed request, a refused registration) is a gRPC status plus the trailing metadata

@@ -64,6 +64,16 @@ HARDENING = (
     "A compile bomb (a 1.2 MB module of 60,000 tiny functions) took about a minute of CPU at "
     "registration, which cannot be interrupted; the validator caps modules at 10,000 functions "
     "and 1 MiB of code before compiling.",
+    "Large messages without a token were read and parsed before authentication (4 clients took "
+    "the daemon from 82 MiB to 3.3 GiB); calls are now refused from their metadata, unread.",
+    "Streams were bounded in unread results, not bytes (541 MiB held by three non-reading "
+    "streams); now in bytes per stream and per tenant, and a stalled stream is cut off.",
+    "A batch whose values exceeded the send limit failed whole with a bare RESOURCE_EXHAUSTED; "
+    "now every item gets its value or its own output_too_large.",
+    "The daemon accepted result regexes that can produce '<' (a role injection through forced "
+    "special tokens); the ABI's rule is now enforced at every load.",
+    "The epoch ticker waited for the GIL (deadlines overran by up to 1.44 s); it is now a "
+    "native thread.",
 )
 
 
