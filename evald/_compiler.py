@@ -37,6 +37,8 @@ from evald._wasm_binary import MAGIC, VERSION_1, Reader, WasmFormatError
 __all__ = ["CompiledModule", "Compiler", "compile_module", "peek_manifest_section"]
 
 _log = logging.getLogger("evald.compiler")
+#: Compilations one worker process runs before it is replaced.
+_TASKS_PER_WORKER = 32
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class Compiler:
                     max_workers=1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_child_init,
+                    # a fresh worker now and then: what compilations leave behind is returned
+                    max_tasks_per_child=_TASKS_PER_WORKER,
                 )
             return self._pool
 

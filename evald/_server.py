@@ -541,16 +541,25 @@ class _Service(pb_grpc.EvaluatorServicer):
                 trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
             )
             return
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                tenant.leave_call()
+
         try:
-            await self._stream(tenant, request_iterator, context)
+            await self._stream(tenant, request_iterator, context, leave)
         finally:
-            tenant.leave_call()
+            leave()
 
     async def _stream(
         self,
         tenant: _TenantState,
         request_iterator: AsyncIterator[pb.EvaluateBatchRequest],
         context: Any,
+        on_end: Callable[[], None],
     ) -> None:
         daemon = self._daemon
         method = "EvaluateStream"
@@ -630,12 +639,15 @@ class _Service(pb_grpc.EvaluatorServicer):
                 await write(batch, freed)
 
         async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
-            # Not asyncio.wait_for: it waits for the cancelled write, which gRPC finishes only
-            # when the client reads. A stalled write is left to the call's end (the abort).
+            # Not asyncio.wait_for: it waits without bound for the cancelled write.
             writing = loop.create_task(context.write(pb.EvaluateBatchResponse(results=batch)))
             done, _ = await asyncio.wait((writing,), timeout=settings.stream_stall_s)
             if not done:
+                # The pending write would hold the status back until the client reads: drop it
+                # (gRPC may have taken part of it; the call ends here either way).
                 writing.add_done_callback(_ignore_result)
+                writing.cancel()
+                await asyncio.wait((writing,), timeout=1.0)
                 _log.info(
                     "stream cut off: its client stopped reading",
                     extra={"fields": {"tenant": tenant.name, "unread_bytes": sink.reserved}},
@@ -654,6 +666,19 @@ class _Service(pb_grpc.EvaluatorServicer):
 
         reader = loop.create_task(read())
         reader.add_done_callback(lambda _task: sink.event.set())
+
+        def release() -> None:
+            """Ends the stream's work and gives its budget back (idempotent)."""
+            daemon.unregister_sink(sink)
+            tenant.sinks.discard(sink)
+            reader.cancel()
+            for task in list(drains):
+                task.cancel()
+            # Whatever was not sent (the call ended or was cancelled) goes back to the tenant.
+            tenant.free_unread(sink.reserved)
+            sink.reserved = 0
+            on_end()
+
         daemon.register_sink(sink)
         code = "ok"
         try:
@@ -671,9 +696,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                         break
             except EvaldError as exc:  # the client stopped reading
                 failure = exc
-            if failure is not None:
-                pass
-            elif not reader.cancelled() and reader.exception() is not None:
+            if failure is None and not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
                 if isinstance(error, EvaldError):
                     failure = error
@@ -686,6 +709,9 @@ class _Service(pb_grpc.EvaluatorServicer):
                 )
             if failure is not None:
                 code = failure.code.value
+                # Released before the abort: gRPC sends the status only after a message it has
+                # started, which a client that stopped reading may never take.
+                release()
                 await context.abort(
                     failure.code.grpc_status,
                     failure.message,
@@ -695,14 +721,7 @@ class _Service(pb_grpc.EvaluatorServicer):
             code = "cancelled"
             raise
         finally:
-            daemon.unregister_sink(sink)
-            tenant.sinks.discard(sink)
-            reader.cancel()
-            for task in list(drains):
-                task.cancel()
-            # Whatever was not sent (the call ended or was cancelled) goes back to the tenant.
-            tenant.free_unread(sink.reserved)
-            sink.reserved = 0
+            release()
             daemon.metrics.observe_rpc(method, tenant.name, code)
 
     async def ListEvaluators(
@@ -774,6 +793,9 @@ class _Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, daemon: EvaldServer) -> None:
         self._daemon = daemon
         self._prefix = f"/{SERVICE_NAME}/"
+        # Reflection is a stream of requests of any size: only for callers with a token (or
+        # the tokenless tenant on the socket). Health stays open (probes carry no token).
+        self._guarded = (self._prefix, f"/{reflection.SERVICE_NAME}/")
         self._over_unix = daemon.listen.startswith("unix:")
 
     async def intercept_service(
@@ -782,14 +804,14 @@ class _Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: Any,
     ) -> Any:
         method = str(handler_call_details.method)
-        if method.startswith(self._prefix):
+        if method.startswith(self._guarded):
             try:
                 self._daemon.tenant_for(
                     handler_call_details.invocation_metadata, over_unix=self._over_unix
                 )
             except EvaldError as exc:
                 self._daemon.metrics.observe_rpc(
-                    method[len(self._prefix) :], "unauthenticated", exc.code.value
+                    method.rpartition("/")[2], "unauthenticated", exc.code.value
                 )
                 return _refusal(exc)
         return await continuation(handler_call_details)

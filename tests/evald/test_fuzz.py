@@ -61,7 +61,7 @@ def test_noisy_neighbour_and_faults_were_measured(short_report: dict[str, Any]) 
     assert noisy["under_attack"]["samples"] == SHORT.noisy_samples
     assert noisy["ratio_p50"] > 0 and noisy["attacker_calls"] > 0
     registration = noisy["registration"]
-    assert registration["under_registration"]["samples"] == SHORT.noisy_samples
+    assert registration["under_registration"]["samples"] >= SHORT.noisy_samples
     assert registration["registrations"] and registration["ratio_p99"] > 0
     latency = short_report["latency"]
     assert latency["deadline_overruns"] >= 0 and latency["worst_overrun_ms"] >= 0

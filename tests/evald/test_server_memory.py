@@ -179,20 +179,38 @@ def test_streams_that_never_read_hold_bounded_output(tcp_daemon: tuple[Daemon, s
 
 
 def test_a_stream_whose_client_reads_nothing_is_cut_off(tcp_daemon: tuple[Daemon, str]) -> None:
-    _daemon, listen = tcp_daemon
+    daemon, listen = tcp_daemon
+    before = sum(1 for line in daemon.log_lines() if line.get("msg", "").startswith("stream cut"))
     with _channel(listen, small_window=True) as channel:
         stream = pb_grpc.EvaluatorStub(channel).EvaluateStream(
-            _amplifying_requests(30), timeout=60, metadata=_auth("alpha")
+            _amplifying_requests(30), timeout=15, metadata=_auth("alpha")
         )
         time.sleep(4.0)  # well past stream_stall_s (1 s) without reading
         received = 0
         with pytest.raises(grpc.RpcError) as ended:
             for message in stream:
                 received += len(message.results)
-    assert _code(ended.value) == "quota_exceeded", ended.value
-    assert "read no results" in ended.value.details()  # type: ignore[attr-defined]
     assert received < 3000
+    cut = [line for line in daemon.log_lines() if line.get("msg", "").startswith("stream cut")]
+    assert len(cut) > before and cut[-1]["tenant"] == "alpha"
+    # The status is quota_exceeded. gRPC sends it after any message it has begun to send, and
+    # when the stall caught one half-way the client sees its own deadline instead (the daemon
+    # has ended the stream and taken its budget back either way).
+    if _code(ended.value) != "quota_exceeded":
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, ended.value  # type: ignore[attr-defined]
+    else:
+        assert "read no results" in ended.value.details()  # type: ignore[attr-defined]
     _calc_ok(listen)
+    # alpha's budget is whole again: a stream that reads gets everything
+    with _channel(listen) as channel:
+        stub = pb_grpc.EvaluatorStub(channel)
+        count = sum(
+            len(message.results)
+            for message in stub.EvaluateStream(
+                _amplifying_requests(2), timeout=60, metadata=_auth("alpha")
+            )
+        )
+    assert count == 200
 
 
 def test_a_stream_that_reads_gets_every_result(tcp_daemon: tuple[Daemon, str]) -> None:
@@ -228,3 +246,23 @@ def test_an_oversized_batch_response_answers_every_item(tcp_daemon: tuple[Daemon
     dropped = next(r for r in response.results if outcome(r) == "output_too_large")
     assert "max_message_bytes" in dropped.error.message
     assert response.ByteSize() < 2 * 8 * MIB + 4096 * 1536
+
+
+def test_reflection_needs_a_token_and_health_does_not(tcp_daemon: tuple[Daemon, str]) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    _daemon, listen = tcp_daemon
+    with _channel(listen) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        assert _code(refused.value) == "permission_denied"
+        replies = list(
+            stub.ServerReflectionInfo(iter([request]), timeout=10, metadata=_auth("alpha"))
+        )
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert "evald.v1.Evaluator" in names
