@@ -53,6 +53,17 @@ from evald import _sdnotify
 from evald._compiler import CompiledModule, Compiler
 from evald._config import Config, HostSettings, TenantConfig, TenantLimits
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
+from evald._gatekeeping import (
+    ITEM_FRAMING,
+    PROTO_CODES,
+    RESPONSE_OVERHEAD,
+    SERVICE_NAME,
+    Gatekeeper,
+    ResponseBudget,
+    error_response,
+    receive_limit,
+    send_limit,
+)
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
 from evald._logging import configure_logging
 from evald._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
@@ -64,7 +75,6 @@ from evaluators_wasm import STANDARD_EVALUATORS, wasm_path
 
 __all__ = ["SERVICE_NAME", "EvaldServer", "serve"]
 
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Evaluator"].full_name
 
 _log = logging.getLogger("evald.server")
 _T = TypeVar("_T")
@@ -286,69 +296,6 @@ class _Sink:
         return results
 
 
-#: evald's codes as the protobuf enum (the stubs type the field as ``pb.ErrorCode``).
-_PROTO_CODES: dict[ErrorCode, pb.ErrorCode] = {
-    code: cast("pb.ErrorCode", code.proto_value) for code in ErrorCode
-}
-
-
-def _error_response(request_id: str, code: ErrorCode, message: str) -> pb.EvaluateResponse:
-    return pb.EvaluateResponse(
-        id=request_id, error=pb.Error(code=_PROTO_CODES[code], message=message)
-    )
-
-
-#: Bytes an ``EvaluateResponse`` adds to its parent message beyond its own size (tag, length).
-_ITEM_FRAMING = 6
-#: Room for everything of a response but its value: a host or guest message (at most about
-#: 1,000 characters), the code, fuel, time and semantics version.
-_RESPONSE_OVERHEAD = 1536
-
-
-def send_limit(max_message_bytes: int, max_batch_items: int) -> int:
-    """The daemon's gRPC send limit: a full budget of values plus, for every item that did not
-    fit, its error (the id it echoes was part of a request, itself at most max_message_bytes)."""
-    return 2 * max_message_bytes + max_batch_items * _RESPONSE_OVERHEAD
-
-
-def receive_limit(max_message_bytes: int, max_batch_items: int, max_input_bytes: int) -> int:
-    """The daemon's gRPC receive limit: ``max_message_bytes``, or less when the largest request
-    the input and batch caps admit is smaller (gRPC refuses longer messages before parsing)."""
-    largest = max_batch_items * (max_input_bytes + 2 * _RESPONSE_OVERHEAD) + 64 * 1024
-    return min(max_message_bytes, largest)
-
-
-class _ResponseBudget:
-    """The value bytes one response message may still carry (thread-safe).
-
-    A value that no longer fits is replaced by its own ``output_too_large`` error, so a batch
-    whose values add up past the send limit still answers every item (never a bare
-    ``RESOURCE_EXHAUSTED`` for the whole call). Errors always fit: they are small, and the send
-    limit (:func:`send_limit`) leaves room for one per item.
-    """
-
-    __slots__ = ("_left", "_lock", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._left = limit
-        self._lock = threading.Lock()
-
-    def fit(self, response: pb.EvaluateResponse) -> pb.EvaluateResponse:
-        size = response.ByteSize() + _ITEM_FRAMING
-        with self._lock:
-            if size <= self._left or response.WhichOneof("outcome") != "value":
-                self._left -= size
-                return response
-        return _error_response(
-            response.id,
-            ErrorCode.OUTPUT_TOO_LARGE,
-            f"the value ({len(response.value.encode())} bytes) does not fit in this response: "
-            f"a response carries at most {self.limit} bytes (max_message_bytes); send fewer "
-            "items per batch",
-        )
-
-
 def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
     manifest = evaluator.module.manifest
     return pb.EvaluatorInfo(
@@ -413,7 +360,7 @@ def _reservation(tenant: _TenantState, item: pb.EvaluateRequest) -> int:
     (up to four bytes a character) and the rest of a response."""
     request_id = item.id
     id_bytes = len(request_id) if request_id.isascii() else 4 * len(request_id)
-    return tenant.limits.output_bytes + id_bytes + _RESPONSE_OVERHEAD + _ITEM_FRAMING
+    return tenant.limits.output_bytes + id_bytes + RESPONSE_OVERHEAD + ITEM_FRAMING
 
 
 class _Service(pb_grpc.EvaluatorServicer):
@@ -489,7 +436,7 @@ class _Service(pb_grpc.EvaluatorServicer):
 
             # Through the tenant's queue like a batch item, so it counts against max_running.
             await daemon.drain(collections.deque((prepared,)), deliver)
-            if daemon.stopping and result[0].error.code == _PROTO_CODES[ErrorCode.UNAVAILABLE]:
+            if daemon.stopping and result[0].error.code == PROTO_CODES[ErrorCode.UNAVAILABLE]:
                 raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
             return daemon.response_budget().fit(result[0])
 
@@ -623,7 +570,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                     start(queue)
 
         async def send(results: list[tuple[pb.EvaluateResponse, int]]) -> None:
-            budget = _ResponseBudget(settings.max_message_bytes)
+            budget = ResponseBudget(settings.max_message_bytes)
             batch: list[pb.EvaluateResponse] = []
             freed = 0
             for response, reserved in results:
@@ -631,7 +578,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                 if fitted is not response and batch:  # full: send what fits, then go on
                     await write(batch, freed)
                     batch, freed = [], 0
-                    budget = _ResponseBudget(settings.max_message_bytes)
+                    budget = ResponseBudget(settings.max_message_bytes)
                     fitted = budget.fit(response)
                 batch.append(fitted)
                 freed += reserved
@@ -777,58 +724,6 @@ class _Service(pb_grpc.EvaluatorServicer):
             return pb.DeleteEvaluatorResponse()
 
         return await self._call("DeleteEvaluator", context, body)
-
-
-class _Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses calls without a valid token from their metadata, before gRPC reads the body.
-
-    An interceptor runs when the call's headers have arrived and no message has been read. A
-    call that does not authenticate gets a stream handler that aborts at once and never
-    iterates its requests, so an unauthenticated client cannot make the daemon receive, buffer
-    or parse its message (up to the receive limit, on as many connections as it likes): the
-    call costs its headers. Authenticated calls pass to the service unchanged, which
-    authenticates again with the peer in hand (the tokenless tenant needs the unix socket).
-    """
-
-    def __init__(self, daemon: EvaldServer) -> None:
-        self._daemon = daemon
-        self._prefix = f"/{SERVICE_NAME}/"
-        # Reflection is a stream of requests of any size: only for callers with a token (or
-        # the tokenless tenant on the socket). Health stays open (probes carry no token).
-        self._guarded = (self._prefix, f"/{reflection.SERVICE_NAME}/")
-        self._over_unix = daemon.listen.startswith("unix:")
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        method = str(handler_call_details.method)
-        if method.startswith(self._guarded):
-            try:
-                self._daemon.tenant_for(
-                    handler_call_details.invocation_metadata, over_unix=self._over_unix
-                )
-            except EvaldError as exc:
-                self._daemon.metrics.observe_rpc(
-                    method.rpartition("/")[2], "unauthenticated", exc.code.value
-                )
-                return _refusal(exc)
-        return await continuation(handler_call_details)
-
-
-def _refusal(error: EvaldError) -> Any:
-    """A handler that fails the call with ``error`` without reading a single request message."""
-
-    async def refuse(_requests: AsyncIterator[Any], context: Any) -> None:
-        await context.abort(
-            error.code.grpc_status,
-            error.message,
-            trailing_metadata=((ERROR_CODE_METADATA_KEY, error.code.value),),
-        )
-
-    # No deserializer: nothing is parsed, and the handler never asks for a message.
-    return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 def _add_service(service: _Service, server: Any) -> None:
@@ -1042,9 +937,13 @@ class EvaldServer:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token matches no tenant")
         return found
 
-    def response_budget(self) -> _ResponseBudget:
+    def observe_refusal(self, method: str, code: str) -> None:
+        """Counts a call the gatekeeper refused before authentication."""
+        self.metrics.observe_rpc(method, "unauthenticated", code)
+
+    def response_budget(self) -> ResponseBudget:
         """A fresh value budget for one response message (``max_message_bytes``)."""
-        return _ResponseBudget(self.config.server.max_message_bytes)
+        return ResponseBudget(self.config.server.max_message_bytes)
 
     def check_batch_size(self, items: int) -> None:
         limit = self.config.server.max_batch_items
@@ -1065,13 +964,13 @@ class EvaldServer:
             self.metrics.observe_evaluation(
                 tenant.name, UNKNOWN_EVALUATOR_LABEL, exc.code.value, 0, 0
             )
-            return _error_response(request.id, exc.code, exc.message)
+            return error_response(request.id, exc.code, exc.message)
         refusal = tenant.admit()
         if refusal is not None:
             self.metrics.observe_evaluation(
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
-            return _error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
+            return error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
         return _Work(
             index=index,
             request_id=request.id,
@@ -1096,7 +995,7 @@ class EvaldServer:
         finally:
             work.tenant.release()
         if outcome is None:
-            response = _error_response(
+            response = error_response(
                 work.request_id, ErrorCode.INTERNAL, "internal error in the wasm host (see log)"
             )
             self.metrics.observe_evaluation(
@@ -1114,7 +1013,7 @@ class EvaldServer:
             label = "ok"
         else:
             code = outcome.error or ErrorCode.INTERNAL
-            response.error.code = _PROTO_CODES[code]
+            response.error.code = PROTO_CODES[code]
             response.error.message = outcome.message
             label = code.value
         self.metrics.observe_evaluation(
@@ -1249,7 +1148,7 @@ class EvaldServer:
                 work.tenant.release()
                 batch.finish(
                     work,
-                    _error_response(
+                    error_response(
                         work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
                     ),
                 )
@@ -1380,7 +1279,7 @@ class EvaldServer:
                 default=self.config.default_limits.input_bytes,
             )
             server = grpc.aio.server(
-                interceptors=(_Gatekeeper(self),),
+                interceptors=(Gatekeeper(self),),
                 options=(
                     (
                         "grpc.max_receive_message_length",
