@@ -54,7 +54,8 @@ __all__ = ["HARDENING", "run_fuzz"]
 
 CLASSES = ("generated", "corpus", "modules", "protocol")
 
-#: What fuzzing found and the daemon now does (each has a test in tests/evald/test_hardening.py).
+#: What fuzzing and reviews found and the daemon now does (each has a regression test under
+#: tests/evald/: test_hardening.py, test_server_memory.py, test_alphabet.py, test_epoch_ticker.py).
 HARDENING = (
     "A corrupt protobuf request got gRPC's untyped UNKNOWN (unary) or `internal` (stream); "
     "now `invalid_argument` with a message (lenient deserializers in the service).",
