@@ -31,6 +31,7 @@ evaluations complete on other threads; the injector only reads their futures).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import re
 import threading
@@ -47,6 +48,16 @@ __all__ = ["Injector", "SpanRecord", "TokenCodec"]
 _ERROR_CODE = re.compile(ERROR_CODE_REGEX)
 
 
+def _unforceable(value: str, result_end: str, special_texts: Sequence[str]) -> str | None:
+    """Why ``value`` must not be forced as a result, or None."""
+    if "<" in value or result_end in value:
+        return "contains '<', which the ABI forbids in a value"
+    for text in special_texts:
+        if text in value:
+            return f"contains the special token {text!r}"
+    return None
+
+
 class TokenCodec:
     """The bytes of every token, and the encoding of a continuation, for one tokenizer.
 
@@ -61,6 +72,10 @@ class TokenCodec:
             that prepends a space to every encoding, or a text that starts inside a UTF-8
             character) a greedy longest-match over the vocabulary is used.
         special_ids: ids never used to force text (chat markers that happen to spell text).
+        special_texts: the text of the tokenizer's special tokens (``<|im_end|>``). A value
+            that contains one is never forced: re-tokenized, it would become the special
+            token itself (a role change with the grammar's authority). The text of every
+            special id that decodes to some is added.
     """
 
     def __init__(
@@ -69,10 +84,20 @@ class TokenCodec:
         encode: Callable[[str], Sequence[int]] | None = None,
         *,
         special_ids: Iterable[int] = (),
+        special_texts: Iterable[str] = (),
     ) -> None:
         self._bytes = [bytes(raw) for raw in token_bytes]  # plain bytes, not FFI wrappers
         self._encode = encode
         self._special = frozenset(special_ids)
+        texts = set(special_texts)
+        for token_id in self._special:
+            if 0 <= token_id < len(self._bytes):
+                with contextlib.suppress(UnicodeDecodeError):
+                    texts.add(self._bytes[token_id].decode("utf-8"))
+        # A special token that spells one character or only white space (a padding id that
+        # decodes to " ") cannot be told from ordinary text: it is left to the id check.
+        texts = {text for text in texts if len(text) > 1 and not text.isspace()}
+        self.special_texts: tuple[str, ...] = tuple(sorted(texts))
         self._greedy: dict[bytes, int] | None = None
         self._greedy_lock = threading.Lock()
         self._max_len = 1
@@ -93,6 +118,11 @@ class TokenCodec:
             )
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
         special = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
+        texts = {
+            str(getattr(tok, "content", ""))
+            for tok in decoder.values()
+            if getattr(tok, "special", False)
+        }
         special.update(tokenizer_info.special_token_ids)
         special.update(tokenizer_info.stop_token_ids)
 
@@ -100,7 +130,9 @@ class TokenCodec:
             ids: Sequence[int] = tokenizer.encode(text, add_special_tokens=False)
             return ids
 
-        return cls(tokenizer_info.decoded_vocab, encode, special_ids=special)
+        return cls(
+            tokenizer_info.decoded_vocab, encode, special_ids=special, special_texts=texts
+        )
 
     @classmethod
     def shared(cls, tokenizer: Any) -> TokenCodec:
@@ -609,19 +641,28 @@ class Injector:
         record.injected = self._render(binding_index, record.result).decode("utf-8", "replace")
 
     def _sanitize(self, binding_index: int, result: EvalResult) -> EvalResult:
-        """Makes sure the grammar will accept the rendered result (its tokens are forced)."""
+        """Makes sure the grammar will accept the rendered result (its tokens are forced), and
+        that forcing it cannot spell anything but a value.
+
+        The daemon refuses evaluators whose result language holds ``<``; this is the defence in
+        depth for whatever answers the span (another daemon, an in-process evaluator): a value
+        with ``<`` (the ABI forbids it: it could close the result or open a tag) or with the
+        text of one of the tokenizer's special tokens, or outside the evaluator's result regex
+        (when Python's ``re`` reads it), becomes ``guest_fault`` instead.
+        """
         binding = self._bindings[binding_index]
         if result.value is not None and result.error_code is None:
+            value = result.value
+            reason = _unforceable(value, binding.result_end, self._codec.special_texts)
             check = self._value_checks[binding_index]
-            bad = binding.result_end in result.value or (
-                check is not None and check.fullmatch(result.value) is None
-            )
-            if not bad:
+            if reason is None and check is not None and check.fullmatch(value) is None:
+                reason = "does not match its result_regex"
+            if reason is None:
                 return result
             return EvalResult(
                 None,
                 "guest_fault",
-                f"the evaluator's value {result.value[:40]!r} does not match its result_regex",
+                f"the evaluator's value {value[:40]!r} {reason}",
                 result.fuel_used,
                 result.eval_time_us,
             )

@@ -19,8 +19,10 @@ from typing import Any, Final
 
 import wasmtime
 
+from evald._alphabet import check_no_angle_bracket
 from evald._errors import ErrorCode, EvaldError
 from evald._instrument import RESERVED_EXPORT_PREFIX
+from evald._limits import HostConfig, Limits
 from evald._toolchain import MANIFEST_SECTION
 from evald._wasm_binary import FuncType, ModuleInfo, WasmFormatError, parse_module
 
@@ -46,8 +48,8 @@ __all__ = [
 ABI_VERSION: Final = 1
 WASM_PAGE_BYTES: Final = 65536
 MANIFEST_MAX_BYTES: Final = 64 * 1024
-DEFAULT_MAX_MODULE_BYTES: Final = 4 * 2**20
-DEFAULT_MAX_MEMORY_BYTES: Final = 64 * 2**20
+DEFAULT_MAX_MODULE_BYTES: Final = HostConfig().module_bytes
+DEFAULT_MAX_MEMORY_BYTES: Final = Limits().memory_bytes
 #: Compile-cost caps. wasmtime cannot interrupt a compilation, and its cost grows with the number
 #: of functions and the bytes of code, not with the module's size alone: a 1.2 MB module of 60,000
 #: tiny functions took a minute of the daemon's CPU on a busy 2-core machine. The standard
@@ -186,6 +188,7 @@ def parse_manifest(payload: bytes) -> Manifest:
         )
     if not data["result_regex"]:
         raise _refuse("manifest field result_regex must not be empty")
+    check_no_angle_bracket(data["input_grammar"], data["result_regex"])
     return Manifest(**{name: data[name] for name in _FIELDS})
 
 
@@ -230,7 +233,6 @@ def _validation_engine() -> wasmtime.Engine:
     global _VALIDATION_ENGINE
     if _VALIDATION_ENGINE is None:
         from evald._engine import make_engine_config
-        from evald._limits import HostConfig
 
         _VALIDATION_ENGINE = wasmtime.Engine(make_engine_config(HostConfig(), pooling=False))
     return _VALIDATION_ENGINE

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from evald._limits import HostConfig, Limits
 from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = [
@@ -53,6 +54,11 @@ _SIZE_UNITS = {None: 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _ISOLATION_MODES = ("reuse", "fresh")
 _ALLOCATORS = ("auto", "pooling", "default")
+
+#: The one home of every per-evaluation and engine default (``evald/_limits.py``); the config
+#: tables below take their defaults from these, and tests check every shipped config against them.
+_LIMITS = Limits()
+_HOST = HostConfig()
 
 IsolationMode = Literal["reuse", "fresh"]
 AllocatorKind = Literal["auto", "pooling", "default"]
@@ -128,15 +134,17 @@ class TenantLimits:
     workers one is always left for other tenants.
     """
 
-    fuel: int = 200_000_000
-    memory_bytes: int = 64 * MIB
-    deadline_ms: int = 100
-    input_bytes: int = 1 * MIB
-    output_bytes: int = 64 * KIB
+    fuel: int = _LIMITS.fuel
+    memory_bytes: int = _LIMITS.memory_bytes
+    deadline_ms: int = _LIMITS.deadline_ms
+    input_bytes: int = _LIMITS.input_bytes
+    output_bytes: int = _LIMITS.output_bytes
     max_concurrency: int = 256
     rate_per_s: float = 0.0
     burst: int = 0
     max_running: int = 0
+    max_calls: int = 256
+    unread_bytes: int = 64 * MIB
 
     def running_cap(self, threads: int, *, shared: bool = True) -> int:
         """Workers the tenant may hold at once on a pool of ``threads``.
@@ -181,7 +189,16 @@ class TenantConfig:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """The ``[server]`` table: transport, storage and process-wide behaviour."""
+    """The ``[server]`` table: transport, storage and process-wide behaviour.
+
+    ``max_concurrent_rpcs`` bounds the calls in flight over all tenants (gRPC refuses more with
+    ``RESOURCE_EXHAUSTED``), ``max_streams_per_connection`` the HTTP/2 streams one connection
+    may open. ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
+    a stream whose client reads nothing for ``stream_stall_s`` while at that bound is ended
+    with ``quota_exceeded``. Registrations compile in a separate, niced worker process, one at
+    a time: at most ``compile_queue`` wait (more are refused with ``unavailable``), and one that
+    uses more than ``compile_cpu_s`` of CPU or ``compile_timeout_s`` of wall time is refused.
+    """
 
     listen: str = ""
     state_dir: str = ""
@@ -193,6 +210,13 @@ class ServerSettings:
     allow_insecure_tcp: bool = False
     max_message_bytes: int = 8 * MIB
     max_batch_items: int = 4096
+    max_concurrent_rpcs: int = 1024
+    max_streams_per_connection: int = 256
+    stream_unread_bytes: int = 16 * MIB
+    stream_stall_s: float = 30.0
+    compile_queue: int = 8
+    compile_cpu_s: float = 10.0
+    compile_timeout_s: float = 30.0
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
@@ -230,18 +254,18 @@ class HostSettings:
     exceed ``pool_memory_bytes`` there); ``instances_per_thread`` bounds the reuse cache.
     """
 
-    max_wasm_stack_bytes: int = 256 * KIB
-    module_bytes: int = 4 * MIB
-    epoch_tick_ms: float = 1.0
-    isolation: IsolationMode = "reuse"
+    max_wasm_stack_bytes: int = _HOST.max_wasm_stack_bytes
+    module_bytes: int = _HOST.module_bytes
+    epoch_tick_ms: float = _HOST.epoch_tick_ms
+    isolation: IsolationMode = _HOST.isolation
     compile_cache: bool = True
     cache_dir: str = ""
-    load_fuel: int = 50_000_000
-    load_deadline_ms: int = 2000
-    allocator: AllocatorKind = "auto"
-    pool_instances: int = 256
-    pool_memory_bytes: int = 256 * MIB
-    instances_per_thread: int = 64
+    load_fuel: int = _HOST.load_fuel
+    load_deadline_ms: int = _HOST.load_deadline_ms
+    allocator: AllocatorKind = _HOST.allocator
+    pool_instances: int = _HOST.pool_instances
+    pool_memory_bytes: int = _HOST.pool_memory_bytes
+    instances_per_thread: int = _HOST.instances_per_thread
 
 
 @dataclass(frozen=True)
@@ -386,6 +410,8 @@ def _limits(table: _Table, base: TenantLimits) -> TenantLimits:
         rate_per_s=table.get_float("rate_per_s", base.rate_per_s),
         burst=table.get_int("burst", base.burst),
         max_running=table.get_int("max_running", base.max_running),
+        max_calls=table.get_int("max_calls", base.max_calls, minimum=1),
+        unread_bytes=table.get_size("unread_bytes", base.unread_bytes, minimum=64 * KIB),
     )
     table.finish()
     return limits
@@ -422,6 +448,21 @@ def _server(table: _Table) -> ServerSettings:
             "max_message_bytes", base.max_message_bytes, minimum=64 * KIB
         ),
         max_batch_items=table.get_int("max_batch_items", base.max_batch_items, minimum=1),
+        max_concurrent_rpcs=table.get_int(
+            "max_concurrent_rpcs", base.max_concurrent_rpcs, minimum=1
+        ),
+        max_streams_per_connection=table.get_int(
+            "max_streams_per_connection", base.max_streams_per_connection, minimum=1
+        ),
+        stream_unread_bytes=table.get_size(
+            "stream_unread_bytes", base.stream_unread_bytes, minimum=64 * KIB
+        ),
+        stream_stall_s=table.get_float("stream_stall_s", base.stream_stall_s, minimum=0.1),
+        compile_queue=table.get_int("compile_queue", base.compile_queue, minimum=1),
+        compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
+        compile_timeout_s=table.get_float(
+            "compile_timeout_s", base.compile_timeout_s, minimum=1.0
+        ),
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),

@@ -4,9 +4,10 @@ One configuration decides what a guest may use and how it is stopped:
 
 * ``consume_fuel``: every instruction costs fuel; a store runs out -> ``OUT_OF_FUEL`` trap.
 * ``epoch_interruption``: compiled code checks the engine epoch at loop heads and function
-  entries; :class:`EpochTicker` increments it every ``epoch_tick_ms`` from a Python thread
-  (guest calls release the GIL, so it runs during them). Every store must get a deadline
-  before each call: an unset one traps at once.
+  entries; :class:`EpochTicker` increments it every ``epoch_tick_ms`` from a native thread
+  (``evald/_epoch.c``) that never waits for the GIL, so a Python thread holding it cannot
+  delay a deadline. Every store must get a deadline before each call: an unset one traps at
+  once.
 * ``max_wasm_stack``: the recursion cap (``STACK_OVERFLOW`` trap).
 * no signal handlers by default (``signals_based_traps``): bounds are checked in the compiled
   code, so the host keeps working when another library in the process replaces the SIGSEGV
@@ -19,12 +20,15 @@ One configuration decides what a guest may use and how it is stopped:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.metadata
 import json
+import logging
 import platform
 import threading
 import time
+from typing import Any
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -33,6 +37,17 @@ from evald._instrument import INSTRUMENTATION_VERSION
 from evald._limits import HostConfig
 
 __all__ = ["EpochTicker", "engine_fingerprint", "make_engine_config", "wasmtime_version"]
+
+_log = logging.getLogger("evald.host")
+
+_NATIVE_MISSING = ""
+try:
+    from evald import _epoch
+
+    _NATIVE: Any = _epoch
+except ImportError as exc:  # not built (no C compiler at install): the Python thread
+    _NATIVE = None
+    _NATIVE_MISSING = str(exc)
 
 _DISABLED_PROPOSALS = (
     "wasm_threads",
@@ -111,25 +126,60 @@ def engine_fingerprint(config: HostConfig, *, pooling: bool) -> str:
 class EpochTicker:
     """Increments an engine's epoch every ``tick_ms`` of wall-clock time.
 
-    A sleeping thread wakes late on a busy machine; the ticker then catches up (several
-    increments at once) so the epoch tracks the wall clock. A call's deadline must therefore be
-    set past the current lag (:meth:`lag_ticks`), or a catch-up burst would end it early.
+    Normally a native thread (``evald/_epoch.c``) calls wasmtime's
+    ``wasmtime_engine_increment_epoch`` on an absolute schedule without ever taking the GIL.
+    Where the extension was not built, a Python thread does it (logged once as a warning):
+    it then wakes only when it gets the GIL, so a thread that holds the GIL delays deadlines.
+
+    Either way a late wake-up catches up (several increments at once) so the epoch tracks the
+    wall clock, and a call's deadline must be set past the current lag (:meth:`lag_ticks`), or
+    a catch-up burst would end it early.
     """
 
-    def __init__(self, engine: wasmtime.Engine, tick_ms: float) -> None:
+    _warned = False
+
+    def __init__(
+        self, engine: wasmtime.Engine, tick_ms: float, *, native: bool | None = None
+    ) -> None:
         self._engine = engine
         self._tick_s = tick_ms / 1000.0
         self._start = time.monotonic()
         self._done = 0  # increments made; read by other threads (an int read is atomic)
         self._stop = threading.Event()
+        self._native: Any = None
+        self._thread: threading.Thread | None = None
+        use_native = _NATIVE is not None if native is None else native
+        if use_native and _NATIVE is None:
+            raise RuntimeError(f"the native epoch ticker is not available: {_NATIVE_MISSING}")
+        if use_native:
+            increment = ctypes.cast(ffi.dll.wasmtime_engine_increment_epoch, ctypes.c_void_p)
+            address = ctypes.cast(engine.ptr(), ctypes.c_void_p)
+            self._native = _NATIVE.Ticker(
+                increment.value, address.value, max(1, round(tick_ms * 1_000_000))
+            )
+            return
+        if not EpochTicker._warned and _NATIVE is None:
+            EpochTicker._warned = True
+            _log.warning(
+                "the native epoch ticker (evald._epoch) is not built; using a Python thread, "
+                "so deadlines depend on the GIL (reinstall evald with a C compiler present)",
+                extra={"fields": {"error": _NATIVE_MISSING}},
+            )
         self._thread = threading.Thread(target=self._run, name="evald-epoch-ticker", daemon=True)
         self._thread.start()
+
+    @property
+    def native(self) -> bool:
+        """Whether the ticker is the GIL-free native thread."""
+        return self._native is not None
 
     def _due(self) -> int:
         return int((time.monotonic() - self._start) / self._tick_s)
 
     def lag_ticks(self) -> int:
         """How many ticks the engine epoch is behind the wall clock right now."""
+        if self._native is not None:
+            return int(self._native.lag_ticks())
         return max(0, self._due() - self._done)
 
     def _run(self) -> None:
@@ -140,6 +190,10 @@ class EpochTicker:
 
     def stop(self) -> None:
         """Stops the thread and waits for it (idempotent)."""
+        if self._native is not None:
+            self._native.stop()
+            return
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=5)

@@ -12,6 +12,8 @@ import enum
 
 import grpc
 
+from evald.v1 import evald_pb2 as _pb
+
 __all__ = [
     "ERROR_CODE_METADATA_KEY",
     "GUEST_ERROR_CODES",
@@ -47,7 +49,7 @@ class ErrorCode(enum.StrEnum):
 
     @property
     def proto_value(self) -> int:
-        """The ``evald.v1.ErrorCode`` number (1-based, declaration order)."""
+        """The ``evald.v1.ErrorCode`` number: the proto member ``ERROR_CODE_<NAME>``'s."""
         return _PROTO_NUMBERS[self]
 
     @classmethod
@@ -61,7 +63,25 @@ class ErrorCode(enum.StrEnum):
         return _GRPC_STATUS.get(self, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-_PROTO_NUMBERS = {code: index for index, code in enumerate(ErrorCode, start=1)}
+def _proto_numbers() -> dict[ErrorCode, int]:
+    """Each member's wire number, looked up by name in the generated proto enum.
+
+    Matching by name (never by declaration order) means reordering or inserting members here
+    cannot renumber the wire; a member without a proto counterpart fails at import.
+    """
+    numbers: dict[ErrorCode, int] = {}
+    for code in ErrorCode:
+        proto_name = f"ERROR_CODE_{code.name}"
+        try:
+            numbers[code] = _pb.ErrorCode.Value(proto_name)
+        except ValueError:
+            raise ImportError(
+                f"ErrorCode.{code.name} has no {proto_name} in proto/evald/v1/evald.proto"
+            ) from None
+    return numbers
+
+
+_PROTO_NUMBERS = _proto_numbers()
 _FROM_PROTO = {number: code for code, number in _PROTO_NUMBERS.items()}
 _GRPC_STATUS = {
     ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,

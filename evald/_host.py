@@ -60,6 +60,7 @@ from evald._abi import (
     Manifest,
     inspect_module,
 )
+from evald._compiler import CompiledModule
 from evald._engine import EpochTicker, engine_fingerprint, make_engine_config
 from evald._errors import GUEST_ERROR_CODES, ErrorCode, EvaldError
 from evald._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
@@ -338,13 +339,78 @@ class WasmHost:
             with self._compile_lock:
                 self._compiled[sha256] = known
         compiled, grow_observed, from_cache = known
+        return self._trial_load(
+            manifest,
+            sha256,
+            len(wasm),
+            compiled,
+            grow_observed=grow_observed,
+            minimum_memory_bytes=info.memories[0].minimum_pages * WASM_PAGE_BYTES,
+            from_cache=from_cache,
+            memory_cap=memory_cap,
+        )
+
+    def adopt(self, wasm: bytes, compiled: CompiledModule, *, limits: Limits) -> LoadedModule:
+        """A module validated and compiled elsewhere (:mod:`evald._compiler`, registration's
+        worker process), trial-instantiated here under the load budget.
+
+        Nothing is looked up or kept by hash, so the cost does not depend on what was loaded
+        before; :meth:`store_compiled` writes the disk cache once the module is accepted.
+
+        Raises:
+            EvaldError: ``INVALID_MODULE`` (the code does not load here, or the trial failed).
+        """
+        try:
+            module = wasmtime.Module.deserialize(self._engine, compiled.code)
+        except wasmtime.WasmtimeError as exc:
+            raise EvaldError(
+                ErrorCode.INVALID_MODULE, f"the compiled module does not load: {_first_line(exc)}"
+            ) from exc
+        return self._trial_load(
+            compiled.manifest,
+            hashlib.sha256(wasm).hexdigest(),
+            len(wasm),
+            module,
+            grow_observed=compiled.grow_observed,
+            minimum_memory_bytes=compiled.minimum_memory_bytes,
+            from_cache=False,
+            memory_cap=self._memory_cap(limits),
+        )
+
+    def store_compiled(self, module: LoadedModule) -> None:
+        """Writes ``module``'s compiled code to the disk cache (a restart then deserializes)."""
+        self._cache.store(module.sha256, module._module)
+
+    def discard_code(self, sha256: str) -> None:
+        """Drops the compiled code kept for ``sha256``, in memory and on disk, once nothing
+        refers to it (the registry decides that)."""
+        with self._compile_lock:
+            self._compiled.pop(sha256, None)
+        self._cache.remove(sha256)
+
+    def collect_cache(self, keep: set[str]) -> list[str]:
+        """Removes cached compiled code of every hash not in ``keep``; returns the files."""
+        return self._cache.collect(keep)
+
+    def _trial_load(
+        self,
+        manifest: Manifest,
+        sha256: str,
+        size_bytes: int,
+        compiled: wasmtime.Module,
+        *,
+        grow_observed: bool,
+        minimum_memory_bytes: int,
+        from_cache: bool,
+        memory_cap: int,
+    ) -> LoadedModule:
         loaded = LoadedModule(
             manifest=manifest,
             sha256=sha256,
-            size_bytes=len(wasm),
+            size_bytes=size_bytes,
             module=compiled,
             grow_observed=grow_observed,
-            minimum_memory_bytes=info.memories[0].minimum_pages * WASM_PAGE_BYTES,
+            minimum_memory_bytes=minimum_memory_bytes,
             input_cap=0,
             output_cap=0,
             from_cache=from_cache,
@@ -587,6 +653,10 @@ class WasmHost:
         )
 
     # -- instances -------------------------------------------------------------------------
+
+    def memory_cap(self, limits: Limits) -> int:
+        """The memory cap a module runs under with ``limits`` (the pool slot bounds it)."""
+        return self._memory_cap(limits)
 
     def _memory_cap(self, limits: Limits) -> int:
         if self._pooling:

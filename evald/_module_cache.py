@@ -63,6 +63,34 @@ class ModuleCache:
             self._write(path, module)
         return module, False
 
+    def store(self, sha256: str, module: wasmtime.Module) -> None:
+        """Writes ``module`` as the compiled form of ``sha256`` (no-op without a directory)."""
+        path = self.path_for(sha256)
+        if path is not None:
+            self._write(path, module)
+
+    def remove(self, sha256: str) -> None:
+        """Deletes the compiled form of ``sha256`` for every engine fingerprint."""
+        if self.directory is None:
+            return
+        for path in self.directory.glob(f"{sha256}-*.cwasm"):
+            path.unlink(missing_ok=True)
+
+    def collect(self, keep: set[str]) -> list[str]:
+        """Removes every cached file whose module hash is not in ``keep``, files of another
+        engine fingerprint (an older wasmtime or other settings) and temporary files left by a
+        crash. Returns the names removed."""
+        if self.directory is None:
+            return []
+        removed: list[str] = []
+        for path in self.directory.iterdir():
+            sha256, _, rest = path.name.partition("-")
+            current = rest == f"{self._fingerprint}.cwasm" and sha256 in keep
+            if not current and (path.suffix == ".cwasm" or path.name.startswith(".tmp-")):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
+
     def _read(self, path: Path) -> wasmtime.Module | None:
         try:
             blob = path.read_bytes()

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from evald._abi import parse_manifest
+from evald._compiler import CompiledModule, compile_module, peek_manifest_section
 from evald._config import TenantConfig
 from evald._errors import ErrorCode, EvaldError
 from evald._host import Limits, LoadedModule, WasmHost
@@ -75,8 +77,24 @@ class Registry:
     and store modules), so call them from a worker thread.
     """
 
-    def __init__(self, host: WasmHost, store: ModuleStore, tenants: Iterable[TenantConfig]) -> None:
+    def __init__(
+        self,
+        host: WasmHost,
+        store: ModuleStore,
+        tenants: Iterable[TenantConfig],
+        *,
+        compile: Callable[[bytes, int], CompiledModule] | None = None,
+    ) -> None:
+        """``compile(wasm, memory_cap)`` validates and compiles an uploaded module; the daemon
+        passes its worker process (:class:`evald._compiler.Compiler`), the default compiles
+        in-process."""
         self._host = host
+        self._compile = compile or (
+            lambda wasm, memory_cap: compile_module(host.config, wasm, memory_cap)
+        )
+        # Tenants whose index could not be read at start: their modules are not known, so
+        # nothing they might refer to is removed, and their index is never overwritten.
+        self._unreadable: set[str] = set()
         self._store = store
         self._tenants = {tenant.name: tenant for tenant in tenants}
         self._write_lock = threading.Lock()
@@ -149,6 +167,7 @@ class Registry:
                     _log.error("tenant index unreadable", extra={"fields": {"error": exc.message}})
                     # Keep every module file: the index may be repaired by hand.
                     referenced.update(path.stem for path in self._store.modules_dir.glob("*.wasm"))
+                    self._unreadable.add(tenant)
                     continue
                 referenced.update(entry.sha256 for entry in index.values())
                 if tenant not in self._tenants:
@@ -180,6 +199,10 @@ class Registry:
                 counts[tenant] = len(owned)
             self._rebuild()
         removed = self._store.collect_garbage(referenced)
+        # Compiled code of modules nobody refers to any more (refused or deleted before a
+        # crash, or compiled by an older wasmtime).
+        standard = {evaluator.module.sha256 for evaluator in self._standard.values()}
+        removed += self._host.collect_cache(referenced | standard)
         if removed:
             _log.info("removed unreferenced files", extra={"fields": {"files": removed}})
         return counts
@@ -251,10 +274,17 @@ class Registry:
     ) -> Evaluator:
         """Validates, stores and serves a tenant's module. Blocking: call from a worker thread.
 
+        Everything cheap is checked before anything is compiled: the permission, the tenant's
+        index, the size cap, and (from the manifest, read without parsing the code) the name,
+        the tag and ``max_modules``. Compilation then runs through ``compile`` (the daemon's
+        worker process); nothing is cached until the module is accepted, so a refusal leaves
+        no compiled code in memory or on disk.
+
         Raises:
             EvaldError: ``permission_denied`` (registration not allowed), ``invalid_module`` (the
                 host's validator refused it), ``invalid_argument`` (name taken or reserved, too
-                many modules), ``unavailable`` (the store could not write; nothing was kept).
+                many modules), ``unavailable`` (the store could not write, or the tenant's index
+                is unreadable; nothing was kept).
         """
         if not tenant.allow_register:
             raise EvaldError(
@@ -262,33 +292,27 @@ class Registry:
                 f"tenant {tenant.name!r} may not register evaluators "
                 "(set allow_register = true for it in the daemon config)",
             )
-        module = self._host.load(wasm, limits=limits)
-        name = str(module.manifest.name)
-        tag = str(module.manifest.tag)
+        self._check_index_readable(tenant.name)
+        module_bytes = self._host.config.module_bytes
+        if len(wasm) > module_bytes:
+            raise EvaldError(
+                ErrorCode.INVALID_MODULE,
+                f"the module is {len(wasm)} bytes; the module size cap is {module_bytes} bytes "
+                "(build with -O ReleaseSmall, strip debug sections, or ask for a larger cap)",
+            )
+        payload = peek_manifest_section(wasm)
         with self._write_lock:
-            owned = dict(self._owned.get(tenant.name, {}))
-            check_not_reserved(name, tag, self._reserved)
-            for other in owned.values():
-                if other.name == name:
-                    continue
-                if tag in (other.name, other.tag) or name == other.tag:
-                    raise EvaldError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        f"the manifest's name {name!r} or tag {tag!r} clashes with your "
-                        f"evaluator {other.name!r} (tag {other.tag!r})",
-                    )
-            if name in owned and not replace:
-                raise EvaldError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"you already have an evaluator {name!r}; register with replace to update it "
-                    "(`evald register --replace`)",
-                )
-            if name not in owned and len(owned) >= tenant.max_modules:
-                raise EvaldError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"tenant {tenant.name!r} already has {len(owned)} evaluators, its maximum "
-                    "(delete one, or raise max_modules in the daemon config)",
-                )
+            if payload is not None:
+                early = parse_manifest(payload)
+                self._check_name(tenant, early.name, early.tag, replace)
+            elif not replace:
+                self._check_room(tenant, dict(self._owned.get(tenant.name, {})), None)
+        compiled = self._compile(wasm, self._host.memory_cap(limits))
+        module = self._host.adopt(wasm, compiled, limits=limits)
+        name = str(module.manifest.name)
+        with self._write_lock:
+            self._check_index_readable(tenant.name)
+            owned = self._check_name(tenant, name, str(module.manifest.tag), replace)
             sha256, created = self._store.put_module(wasm)
             index = dict(self._index.get(tenant.name, {}))
             previous = index.get(name)
@@ -305,9 +329,54 @@ class Registry:
             self._owned[tenant.name] = owned
             self._index[tenant.name] = index
             self._rebuild()
+            self._host.store_compiled(module)
             if previous is not None and previous.sha256 != sha256:
                 self._forget_if_unused(previous.sha256, replaced)
         return evaluator
+
+    def _check_index_readable(self, tenant: str) -> None:
+        if tenant in self._unreadable:
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                f"the index of tenant {tenant!r} could not be read when the daemon started; "
+                "an operator must repair tenants/" + tenant + ".json in the state folder and "
+                "restart the daemon (nothing is changed until then)",
+            )
+
+    def _check_room(
+        self, tenant: TenantConfig, owned: dict[str, Evaluator], name: str | None
+    ) -> None:
+        if (name is None or name not in owned) and len(owned) >= tenant.max_modules:
+            raise EvaldError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"tenant {tenant.name!r} already has {len(owned)} evaluators, its maximum "
+                "(delete one, or raise max_modules in the daemon config)",
+            )
+
+    def _check_name(
+        self, tenant: TenantConfig, name: str, tag: str, replace: bool
+    ) -> dict[str, Evaluator]:
+        """The name, tag and count rules (caller holds the lock); returns a copy of the
+        tenant's modules."""
+        owned = dict(self._owned.get(tenant.name, {}))
+        check_not_reserved(name, tag, self._reserved)
+        for other in owned.values():
+            if other.name == name:
+                continue
+            if tag in (other.name, other.tag) or name == other.tag:
+                raise EvaldError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"the manifest's name {name!r} or tag {tag!r} clashes with your "
+                    f"evaluator {other.name!r} (tag {other.tag!r})",
+                )
+        if name in owned and not replace:
+            raise EvaldError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"you already have an evaluator {name!r}; register with replace to update it "
+                "(`evald register --replace`)",
+            )
+        self._check_room(tenant, owned, name)
+        return owned
 
     def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
         """Stops serving and removes one of the tenant's modules.
@@ -320,6 +389,8 @@ class Registry:
         with self._write_lock:
             owned = dict(self._owned.get(tenant.name, {}))
             evaluator = owned.get(name)
+            if evaluator is not None:
+                self._check_index_readable(tenant.name)
             if evaluator is None:
                 if name in self._reserved:
                     raise EvaldError(
@@ -342,11 +413,15 @@ class Registry:
         return evaluator
 
     def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
-        """Once no tenant's index refers to ``sha256``, removes its file and lets the host drop
-        its compiled code (caller holds the lock)."""
+        """Once no tenant's index refers to ``sha256``, removes its file and its compiled code
+        (in memory and in the disk cache); caller holds the lock.
+
+        Every index on disk counts, served or not. An index that cannot be read (corrupt, or
+        unreadable when the daemon started) might refer to it: then everything is kept.
+        """
         for tenant in self._store.tenant_names():
-            index = self._index.get(tenant)
-            if index is None:
+            index = None if tenant in self._unreadable else self._index.get(tenant)
+            if index is None or tenant not in self._tenants:
                 try:
                     index = self._store.read_index(tenant)
                 except StoreError:
@@ -354,5 +429,7 @@ class Registry:
             if any(entry.sha256 == sha256 for entry in index.values()):
                 return
         self._store.remove_module(sha256)
+        if not any(ev.module.sha256 == sha256 for ev in self._standard.values()):
+            self._host.discard_code(sha256)
         if evaluator is not None:
             self._host.forget(evaluator.module)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from evald._abi import Manifest, check_manifest_grammars, parse_manifest
+from evald._alphabet import may_produce
 from evald._config import Config, load_config
 from evald._errors import GUEST_ERROR_CODES, ErrorCode, EvaldError
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
@@ -235,116 +236,21 @@ def _zig_warnings() -> list[str]:
     return []
 
 
-_ESCAPES: Final = {"n": "\n", "t": "\t", "r": "\r", "0": "\0"}
-_HEX_WIDTH: Final = {"x": 2, "u": 4, "U": 8}
-#: Regex escapes whose class holds ``<`` (``\D``, ``\S``, ``\W``) or does not (lower case).
-_WIDE_ESCAPES: Final = frozenset("DSW")
-
-
-def _read_char(text: str, i: int) -> tuple[str, int]:
-    """One possibly escaped character at ``text[i]``; returns it and the next index."""
-    if text[i] != "\\" or i + 1 >= len(text):
-        return text[i], i + 1
-    kind = text[i + 1]
-    width = _HEX_WIDTH.get(kind)
-    if width is not None:
-        digits = text[i + 2 : i + 2 + width]
-        try:
-            return chr(int(digits, 16)), i + 2 + width
-        except ValueError:
-            return kind, i + 2
-    return _ESCAPES.get(kind, kind), i + 2
-
-
-def _class_holds(text: str, i: int, char: str) -> tuple[bool, int]:
-    """Whether the bracket class starting at ``text[i] == "["`` matches ``char``; next index."""
-    i += 1
-    negated = i < len(text) and text[i] == "^"
-    i += negated
-    holds = False
-    first = True
-    while i < len(text) and (text[i] != "]" or first):
-        first = False
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "dswDSW":
-            holds |= text[i + 1] in _WIDE_ESCAPES
-            i += 2
-            continue
-        low, i = _read_char(text, i)
-        high = low
-        if i + 1 < len(text) and text[i] == "-" and text[i + 1] != "]":
-            high, i = _read_char(text, i + 1)
-        holds |= low <= char <= high
-    return holds != negated, i + 1
-
-
-def _may_produce(text: str, char: str, *, regex: bool) -> tuple[bool, list[str]]:
-    """A conservative scan of an EBNF grammar or a regex: can it produce ``char``? Also
-    returns the EBNF string literals (for the XGrammar literal check).
-
-    Conservative means a ``True`` may be a false alarm (a negated class used only where the
-    rest of the grammar rules ``char`` out), never a miss for the constructs it knows: string
-    literals, bracket classes with ranges and escapes, and in regexes ``.`` and ``\\S``-style
-    escapes.
-    """
-    literals: list[str] = []
-    produces = False
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if not regex and c == "#":  # a comment, to the end of the line
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-        elif not regex and c in "\"'":
-            chars, i = [], i + 1
-            while i < len(text) and text[i] != c:
-                decoded, i = _read_char(text, i)
-                chars.append(decoded)
-            literal = "".join(chars)
-            literals.append(literal)
-            produces |= char in literal
-            i += 1
-        elif c == "[":
-            holds, i = _class_holds(text, i, char)
-            produces |= holds
-        elif regex and c == "\\" and i + 1 < len(text):
-            if text[i + 1] in _WIDE_ESCAPES:
-                produces = True
-                i += 2
-            else:
-                decoded, i = _read_char(text, i)
-                produces |= decoded == char
-        else:
-            produces |= regex and c in (char, ".")
-            i += 1
-    return produces, literals
-
-
 _NON_ASCII_BEFORE_HEX = re.compile(r"[^\x00-\x7f][0-9a-fA-F]")
 
 
 def grammar_warnings(manifest: Manifest) -> list[str]:
     """What a scan of the manifest's grammar and regex finds that the daemon does not check.
 
-    * ``<`` in the input grammar's or the result regex's language: the ABI forbids it (a span's
-      closing tag, or a result's, would be ambiguous).
+    (``<`` in the input grammar's or the result regex's language is not a warning: the daemon
+    refuses it at load, :mod:`evald._alphabet`.)
+
     * an EBNF string literal with a non-ASCII character followed by a hex digit (``"°C"``):
       XGrammar 0.2.7 re-reads cached grammars from their printed form and such a literal comes
       back changed; write ``"°" "C"`` instead.
     """
-    warnings = []
-    grammar_lt, literals = _may_produce(manifest.input_grammar, "<", regex=False)
-    if grammar_lt:
-        warnings.append(
-            "the input grammar may produce '<' (a literal with '<', or a class such as [^a] "
-            "that does not exclude it); the ABI forbids it, since </"
-            f"{manifest.tag}> would be ambiguous: exclude it, e.g. [^<\\n]"
-        )
-    regex_lt, _ = _may_produce(manifest.result_regex, "<", regex=True)
-    if regex_lt:
-        warnings.append(
-            "the result regex may produce '<' ('.', \\S, \\W, or a class that does not "
-            "exclude it); the ABI forbids it: the engine would refuse such a value as guest_fault"
-        )
+    warnings: list[str] = []
+    _, literals = may_produce(manifest.input_grammar, "<", regex=False)
     for literal in literals:
         if _NON_ASCII_BEFORE_HEX.search(literal):
             warnings.append(

@@ -8,8 +8,15 @@ the next tenant round-robin and runs its items for one time slice, then moves on
 tenant, so a large batch costs a handful of thread hand-offs rather than one per item, and no
 tenant holds more than its ``max_running`` workers at once: one tenant's slow work cannot take
 every worker from the others.
-Registration and deletion (compiling, fsync) run on a separate single control thread, so they
-never take a worker from evaluations.
+Registration and deletion (fsync) run on a separate single control thread, so they never take
+a worker from evaluations; validating and compiling an upload runs in a niced, CPU-limited worker
+process (:mod:`evald._compiler`), so it holds neither the GIL nor every core.
+
+Before anything is read: the gatekeeper interceptor refuses a call without a valid token from its
+metadata, with a handler that never reads the body. After: calls per tenant and in total are
+bounded, stream output is bounded in bytes per stream and per tenant, and every response fits a
+byte budget with a typed error for each item past it (docs/daemon.md, "What a caller can make the
+daemon hold").
 
 Errors: a failed evaluation is data (``EvaluateResponse.error``); a failed call (authentication,
 a malformed request, a refused registration) is a gRPC status plus the trailing metadata
@@ -43,9 +50,21 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from evald import _sdnotify
+from evald._compiler import CompiledModule, Compiler
 from evald._config import Config, HostSettings, TenantConfig, TenantLimits
 from evald._data_path import DataServer
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
+from evald._gatekeeping import (
+    ITEM_FRAMING,
+    PROTO_CODES,
+    RESPONSE_OVERHEAD,
+    SERVICE_NAME,
+    Gatekeeper,
+    ResponseBudget,
+    error_response,
+    receive_limit,
+    send_limit,
+)
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
 from evald._logging import configure_logging
 from evald._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
@@ -57,7 +76,6 @@ from evaluators_wasm import STANDARD_EVALUATORS, wasm_path
 
 __all__ = ["SERVICE_NAME", "EvaldServer", "serve"]
 
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Evaluator"].full_name
 
 _log = logging.getLogger("evald.server")
 _T = TypeVar("_T")
@@ -122,6 +140,9 @@ class _TenantState:
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
         self._lock = threading.Lock()
         self._inflight = 0
+        self.calls = 0  # calls in flight (event loop only)
+        self.unread = 0  # bytes reserved by this tenant's streams (event loop only)
+        self.sinks: set[_Sink] = set()  # its open streams, woken when unread bytes are freed
         self._rate = config.limits.rate_per_s
         self._burst = float(config.limits.effective_burst)
         self._tokens = self._burst
@@ -166,6 +187,31 @@ class _TenantState:
         with self._lock:
             self._inflight -= 1
 
+    def enter_call(self) -> None:
+        """Counts one call in flight (event loop only).
+
+        Raises:
+            EvaldError: ``quota_exceeded`` at the tenant's ``max_calls``.
+        """
+        limit = self.config.limits.max_calls
+        if self.calls >= limit:
+            raise EvaldError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"tenant {self.name!r} already has {self.calls} calls in flight, its max_calls; "
+                "retry when some finish (or send more items per batch or stream)",
+            )
+        self.calls += 1
+
+    def leave_call(self) -> None:
+        self.calls -= 1
+
+    def free_unread(self, size: int) -> None:
+        """Returns stream output bytes to the tenant's budget and wakes its stalled streams."""
+        if size:
+            self.unread -= size
+            for sink in self.sinks:
+                sink.room.set()
+
 
 @dataclasses.dataclass(slots=True)
 class _Work:
@@ -181,6 +227,7 @@ class _Work:
     data: bytes
     limits: Limits
     tenant: _TenantState
+    reserved: int = 0  # stream output bytes reserved for this item's response
 
 
 _Deliver = Callable[[_Work, pb.EvaluateResponse], None]
@@ -225,45 +272,38 @@ class _Batch:
 
 
 class _Sink:
-    """Where a stream's workers drop finished results; wakes the sender once per burst."""
+    """Where a stream's workers drop finished results; wakes the sender once per burst.
+
+    Each result travels with the output bytes reserved for it at admission, freed when the
+    sender hands the result to gRPC.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._results: list[pb.EvaluateResponse] = []
+        self._results: list[tuple[pb.EvaluateResponse, int]] = []
         self.event = asyncio.Event()
         self.room = asyncio.Event()
-        self.outstanding = 0
+        self.outstanding = 0  # items admitted and not yet sent
+        self.reserved = 0  # output bytes reserved for them
 
-    def put_threadsafe(self, _work: _Work, response: pb.EvaluateResponse) -> None:
+    def put_threadsafe(self, work: _Work, response: pb.EvaluateResponse) -> None:
         with self._lock:
-            self._results.append(response)
+            self._results.append((response, work.reserved))
             first = len(self._results) == 1
         if first:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
                 self._loop.call_soon_threadsafe(self.event.set)
 
-    def put_local(self, responses: Iterable[pb.EvaluateResponse]) -> None:
+    def put_local(self, responses: Iterable[tuple[pb.EvaluateResponse, int]]) -> None:
         with self._lock:
             self._results.extend(responses)
         self.event.set()
 
-    def take(self) -> list[pb.EvaluateResponse]:
+    def take(self) -> list[tuple[pb.EvaluateResponse, int]]:
         with self._lock:
             results, self._results = self._results, []
         return results
-
-
-#: evald's codes as the protobuf enum (the stubs type the field as ``pb.ErrorCode``).
-_PROTO_CODES: dict[ErrorCode, pb.ErrorCode] = {
-    code: cast("pb.ErrorCode", code.proto_value) for code in ErrorCode
-}
-
-
-def _error_response(request_id: str, code: ErrorCode, message: str) -> pb.EvaluateResponse:
-    return pb.EvaluateResponse(
-        id=request_id, error=pb.Error(code=_PROTO_CODES[code], message=message)
-    )
 
 
 def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
@@ -319,6 +359,20 @@ class _CallFailed(Exception):
         self.message = message
 
 
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _reservation(tenant: _TenantState, item: pb.EvaluateRequest) -> int:
+    """The most bytes ``item``'s response can take: the tenant's output cap, the id it echoes
+    (up to four bytes a character) and the rest of a response."""
+    request_id = item.id
+    id_bytes = len(request_id) if request_id.isascii() else 4 * len(request_id)
+    return tenant.limits.output_bytes + id_bytes + RESPONSE_OVERHEAD + ITEM_FRAMING
+
+
 class _Service(pb_grpc.EvaluatorServicer):
     """``evald.v1.Evaluator``: authenticates every call, then evaluates on worker threads."""
 
@@ -340,7 +394,11 @@ class _Service(pb_grpc.EvaluatorServicer):
         try:
             tenant = daemon.authenticate(context)
             tenant_label = tenant.name
-            return await body(tenant)
+            tenant.enter_call()
+            try:
+                return await body(tenant)
+            finally:
+                tenant.leave_call()
         except EvaldError as exc:
             failure = _CallFailed(exc.code, exc.message)
         except asyncio.CancelledError:
@@ -388,9 +446,9 @@ class _Service(pb_grpc.EvaluatorServicer):
 
             # Through the tenant's queue like a batch item, so it counts against max_running.
             await daemon.drain(collections.deque((prepared,)), deliver)
-            if daemon.stopping and result[0].error.code == _PROTO_CODES[ErrorCode.UNAVAILABLE]:
+            if daemon.stopping and result[0].error.code == PROTO_CODES[ErrorCode.UNAVAILABLE]:
                 raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
-            return result[0]
+            return daemon.response_budget().fit(result[0])
 
         return await self._call("Evaluate", context, body)
 
@@ -409,8 +467,15 @@ class _Service(pb_grpc.EvaluatorServicer):
                 else:
                     queue.append(prepared)
 
+            budget = daemon.response_budget()
+            for index, refused in enumerate(results):
+                if refused is not None:
+                    results[index] = budget.fit(refused)
+
             def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
-                results[work.index] = response
+                # Counted as each finishes, so the daemon never holds more than one response's
+                # worth of values for the call.
+                results[work.index] = budget.fit(response)
 
             await daemon.drain(queue, deliver)
             return pb.EvaluateBatchResponse(results=cast("list[pb.EvaluateResponse]", results))
@@ -419,11 +484,12 @@ class _Service(pb_grpc.EvaluatorServicer):
 
     async def EvaluateStream(
         self, request_iterator: AsyncIterator[pb.EvaluateBatchRequest], context: Any
-    ) -> AsyncIterator[pb.EvaluateBatchResponse]:
+    ) -> None:
         daemon = self._daemon
         method = "EvaluateStream"
         try:
             tenant = daemon.authenticate(context)
+            tenant.enter_call()
         except EvaldError as exc:
             daemon.metrics.observe_rpc(method, "unauthenticated", exc.code.value)
             await context.abort(
@@ -432,58 +498,162 @@ class _Service(pb_grpc.EvaluatorServicer):
                 trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
             )
             return
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                tenant.leave_call()
+
+        try:
+            await self._stream(tenant, request_iterator, context, leave)
+        finally:
+            leave()
+
+    async def _stream(
+        self,
+        tenant: _TenantState,
+        request_iterator: AsyncIterator[pb.EvaluateBatchRequest],
+        context: Any,
+        on_end: Callable[[], None],
+    ) -> None:
+        daemon = self._daemon
+        method = "EvaluateStream"
+        settings = daemon.config.server
         loop = asyncio.get_running_loop()
         sink = _Sink(loop)
         drains: set[asyncio.Task[None]] = set()
+        tenant.sinks.add(sink)
 
-        # Backpressure: results the client has not taken yet count against this bound, so a
-        # client that sends without reading stalls (HTTP/2 flow control) instead of growing
-        # the daemon's memory.
-        backlog_limit = daemon.config.server.max_batch_items
+        # Backpressure in bytes: every admitted item reserves the most its response can take
+        # (its output cap, its id, an error message) until the response is handed to gRPC. At
+        # the stream's or the tenant's bound the daemon stops reading the stream (HTTP/2 flow
+        # control then stalls the client), so a client that sends without reading can make the
+        # daemon hold at most stream_unread_bytes, and all of a tenant's streams unread_bytes.
+        stream_bound = settings.stream_unread_bytes
+        tenant_bound = tenant.config.limits.unread_bytes
+
+        def has_room(size: int) -> bool:
+            return (sink.reserved == 0 or sink.reserved + size <= stream_bound) and (
+                tenant.unread == 0 or tenant.unread + size <= tenant_bound
+            )
+
+        def reserve(size: int) -> None:
+            sink.reserved += size
+            sink.outstanding += 1
+            tenant.unread += size
+
+        def start(queue: collections.deque[_Work]) -> None:
+            task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
+            drains.add(task)
+            task.add_done_callback(drains.discard)
 
         async def read() -> None:
             async for message in request_iterator:
                 if isinstance(message, _Malformed):
                     raise EvaldError(ErrorCode.INVALID_ARGUMENT, message.reason)
                 daemon.check_batch_size(len(message.items))
-                while sink.outstanding >= backlog_limit:
-                    sink.room.clear()
-                    await sink.room.wait()
                 queue: collections.deque[_Work] = collections.deque()
-                refused: list[pb.EvaluateResponse] = []
+                refused: list[tuple[pb.EvaluateResponse, int]] = []
                 for index, item in enumerate(message.items):
+                    size = _reservation(tenant, item)
+                    while not has_room(size):
+                        if queue:
+                            start(queue)
+                            queue = collections.deque()
+                        if refused:
+                            sink.put_local(refused)
+                            refused = []
+                        sink.room.clear()
+                        await sink.room.wait()
                     prepared = daemon.prepare(tenant, item, index)
+                    reserve(size)
                     if isinstance(prepared, pb.EvaluateResponse):
-                        refused.append(prepared)
+                        refused.append((prepared, size))
                     else:
+                        prepared.reserved = size
                         queue.append(prepared)
-                sink.outstanding += len(message.items)
                 if refused:
                     sink.put_local(refused)
                 if queue:
-                    task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
-                    drains.add(task)
-                    task.add_done_callback(drains.discard)
+                    start(queue)
+
+        async def send(results: list[tuple[pb.EvaluateResponse, int]]) -> None:
+            budget = ResponseBudget(settings.max_message_bytes)
+            batch: list[pb.EvaluateResponse] = []
+            freed = 0
+            for response, reserved in results:
+                fitted = budget.fit(response)
+                if fitted is not response and batch:  # full: send what fits, then go on
+                    await write(batch, freed)
+                    batch, freed = [], 0
+                    budget = ResponseBudget(settings.max_message_bytes)
+                    fitted = budget.fit(response)
+                batch.append(fitted)
+                freed += reserved
+            if batch:
+                await write(batch, freed)
+
+        async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
+            # Not asyncio.wait_for: it waits without bound for the cancelled write.
+            writing = loop.create_task(context.write(pb.EvaluateBatchResponse(results=batch)))
+            done, _ = await asyncio.wait((writing,), timeout=settings.stream_stall_s)
+            if not done:
+                # The pending write would hold the status back until the client reads: drop it
+                # (gRPC may have taken part of it; the call ends here either way).
+                writing.add_done_callback(_ignore_result)
+                writing.cancel()
+                await asyncio.wait((writing,), timeout=1.0)
+                _log.info(
+                    "stream cut off: its client stopped reading",
+                    extra={"fields": {"tenant": tenant.name, "unread_bytes": sink.reserved}},
+                )
+                raise EvaldError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the client read no results for {settings.stream_stall_s:g} s while "
+                    f"{sink.reserved} bytes of them waited (stream_unread_bytes is "
+                    f"{stream_bound}); the stream is ended: read results as they come",
+                )
+            writing.result()
+            sink.outstanding -= len(batch)
+            sink.reserved -= freed
+            tenant.free_unread(freed)
+            sink.room.set()
 
         reader = loop.create_task(read())
         reader.add_done_callback(lambda _task: sink.event.set())
+
+        def release() -> None:
+            """Ends the stream's work and gives its budget back (idempotent)."""
+            daemon.unregister_sink(sink)
+            tenant.sinks.discard(sink)
+            reader.cancel()
+            for task in list(drains):
+                task.cancel()
+            # Whatever was not sent (the call ended or was cancelled) goes back to the tenant.
+            tenant.free_unread(sink.reserved)
+            sink.reserved = 0
+            on_end()
+
         daemon.register_sink(sink)
         code = "ok"
         try:
-            while True:
-                await sink.event.wait()
-                sink.event.clear()
-                results = sink.take()
-                if results:
-                    sink.outstanding -= len(results)
-                    sink.room.set()
-                    yield pb.EvaluateBatchResponse(results=results)
-                if daemon.stopping and not reader.done():
-                    reader.cancel()
-                if reader.done() and sink.outstanding <= 0:
-                    break
             failure: EvaldError | None = None
-            if not reader.cancelled() and reader.exception() is not None:
+            try:
+                while True:
+                    await sink.event.wait()
+                    sink.event.clear()
+                    results = sink.take()
+                    if results:
+                        await send(results)
+                    if daemon.stopping and not reader.done():
+                        reader.cancel()
+                    if reader.done() and sink.outstanding <= 0:
+                        break
+            except EvaldError as exc:  # the client stopped reading
+                failure = exc
+            if failure is None and not reader.cancelled() and reader.exception() is not None:
                 error = reader.exception()
                 if isinstance(error, EvaldError):
                     failure = error
@@ -496,6 +666,9 @@ class _Service(pb_grpc.EvaluatorServicer):
                 )
             if failure is not None:
                 code = failure.code.value
+                # Released before the abort: gRPC sends the status only after a message it has
+                # started, which a client that stopped reading may never take.
+                release()
                 await context.abort(
                     failure.code.grpc_status,
                     failure.message,
@@ -505,10 +678,7 @@ class _Service(pb_grpc.EvaluatorServicer):
             code = "cancelled"
             raise
         finally:
-            daemon.unregister_sink(sink)
-            reader.cancel()
-            for task in list(drains):
-                task.cancel()
+            release()
             daemon.metrics.observe_rpc(method, tenant.name, code)
 
     async def ListEvaluators(
@@ -532,9 +702,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                     "(set allow_register = true for it in the daemon config)",
                 )
             wasm = bytes(request.module)
-            evaluator = await daemon.control(
-                daemon.registry.register, tenant.config, wasm, tenant.limits, request.replace
-            )
+            evaluator = await daemon.register(tenant, wasm, request.replace)
             daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
             _log.info(
                 "registered evaluator",
@@ -681,6 +849,10 @@ class EvaldServer:
         self.stopping = False
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="evald-guest")
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
+        self._registrations = 0  # waiting or compiling (event loop only)
+        self._compiler = Compiler(
+            cpu_s=settings.compile_cpu_s, wall_s=settings.compile_timeout_s
+        )
         self._sinks: set[_Sink] = set()
         self._store: ModuleStore | None = None
         self._host: WasmHost | None = None
@@ -742,13 +914,23 @@ class EvaldServer:
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
         """
+        over_unix = str(context.peer()).startswith("unix:")
+        return self.tenant_for(context.invocation_metadata(), over_unix=over_unix)
+
+    def tenant_for(self, metadata: Any, *, over_unix: bool) -> _TenantState:
+        """:meth:`authenticate` from the call's metadata alone (what an interceptor sees before
+        gRPC reads the request body).
+
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix.
+        """
         authorization: str | None = None
-        for key, value in context.invocation_metadata() or ():
+        for key, value in metadata or ():
             if key == "authorization":
                 authorization = value if isinstance(value, str) else value.decode("latin-1")
                 break
         if authorization is None:
-            if self._tokenless is not None and str(context.peer()).startswith("unix:"):
+            if self._tokenless is not None and over_unix:
                 return self._tokenless
             where = "this unix socket" if self._socket_path else "TCP"
             raise EvaldError(
@@ -771,6 +953,14 @@ class EvaldServer:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token matches no tenant")
         return found
 
+    def observe_refusal(self, method: str, code: str) -> None:
+        """Counts a call the gatekeeper refused before authentication."""
+        self.metrics.observe_rpc(method, "unauthenticated", code)
+
+    def response_budget(self) -> ResponseBudget:
+        """A fresh value budget for one response message (``max_message_bytes``)."""
+        return ResponseBudget(self.config.server.max_message_bytes)
+
     def check_batch_size(self, items: int) -> None:
         limit = self.config.server.max_batch_items
         if items > limit:
@@ -790,13 +980,13 @@ class EvaldServer:
             self.metrics.observe_evaluation(
                 tenant.name, UNKNOWN_EVALUATOR_LABEL, exc.code.value, 0, 0
             )
-            return _error_response(request.id, exc.code, exc.message)
+            return error_response(request.id, exc.code, exc.message)
         refusal = tenant.admit()
         if refusal is not None:
             self.metrics.observe_evaluation(
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
-            return _error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
+            return error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
         return _Work(
             index=index,
             request_id=request.id,
@@ -823,7 +1013,7 @@ class EvaldServer:
         finally:
             work.tenant.release()
         if outcome is None:
-            response = _error_response(
+            response = error_response(
                 work.request_id, ErrorCode.INTERNAL, "internal error in the wasm host (see log)"
             )
             self.metrics.tally_evaluation(
@@ -841,7 +1031,7 @@ class EvaldServer:
             label = "ok"
         else:
             code = outcome.error or ErrorCode.INTERNAL
-            response.error.code = _PROTO_CODES[code]
+            response.error.code = PROTO_CODES[code]
             response.error.message = outcome.message
             label = code.value
         self.metrics.tally_evaluation(
@@ -995,7 +1185,7 @@ class EvaldServer:
             work.tenant.release()
             batch.finish(
                 work,
-                _error_response(
+                error_response(
                     work.request_id, ErrorCode.UNAVAILABLE, "the daemon is shutting down"
                 ),
             )
@@ -1009,6 +1199,23 @@ class EvaldServer:
         """Stops new batches from being scheduled (before the pool shuts down)."""
         with self._sched:
             self._closed = True
+
+    async def register(self, tenant: _TenantState, wasm: bytes, replace: bool) -> Evaluator:
+        """Queues one registration for the control thread (at most ``compile_queue`` wait)."""
+        limit = self.config.server.compile_queue
+        if self._registrations >= limit:
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                f"{self._registrations} registrations are already waiting to compile "
+                f"(compile_queue is {limit}); retry shortly",
+            )
+        self._registrations += 1
+        try:
+            return await self.control(
+                self.registry.register, tenant.config, wasm, tenant.limits, replace
+            )
+        finally:
+            self._registrations -= 1
 
     async def control(self, function: Callable[..., _T], *args: Any) -> _T:
         """Runs a control-plane operation on the control thread."""
@@ -1025,8 +1232,14 @@ class EvaldServer:
         store = ModuleStore(self.state_dir)
         store.lock()
         self._store = store
-        self._host = WasmHost(self._host_config())
-        registry = Registry(self._host, store, self.config.tenants)
+        host_settings = self._host_config()
+        self._host = WasmHost(host_settings)
+        compiler = self._compiler
+
+        def compile_upload(wasm: bytes, memory_cap: int) -> CompiledModule:
+            return compiler.compile(host_settings, wasm, memory_cap)
+
+        registry = Registry(self._host, store, self.config.tenants, compile=compile_upload)
         standard = registry.load_standard(
             {name: wasm_path(name) for name in STANDARD_EVALUATORS},
             _host_limits(self.config.default_limits),
@@ -1098,13 +1311,30 @@ class EvaldServer:
         settings = self.config.server
         try:
             await loop.run_in_executor(self._control_pool, self._load)
-            max_message = settings.max_message_bytes
+            largest_input = max(
+                (tenant.limits.input_bytes for tenant in self.config.tenants),
+                default=self.config.default_limits.input_bytes,
+            )
             server = grpc.aio.server(
+                interceptors=(Gatekeeper(self),),
                 options=(
-                    ("grpc.max_receive_message_length", max_message),
-                    ("grpc.max_send_message_length", max_message),
+                    (
+                        "grpc.max_receive_message_length",
+                        receive_limit(
+                            settings.max_message_bytes, settings.max_batch_items, largest_input
+                        ),
+                    ),
+                    (
+                        "grpc.max_send_message_length",
+                        send_limit(settings.max_message_bytes, settings.max_batch_items),
+                    ),
+                    ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
+                    # No flow-control windows grown by bandwidth probing: what a call may have
+                    # in flight before the daemon reads it stays at HTTP/2's 64 KiB per stream.
+                    ("grpc.http2.bdp_probe", 0),
                     ("grpc.so_reuseport", 0),
-                )
+                ),
+                maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
             )
             _add_service(_Service(self), server)
             health = health_aio.HealthServicer()
@@ -1180,6 +1410,7 @@ class EvaldServer:
         self.close_scheduler()
         await loop.run_in_executor(None, self.pool.shutdown, True)
         await loop.run_in_executor(None, self._control_pool.shutdown, True)
+        await loop.run_in_executor(None, self._compiler.close)
         self.metrics.close()
         if self._host is not None:
             self._host.close()

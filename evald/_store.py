@@ -139,10 +139,12 @@ class ModuleStore:
         """
         sha256 = hashlib.sha256(wasm).hexdigest()
         target = self.modules_dir / f"{sha256}.wasm"
-        if target.exists():
-            return sha256, False
+        existed = target.exists()
+        # Written even when present: storing bytes another tenant stored first must take as
+        # long as storing new bytes (no timing oracle); the rename over an identical file is
+        # harmless.
         self._atomic_write(target, wasm)
-        return sha256, True
+        return sha256, not existed
 
     def remove_module(self, sha256: str) -> None:
         """Deletes a stored module file (used to undo a write whose index update failed)."""

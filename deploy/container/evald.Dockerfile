@@ -13,11 +13,13 @@ ARG BUILDER_IMAGE=debian:12-slim
 ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian12:nonroot
 
 FROM ${BUILDER_IMAGE} AS builder
+# gcc and the Python headers build the native epoch ticker (evald/_epoch.c): deadlines that do
+# not wait for the GIL. They stay in the builder; the runtime gets the compiled module only.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY evald ./evald
 COPY engine_adapter ./engine_adapter
 COPY evaluators_wasm ./evaluators_wasm
@@ -28,6 +30,7 @@ RUN python3 -m venv /venv \
  && /venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && /venv/bin/pip install --no-cache-dir /wheels/evald-*.whl \
  && /venv/bin/pip uninstall -y pip \
+ && /venv/bin/python -c "import evald._epoch" \
  && /venv/bin/evald --help > /dev/null
 # Mount points owned by the runtime user (no shell there to make them).
 RUN mkdir -p /staging/var/lib/evald /staging/run/evald /staging/etc/evald

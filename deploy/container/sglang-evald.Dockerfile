@@ -10,10 +10,12 @@
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-cu130
 ARG SGLANG_VERSION=0.5.23
 
-# The evald wheel is pure Python (py3-none-any): any Python builds it.
+# The evald wheel is pure Python (py3-none-any) here: this image runs only the engine adapter, so
+# the daemon's native epoch ticker is left out (EVALD_PURE=1) and any Python builds it.
 FROM python:3.12-slim-bookworm AS wheel
+ENV EVALD_PURE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY evald ./evald
 COPY engine_adapter ./engine_adapter
 COPY evaluators_wasm ./evaluators_wasm

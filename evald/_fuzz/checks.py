@@ -509,6 +509,23 @@ class Recorder:
         self.violations: list[Violation] = []
         self.violation_counts: Counter[str] = Counter()
         self._keep = keep
+        # Deadline overruns: evaluations whose eval_time exceeded their effective deadline.
+        self.overruns = 0
+        self.worst_overrun_us = 0
+        self.worst_overrun_deadline_ms = 0
+        self.worst_overrun_class = ""
+
+    def overrun(self, klass: str, eval_us: int, deadline_ms: int) -> None:
+        """One evaluation's time against its effective deadline (recorded when over it)."""
+        over = eval_us - deadline_ms * 1000
+        if over <= 0:
+            return
+        with self._lock:
+            self.overruns += 1
+            if over > self.worst_overrun_us:
+                self.worst_overrun_us = over
+                self.worst_overrun_deadline_ms = deadline_ms
+                self.worst_overrun_class = klass
 
     def stats(self, klass: str) -> ClassStats:
         with self._lock:

@@ -181,8 +181,14 @@ class FuzzContext:
         """Records ``violations``, except that an evaluation over its deadline bound is repeated
         (alone, up to three times) first: only one that is over every time is an escape."""
         self.recorder.add(v for v in violations if v.kind != "deadline_escape")
+        bounds = self.checker.bounds[tenant]
         for request, response in pairs:
-            if response is not None and self.checker.over_deadline(tenant, request, response):
+            if response is None:
+                continue
+            self.recorder.overrun(
+                klass, response.eval_time_us, bounds.effective_deadline_ms(request.deadline_ms)
+            )
+            if self.checker.over_deadline(tenant, request, response):
                 self._confirm_escape(klass, tenant, request, response)
 
     def _confirm_escape(

@@ -301,6 +301,21 @@ def refused_modules(prefix: str, *, memory_bytes: int, module_bytes: int) -> lis
         ),
         MaliciousModule(name("wat_text"), "text_not_binary", b"(module (func))", _REFUSED),
         MaliciousModule(name("empty"), "empty_module", b"", _REFUSED),
+        # Result or input languages that can produce '<': a forced value could spell
+        # </result> or a chat template's special tokens (a role injection).
+        *(
+            MaliciousModule(
+                name(f"lt_{label}"),
+                f"lt_in_{label}",
+                guest("echo", manifest=_manifest(name(f"lt_{label}"), **{field: text})),
+                _REFUSED,
+            )
+            for label, field, text in (
+                ("regex", "result_regex", "[^#]*"),
+                ("regex_escape", "result_regex", "[0-9]|\\x3c"),
+                ("grammar", "input_grammar", 'root ::= [^"]+'),
+            )
+        ),
     ]
     return modules
 

@@ -4,6 +4,9 @@ In one run, against one daemon: the victim's latency (p50/p99 of sequential unar
 then while ``attackers`` threads of the attacker tenant call an infinite-loop module back to back,
 so every attacker call runs until its fuel or deadline stops it. The report gives both and their
 ratio. Every call of both tenants is checked like any other (typed outcome, limits).
+
+:func:`measure_registration_neighbour` does the same with the attacker registering modules of
+about 1 MiB of code back to back (each upload new bytes, so each is validated and compiled).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import time
 from evald._client import CallError
 from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext
+from evald._toolchain import append_custom_section
+from evald._wat_corpus import guest, manifest_bytes
 from evald.v1 import evald_pb2 as pb
 
-__all__ = ["measure_noisy_neighbour"]
+__all__ = ["heavy_module", "measure_noisy_neighbour", "measure_registration_neighbour"]
 
 _KLASS = "noisy_neighbour"
 _VICTIM_INPUT = b"17 * 23 + 91"
@@ -158,4 +163,82 @@ def measure_noisy_neighbour(ctx: FuzzContext, *, samples: int, attackers: int) -
         "ratio_p99": ratio("p99_ms"),
         "attacker_calls": attacker_calls,
         "attacker_outcomes": attacker_outcomes,
+    }
+
+
+def heavy_module(name: str, *, functions: int = 4000, body_ops: int = 60) -> bytes:
+    """An evaluator with about ``functions * body_ops * 4`` bytes of code (1 MiB by default):
+    expensive to validate and compile, valid and harmless to run."""
+    body = "(local.get 0) " + " ".join(f"(i32.const {k}) (i32.xor)" for k in range(body_ops))
+    extra = "".join(f"(func (param i32) (result i32) {body})" for _ in range(functions))
+    manifest = manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1")
+    return guest("echo", manifest=manifest, extra=extra)
+
+
+def measure_registration_neighbour(ctx: FuzzContext, *, samples: int) -> dict[str, object]:
+    """Victim p50/p99 alone and while the attacker registers heavy modules back to back."""
+    name = "noisy_register"
+    base = heavy_module(name)
+    _victim_latencies(ctx, min(50, samples))
+    alone = _victim_latencies(ctx, samples)
+    stop = threading.Event()
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+    seconds: list[float] = []
+
+    def register() -> None:
+        client = ctx.client(ctx.attacker, timeout_s=120.0)
+        index = 0
+        while not stop.is_set():
+            # new bytes every time: nothing to shortcut, every upload is compiled
+            wasm = append_custom_section(base, "pad", index.to_bytes(8, "little"))
+            index += 1
+            began = time.perf_counter()
+            try:
+                client.register(wasm, replace=True)
+                label = "registered"
+            except CallError as error:
+                label = f"call:{error.code.value if error.code else 'unreachable'}"
+                if error.code is None or error.code.value not in ("unavailable",):
+                    ctx.recorder.add(
+                        [Violation("unexpected", _KLASS, f"a heavy registration failed: {error}")]
+                    )
+            with lock:
+                outcomes[label] = outcomes.get(label, 0) + 1
+                seconds.append(time.perf_counter() - began)
+            ctx.recorder.outcome(_KLASS, label, family="attacker_register")
+
+    registrar = threading.Thread(target=register, name="fuzz-register", daemon=True)
+    registrar.start()
+    time.sleep(0.5)  # the first compilation is under way
+    try:
+        # At least ``samples`` calls, and long enough to span several registrations (each
+        # takes seconds), at most a minute.
+        loaded = _victim_latencies(ctx, samples)
+        give_up = time.monotonic() + 60.0
+        while time.monotonic() < give_up:
+            with lock:
+                done = len(seconds)
+            if done >= 3:
+                break
+            loaded += _victim_latencies(ctx, 200)
+    finally:
+        stop.set()
+        registrar.join(timeout=120)
+    with_registrations = _percentiles(loaded)
+    alone_stats = _percentiles(alone)
+
+    def ratio(key: str) -> float:
+        base_value = alone_stats[key]
+        return round(with_registrations[key] / base_value, 2) if base_value else 0.0
+
+    return {
+        "victim_call": f"calc {_VICTIM_INPUT.decode()!r} (unary Evaluate, sequential)",
+        "attacker_call": f"RegisterEvaluator of {len(base):,}-byte modules, back to back",
+        "alone": alone_stats,
+        "under_registration": with_registrations,
+        "ratio_p50": ratio("p50_ms"),
+        "ratio_p99": ratio("p99_ms"),
+        "registrations": outcomes,
+        "median_registration_s": round(statistics.median(seconds), 3) if seconds else 0.0,
     }

@@ -4,8 +4,11 @@ Each scenario sends a few requests, checks what came back and records one input 
 malformed and oversized messages, batches over ``max_batch_items``, unknown evaluators (empty,
 huge, look-alike, control characters), missing, wrong and malformed tokens, another tenant's
 module names (evaluate, delete, list, shadow), deadline extremes, huge ids, streams opened and
-abandoned mid-work (their quota must come back), many concurrent streams, and streams that turn
-corrupt halfway.
+abandoned mid-work (their quota must come back), many concurrent streams, streams that turn
+corrupt halfway; and what a caller can make the daemon hold: large messages without a valid
+token (refused from their metadata, never read), streams that never read the amplified output
+of ``strop``'s ``replace`` (bounded in bytes, then cut off), and batches whose values add up past
+the response limit (every item answered, each typed).
 
 A refusal must carry an ``evald-error-code`` (the daemon's typed errors); the only untyped
 statuses accepted are the ones gRPC itself produces before the daemon sees the call (a message or
@@ -29,7 +32,7 @@ from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext, Item
 from evald.v1 import evald_pb2 as pb
 
-__all__ = ["SCENARIOS", "Scenario", "inflight"]
+__all__ = ["HOLD_SCENARIOS", "SCENARIOS", "Scenario", "inflight"]
 
 _KLASS = "protocol"
 _SERVICE = "/evald.v1.Evaluator"
@@ -560,6 +563,129 @@ def empty_messages(ctx: FuzzContext, rng: random.Random) -> None:
     ctx.recorder.outcome(_KLASS, "ok", family="empty_messages")
 
 
+#: 6,000 characters of strop input that evaluate to a 60,002-byte value.
+_AMPLIFY = b'replace("' + b"a" * 6000 + b'", "a", "aaaaaaaaaa")'
+
+
+def unauthenticated_flood(ctx: FuzzContext, rng: random.Random) -> None:
+    """Near-limit messages without a valid token from several threads at once: each refused
+    from its metadata (``permission_denied``), none read, the daemon's memory unmoved (the run's
+    RSS bound)."""
+    size = max(1, (ctx.max_message_bytes - (64 << 10)) // 2100)
+    payload = pb.EvaluateBatchRequest(
+        items=[pb.EvaluateRequest(evaluator="calc", input=b"1" * 2000) for _ in range(size)]
+    ).SerializeToString()
+    variants: tuple[tuple[tuple[str, str], ...], ...] = (
+        (),
+        (("authorization", "Bearer not-a-token"),),
+        (("authorization", "Basic eA=="),),
+    )
+    method = rng.choice(("EvaluateBatch", "Evaluate", "RegisterEvaluator"))
+
+    def one(metadata: tuple[tuple[str, str], ...]) -> None:
+        with _channel(ctx) as channel:
+            try:
+                _raw(channel, method)(payload, timeout=60, metadata=metadata)
+            except grpc.RpcError as error:
+                _refusal(ctx, "unauthenticated_flood", error, ("permission_denied",))
+                return
+        ctx.recorder.add(
+            [Violation("tenant_leak", _KLASS, "a call without a valid token was served")]
+        )
+        ctx.recorder.outcome(_KLASS, "served", family="unauthenticated_flood")
+
+    threads = [
+        threading.Thread(target=one, args=(rng.choice(variants),), name=f"fuzz-flood-{i}")
+        for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def unread_streams(ctx: FuzzContext, rng: random.Random) -> None:
+    """Streams whose client sends amplifying work and never reads: the daemon holds a bounded
+    number of bytes for them (the RSS bound), keeps serving, and takes the tenant's budget back
+    when they end."""
+    count = rng.choice((1, 3))
+    channels = [
+        grpc.insecure_channel(ctx.target, options=(("grpc.http2.bdp_probe", 0),))
+        for _ in range(count)
+    ]
+
+    def requests() -> Any:
+        for batch in range(20):
+            yield pb.EvaluateBatchRequest(
+                items=[
+                    pb.EvaluateRequest(id=f"{batch}.{i}", evaluator="strop", input=_AMPLIFY)
+                    for i in range(50)
+                ]
+            )
+
+    try:
+        calls = [
+            channel.stream_stream(
+                f"{_SERVICE}/EvaluateStream",
+                request_serializer=pb.EvaluateBatchRequest.SerializeToString,
+                response_deserializer=pb.EvaluateBatchResponse.FromString,
+            )(requests(), timeout=60, metadata=ctx.metadata(ctx.attacker))
+            for channel in channels
+        ]
+        time.sleep(rng.choice((0.5, 1.5)))
+        response = ctx.client(ctx.victim)._invoke(
+            ctx.client(ctx.victim)._stub.Evaluate,
+            pb.EvaluateRequest(evaluator="calc", input=b"17 * 23 + 91", id="unread"),
+        )
+        if response.value != "482":
+            ctx.recorder.add(
+                [Violation("unexpected", _KLASS, "the victim was not served beside unread streams")]
+            )
+        for call in calls:
+            call.cancel()
+    finally:
+        for channel in channels:
+            channel.close()
+    ctx.recorder.outcome(_KLASS, "ok", family="unread_streams")
+
+
+def oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
+    """A batch of in-limit items whose values add up past the response limit: every item gets
+    its value or its own ``output_too_large``, never a failed call."""
+    count = ctx.max_message_bytes // 60_000 + rng.choice((5, 40))
+    items = [
+        pb.EvaluateRequest(evaluator="strop", input=_AMPLIFY, id=str(i)) for i in range(count)
+    ]
+    with _channel(ctx) as channel:
+        stub = channel.unary_unary(
+            f"{_SERVICE}/EvaluateBatch",
+            request_serializer=pb.EvaluateBatchRequest.SerializeToString,
+            response_deserializer=pb.EvaluateBatchResponse.FromString,
+        )
+        try:
+            response = stub(
+                pb.EvaluateBatchRequest(items=items),
+                timeout=120,
+                metadata=ctx.metadata(ctx.attacker),
+            )
+        except grpc.RpcError as error:
+            _refusal(ctx, "oversized_response", error, ("quota_exceeded",))
+            ctx.recorder.add(
+                [Violation("unexpected", _KLASS, "an oversized batch response failed the call")]
+            )
+            return
+    results = list(response.results)
+    if [r.id for r in results] != [str(i) for i in range(count)]:
+        ctx.recorder.add([Violation("missing_result", _KLASS, "oversized batch lost items")])
+    for result in results:
+        label = outcome_label(result)
+        if label == "untyped":
+            ctx.recorder.add(
+                [Violation("untyped_error", _KLASS, "an oversized batch item has no code")]
+            )
+        ctx.recorder.outcome(_KLASS, label, family="oversized_response")
+
+
 SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("malformed_message", malformed_message, 6.0),
     ("oversized_message", oversized_message, 0.3),
@@ -573,5 +699,12 @@ SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("many_streams", many_streams, 0.5),
     ("corrupt_stream", corrupt_stream, 2.0),
     ("empty_messages", empty_messages, 1.0),
+    ("unauthenticated_flood", unauthenticated_flood, 0.3),
+    ("unread_streams", unread_streams, 0.3),
+    ("oversized_response", oversized_response, 0.3),
 )
 """Every scenario with its weight (how often a protocol step picks it)."""
+
+#: Run once per run before the main loop (and drawn in it like the others): what a caller can
+#: make the daemon hold.
+HOLD_SCENARIOS: tuple[Scenario, ...] = (unauthenticated_flood, unread_streams, oversized_response)

@@ -29,6 +29,17 @@ def _ordered_classes(report: dict[str, Any]) -> list[str]:
     return [c for c in _CLASS_ORDER if c in classes] + [c for c in classes if c not in _CLASS_ORDER]
 
 
+def _overrun_row(latency: dict[str, Any]) -> str:
+    count = latency.get("deadline_overruns", 0)
+    if not count:
+        return "| evaluations past their deadline | 0 |"
+    return (
+        f"| evaluations past their deadline | {count:,} (worst "
+        f"{latency['worst_overrun_ms']:.1f} ms over a {latency['worst_overrun_deadline_ms']} ms "
+        f"deadline, {latency['worst_overrun_class']}) |"
+    )
+
+
 def summary_markdown(report: dict[str, Any]) -> str:
     """The human summary of a report."""
     totals = report["totals"]
@@ -53,6 +64,7 @@ def summary_markdown(report: dict[str, Any]) -> str:
         f"| tenant leaks | {totals['tenant_leaks']} |",
         f"| violations (all kinds) | {totals['violations']} |",
         f"| max evaluation time | {report['latency']['max_eval_ms']:.1f} ms |",
+        _overrun_row(report["latency"]),
         f"| stalls (over a bound once, within it when repeated) | {totals['stalls']} "
         f"(longest {totals['max_stall_ms']:.0f} ms) |",
         f"| max call latency | {report['latency']['max_call_ms']:.1f} ms |",
@@ -65,6 +77,12 @@ def summary_markdown(report: dict[str, Any]) -> str:
             f"| noisy-neighbour ratio (victim p50 / p99) | {noisy['ratio_p50']}x / "
             f"{noisy['ratio_p99']}x |"
         )
+        registration = noisy.get("registration") or {}
+        if registration:
+            lines.append(
+                f"| noisy-neighbour ratio, heavy registrations (victim p50 / p99) | "
+                f"{registration['ratio_p50']}x / {registration['ratio_p99']}x |"
+            )
     lines += [
         "",
         "## Inputs per class",

@@ -54,7 +54,8 @@ __all__ = ["HARDENING", "run_fuzz"]
 
 CLASSES = ("generated", "corpus", "modules", "protocol")
 
-#: What fuzzing found and the daemon now does (each has a test in tests/evald/test_hardening.py).
+#: What fuzzing and reviews found and the daemon now does (each has a regression test under
+#: tests/evald/: test_hardening.py, test_server_memory.py, test_alphabet.py, test_epoch_ticker.py).
 HARDENING = (
     "A corrupt protobuf request got gRPC's untyped UNKNOWN (unary) or `internal` (stream); "
     "now `invalid_argument` with a message (lenient deserializers in the service).",
@@ -64,6 +65,16 @@ HARDENING = (
     "A compile bomb (a 1.2 MB module of 60,000 tiny functions) took about a minute of CPU at "
     "registration, which cannot be interrupted; the validator caps modules at 10,000 functions "
     "and 1 MiB of code before compiling.",
+    "Large messages without a token were read and parsed before authentication (4 clients took "
+    "the daemon from 82 MiB to 3.3 GiB); calls are now refused from their metadata, unread.",
+    "Streams were bounded in unread results, not bytes (541 MiB held by three non-reading "
+    "streams); now in bytes per stream and per tenant, and a stalled stream is cut off.",
+    "A batch whose values exceeded the send limit failed whole with a bare RESOURCE_EXHAUSTED; "
+    "now every item gets its value or its own output_too_large.",
+    "The daemon accepted result regexes that can produce '<' (a role injection through forced "
+    "special tokens); the ABI's rule is now enforced at every load.",
+    "The epoch ticker waited for the GIL (deadlines overran by up to 1.44 s); it is now a "
+    "native thread.",
 )
 
 
@@ -590,6 +601,13 @@ class FuzzRun:
                     noisy_section["fewer_attackers"] = noisy.measure_noisy_neighbour(
                         self.ctx, samples=self.profile.noisy_samples, attackers=attackers - 1
                     )
+                self._say("noisy neighbour: registrations")
+                noisy_section["registration"] = noisy.measure_registration_neighbour(
+                    self.ctx, samples=self.profile.noisy_samples
+                )
+            self._say("what a caller can make the daemon hold")
+            for scenario in protocol.HOLD_SCENARIOS:
+                scenario(self.ctx, random.Random(f"{settings.seed}:hold:{scenario.__name__}"))
             self._say(f"main loop ({settings.budget})")
             main_s = self._run_with_progress()
             if settings.faults and self.daemon is not None and not self.ctx.stop.is_set():
@@ -761,6 +779,10 @@ class FuzzRun:
             "latency": {
                 "max_eval_ms": max((s.max_eval_us for s in recorder.classes.values()), default=0)
                 / 1000,
+                "deadline_overruns": recorder.overruns,
+                "worst_overrun_ms": round(recorder.worst_overrun_us / 1000, 2),
+                "worst_overrun_deadline_ms": recorder.worst_overrun_deadline_ms,
+                "worst_overrun_class": recorder.worst_overrun_class,
                 "max_call_ms": round(
                     max((s.max_call_ms for s in recorder.classes.values()), default=0.0), 1
                 ),

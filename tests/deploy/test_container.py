@@ -244,6 +244,7 @@ def context_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "--quiet", "--wheel-dir", str(wheel_dir), str(context_dir)],
         capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, "EVALD_PURE": "1"},  # as the SGLang image's wheel stage
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = wheel_dir.glob("evald-*.whl")
@@ -272,6 +273,15 @@ def test_wheel_from_context_has_console_script_and_evaluators(context_wheel: Pat
         f"evaluators_wasm/wasm/{p.name}" for p in (REPO / "evaluators_wasm" / "wasm").glob("*.wasm")
     }
     assert built and built <= names, f"missing built evaluators: {sorted(built - names)}"
+
+
+def test_the_daemon_image_builds_and_checks_the_native_ticker() -> None:
+    text = (REPO / "deploy" / "container" / "evald.Dockerfile").read_text()
+    assert "gcc" in text and "python3-dev" in text
+    assert "COPY pyproject.toml setup.py" in text
+    assert 'import evald._epoch' in text
+    sglang = SGLANG_DOCKERFILE.read_text()
+    assert "ENV EVALD_PURE=1" in sglang
 
 
 def test_wheel_declares_the_sglang_plugin(context_wheel: Path) -> None:

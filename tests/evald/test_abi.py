@@ -201,7 +201,7 @@ def test_xgrammar_check_of_grammar_and_regex() -> None:
     good = parse_manifest(manifest_bytes())
     if not check_manifest_grammars(good):
         pytest.skip("xgrammar is not importable here")
-    bad_grammar = parse_manifest(manifest_bytes(input_grammar="root ::= [0-9"))
+    bad_grammar = parse_manifest(manifest_bytes(input_grammar="root ::= missing_rule"))
     with pytest.raises(EvaldError, match="input_grammar does not compile with XGrammar"):
         check_manifest_grammars(bad_grammar)
     bad_regex = parse_manifest(manifest_bytes(result_regex="(abc"))

@@ -173,3 +173,18 @@ def test_headline_job_rebuilds_from_saved_results(
     assert (out / "headline.md").exists()
     assert main(["bench", "headline", "--out", str(tmp_path / "empty")]) == 2
     assert "no results" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_registration_benchmark_runs(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_registration import run
+
+    result = run(0.3, 1, tmp_path)
+    assert set(result["variants"]) == {"in-process", "worker-process"}
+    for figures in result["variants"].values():
+        assert figures["registrations"] >= 1 and figures["ratio_p99"] > 0
+    assert result["oracle"]["ratio_unseen_over_seen"] > 0
+    assert json.loads((tmp_path / "registration.json").read_text())["benchmark"] == "registration"

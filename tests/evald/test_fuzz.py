@@ -45,6 +45,14 @@ def test_every_class_ran_and_was_checked(short_report: dict[str, Any]) -> None:
     for code in ("memory_limit", "stack_overflow", "guest_fault", "call:invalid_module"):
         assert modules.get(code, 0) > 0, code
     assert short_report["rss"]["samples"] > 0 and short_report["rss"]["health_checks"] > 0
+    # what a caller can make the daemon hold: each attack ran, every refusal typed
+    protocol = classes["protocol"]["families"]
+    for family in ("unauthenticated_flood", "unread_streams", "oversized_response"):
+        assert protocol.get(family, 0) > 0, family
+    outcomes = classes["protocol"]["outcomes"]
+    assert outcomes.get("call:permission_denied", 0) > 0
+    for family in ("lt_in_regex", "lt_in_grammar"):
+        assert any(family in key for key in classes["modules"]["families"]), family
 
 
 def test_noisy_neighbour_and_faults_were_measured(short_report: dict[str, Any]) -> None:
@@ -52,6 +60,11 @@ def test_noisy_neighbour_and_faults_were_measured(short_report: dict[str, Any]) 
     assert noisy["alone"]["samples"] == SHORT.noisy_samples
     assert noisy["under_attack"]["samples"] == SHORT.noisy_samples
     assert noisy["ratio_p50"] > 0 and noisy["attacker_calls"] > 0
+    registration = noisy["registration"]
+    assert registration["under_registration"]["samples"] >= SHORT.noisy_samples
+    assert registration["registrations"] and registration["ratio_p99"] > 0
+    latency = short_report["latency"]
+    assert latency["deadline_overruns"] >= 0 and latency["worst_overrun_ms"] >= 0
     kill = short_report["faults"]["kill9"]
     assert kill["calls_failed"] > 0 and set(kill["failure_codes"]) == {"unavailable"}
     assert kill["modules_persisted"] and kill["modules_after"] == kill["modules_before"] > 0
@@ -68,7 +81,14 @@ def test_the_report_files(short_report: dict[str, Any], tmp_path: Path) -> None:
     assert {"short.json", "short.md"} <= names
     assert json.loads((tmp_path / "short.json").read_text())["profile"] == "short"
     summary = (tmp_path / "short.md").read_text()
-    for figure in ("crashes", "limit escapes", "daemon RSS peak", "noisy-neighbour ratio"):
+    for figure in (
+        "crashes",
+        "limit escapes",
+        "daemon RSS peak",
+        "noisy-neighbour ratio",
+        "heavy registrations",
+        "evaluations past their deadline",
+    ):
         assert figure in summary
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from wat_modules import guest
 
+from evald import _engine
 from evald._errors import GUEST_ERROR_CODES, ErrorCode, EvaldError
 from evald._host import HostConfig, Limits, LoadedModule, WasmHost
 from evaluators_wasm import wasm_path
@@ -183,11 +184,23 @@ def test_a_standard_evaluator_runs_on_the_host(host: WasmHost) -> None:
     assert host.evaluate(calc, b"1 / 0", Limits()).error is ErrorCode.DIVISION_BY_ZERO
 
 
-def tickers() -> int:
+def python_tickers() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "evald-epoch-ticker")
 
 
-def test_close_and_dropping_the_host_stop_the_ticker_thread() -> None:
+def native_tickers() -> int:
+    """Native ticker threads alive (they are not Python threads)."""
+    assert _engine._NATIVE is not None, _engine._NATIVE_MISSING
+    return int(_engine._NATIVE.live())
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_close_and_dropping_the_host_stop_the_ticker_thread(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native:
+        monkeypatch.setattr(_engine, "_NATIVE", None)
+    tickers = native_tickers if native else python_tickers
     before = tickers()
     host = WasmHost()
     assert tickers() == before + 1
