@@ -33,10 +33,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -124,6 +124,17 @@ class _DataLink:
 
     def close(self) -> None:
         self.connection.close()
+
+
+class _Refused(NamedTuple):
+    """Why a connection could not be opened (the spans waiting on it fail with ``code``)."""
+
+    message: str
+    code: str = _UNAVAILABLE
+
+
+#: An open connection and the call that reads its results until it ends, or why there is none.
+_Opened = _Refused | tuple[_Connection | _DataLink, Callable[[], tuple[str, str]]]
 
 
 class EvaluatorClient:
@@ -307,94 +318,21 @@ class EvaluatorClient:
         return channel
 
     def _run_io(self) -> None:
-        if self.data_target is not None:
-            self._run_data_io()
-            return
-        from evald.v1 import evald_pb2_grpc as pb_grpc
+        """Connects, reads results until the connection ends, and starts over with backoff.
 
+        The same states, backoff and failure rules for both transports: only opening a
+        connection and reading from it differ (:meth:`_open_stream`, :meth:`_open_data_link`).
+        """
+        open_link = self._open_data_link if self.data_target is not None else self._open_stream
         backoff = self._backoff_initial_s
-        socket_path = _unix_socket_path(self.target)
         while not self._closed.is_set():
-            if socket_path is not None and not os.path.exists(socket_path):
-                # No daemon has ever listened here (or it was removed): fail spans now rather
-                # than after a connect timeout that may exceed their deadlines.
-                self._go_down(f"evald is not running: no socket at {socket_path}")
+            opened = open_link()
+            if isinstance(opened, _Refused):
+                self._go_down(opened.message, opened.code)
                 self._sleep(backoff)
                 backoff = min(backoff * 2, self._backoff_max_s)
                 continue
-            channel = self._new_channel()
-            try:
-                grpc.channel_ready_future(channel).result(timeout=self._connect_timeout_s)
-            except (grpc.FutureTimeoutError, grpc.RpcError, ValueError):
-                self._go_down(f"cannot connect to evald at {self.target}")
-                self._sleep(backoff)
-                backoff = min(backoff * 2, self._backoff_max_s)
-                continue
-            connection = _Connection()
-            stub = pb_grpc.EvaluatorStub(channel)  # type: ignore[no-untyped-call]
-            try:
-                connection.call = stub.EvaluateStream(
-                    connection.requests(), metadata=self._metadata
-                )
-            except grpc.RpcError:
-                self._go_down(f"cannot open a stream to evald at {self.target}")
-                self._sleep(backoff)
-                backoff = min(backoff * 2, self._backoff_max_s)
-                continue
-            with self._lock:
-                if self._state == "closed":
-                    connection.close()
-                    return
-                self._state = "up"
-                self._connection = connection
-                self.stats.connects += 1
-            self.flush()  # whatever was submitted while connecting
-            code, message = self._read(connection)
-            with self._lock:
-                if self._connection is connection:
-                    self._connection = None
-            connection.close()
-            if self._closed.is_set():
-                return
-            self.stats.disconnects += 1
-            self._go_down(message, code)
-            if code == _UNAVAILABLE:
-                backoff = self._backoff_initial_s  # it was up: retry soon
-            self._sleep(backoff)
-            backoff = min(backoff * 2, self._backoff_max_s)
-
-    def _run_data_io(self) -> None:
-        """``_run_io`` for the data path: the same states, backoff and failure rules."""
-        from evald._data_client import DataCallError, DataConnection
-
-        target = self.data_target
-        assert target is not None
-        backoff = self._backoff_initial_s
-        socket_path = _unix_socket_path(target)
-        while not self._closed.is_set():
-            failure: tuple[str, str] | None = None
-            link: _DataLink | None = None
-            if socket_path is None:
-                failure = (_UNAVAILABLE, f"the data path is a unix socket (unix:PATH): {target}")
-            elif not os.path.exists(socket_path):
-                failure = (_UNAVAILABLE, f"evald's data path is not running: no socket at {target}")
-            else:
-                try:
-                    link = _DataLink(
-                        DataConnection.connect(
-                            target, self._token, timeout_s=self._connect_timeout_s
-                        )
-                    )
-                except DataCallError as exc:
-                    failure = (exc.code.value, exc.message)
-                except OSError as exc:
-                    failure = (_UNAVAILABLE, f"cannot connect to evald at {target}: {exc}")
-            if link is None:
-                assert failure is not None
-                self._go_down(failure[1], failure[0])
-                self._sleep(backoff)
-                backoff = min(backoff * 2, self._backoff_max_s)
-                continue
+            link, read = opened
             with self._lock:
                 if self._state == "closed":
                     link.close()
@@ -403,7 +341,7 @@ class EvaluatorClient:
                 self._connection = link
                 self.stats.connects += 1
             self.flush()  # whatever was submitted while connecting
-            code, message = self._read_data(link, target)
+            code, message = read()
             with self._lock:
                 if self._connection is link:
                     self._connection = None
@@ -417,6 +355,49 @@ class EvaluatorClient:
             self._sleep(backoff)
             backoff = min(backoff * 2, self._backoff_max_s)
 
+    def _open_stream(self) -> _Opened:
+        """A gRPC channel and an ``EvaluateStream`` call, or why there is none."""
+        from evald.v1 import evald_pb2_grpc as pb_grpc
+
+        socket_path = _unix_socket_path(self.target)
+        if socket_path is not None and not os.path.exists(socket_path):
+            # No daemon has ever listened here (or it was removed): fail spans now rather than
+            # after a connect timeout that may exceed their deadlines.
+            return _Refused(f"evald is not running: no socket at {socket_path}")
+        channel = self._new_channel()
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self._connect_timeout_s)
+        except (grpc.FutureTimeoutError, grpc.RpcError, ValueError):
+            return _Refused(f"cannot connect to evald at {self.target}")
+        connection = _Connection()
+        stub = pb_grpc.EvaluatorStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            connection.call = stub.EvaluateStream(connection.requests(), metadata=self._metadata)
+        except grpc.RpcError:
+            return _Refused(f"cannot open a stream to evald at {self.target}")
+        return connection, lambda: self._read(connection)
+
+    def _open_data_link(self) -> _Opened:
+        """A data-path connection that passed its HELLO, or why there is none."""
+        from evald._data_client import DataCallError, DataConnection
+
+        target = self.data_target
+        assert target is not None
+        socket_path = _unix_socket_path(target)
+        if socket_path is None:
+            return _Refused(f"the data path is a unix socket (unix:PATH): {target}")
+        if not os.path.exists(socket_path):
+            return _Refused(f"evald's data path is not running: no socket at {target}")
+        try:
+            link = _DataLink(
+                DataConnection.connect(target, self._token, timeout_s=self._connect_timeout_s)
+            )
+        except DataCallError as exc:
+            return _Refused(exc.message, exc.code.value)
+        except OSError as exc:
+            return _Refused(f"cannot connect to evald at {target}: {exc}")
+        return link, lambda: self._read_data(link, target)
+
     def _read_data(self, link: _DataLink, target: str) -> tuple[str, str]:
         """Reads data-path results until the connection ends; the code and message for the rest."""
         from evald._data_client import DataCallError
@@ -429,7 +410,7 @@ class EvaluatorClient:
                 for response in message.results:
                     self._complete(response.id, _result_from_proto(response))
         except DataCallError as exc:
-            return exc.code.value, exc.message
+            return _Refused(exc.message, exc.code.value)
         except (OSError, ValueError) as exc:
             return _UNAVAILABLE, f"the connection to evald at {target} broke: {exc}"
 
