@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from engine_adapter._backend import Backend, BackendError
-from engine_adapter._model_files import smollm2_gguf_path
+from engine_adapter._model_files import DEFAULT_MODEL, gguf_path
 
 __all__ = ["LLAMA_BATCH", "LlamaBackend", "amx_compiled", "default_threads", "model_params"]
 
@@ -70,11 +70,16 @@ def model_params() -> Any:
 
 
 class LlamaBackend(Backend):
-    """llama.cpp with one sequence; rollback drops KV-cache cells past the new length."""
+    """llama.cpp with one sequence; rollback drops KV-cache cells past the new length.
+
+    ``model`` names the GGUF (:data:`~engine_adapter._model_files.MODEL_NAMES`): SmolLM2 by
+    default, or Gemma 3 270M for the accuracy study."""
 
     name = "llama"
 
-    def __init__(self, *, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+    def __init__(
+        self, *, n_ctx: int = 4096, n_threads: int | None = None, model: str = DEFAULT_MODEL
+    ) -> None:
         super().__init__()
         try:
             import llama_cpp
@@ -86,8 +91,8 @@ class LlamaBackend(Backend):
                 "(builds llama.cpp once), or use --backend hf"
             ) from exc
         try:
-            path = smollm2_gguf_path()
-        except FileNotFoundError as exc:
+            path = gguf_path(model)
+        except (FileNotFoundError, ValueError) as exc:
             raise BackendError(str(exc)) from exc
         set_verbose(False)  # llama.cpp's own log: errors only (what Llama(verbose=False) sets)
         decode_threads, prompt_threads = default_threads()
