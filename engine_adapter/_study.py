@@ -44,7 +44,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,11 @@ __all__ = [
     "StudySummary",
     "arithmetic_items",
     "classify",
+    "complete_items",
+    "load_records",
     "letter_items",
     "mcnemar_exact_p",
+    "resummarize",
     "run_study",
     "summarize",
 ]
@@ -79,10 +82,13 @@ TASK_PREFIX = {task: f"{INSTRUCTION_LEAD}<{tag}>" for task, tag in TASK_EVALUATO
 FREE_MAX_NEW_TOKENS = 128
 GRAMMAR_MAX_NEW_TOKENS = 48
 _STOP = ("</result>", "</result_error>")
-#: A base model goes on with another question; its free-text answer ends at a blank line.
-_BASE_FREE_STOP = ("\n\n", "Question:")
+#: A base model goes on with another question; its free-text answer is one line (the few-shot
+#: examples' form), so it ends at the first line feed.
+_BASE_FREE_STOP = ("\n",)
 #: Rewrite summary.json and table.md after this many records (an interrupted run leaves a table).
 _PARTIAL_EVERY = 30
+#: Items per block of the run order (both tasks interleaved, so 5 of each).
+_BLOCK = 10
 
 _COUNT_CALL = re.compile(r'count\(\s*"([^"\\]*)"\s*,\s*"([^"\\]*)"\s*\)')
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -487,6 +493,64 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
     )
 
 
+def complete_items(records: Sequence[ItemRecord]) -> list[ItemRecord]:
+    """The records of the items that ran in every condition (instructions x mode) present: a
+    run cut short is summarised over paired items only."""
+    conditions = {(r.instructions, r.mode) for r in records}
+    seen: dict[tuple[str, int], set[tuple[bool, str]]] = {}
+    for r in records:
+        seen.setdefault((r.task, r.item_id), set()).add((r.instructions, r.mode))
+    whole = {key for key, got in seen.items() if got == conditions}
+    return [r for r in records if (r.task, r.item_id) in whole]
+
+
+def load_records(path: Path) -> list[ItemRecord]:
+    """The records of a ``records.jsonl`` (a line cut short by an interruption is skipped)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(ItemRecord(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def resummarize(out_dir: Path, *, plot: bool = True) -> StudySummary:
+    """Re-scores the records in ``out_dir`` (the texts are kept, so scoring can be re-run
+    without the model), keeps the items that ran in every condition, and rewrites
+    ``summary.json``, ``table.md`` and the plot. The run's settings come from the old summary.
+
+    Raises:
+        FileNotFoundError: no ``records.jsonl`` there.
+    """
+    from engine_adapter._study_items import arithmetic_items, letter_items
+
+    records = load_records(out_dir / "records.jsonl")
+    old = out_dir / "summary.json"
+    config: dict[str, Any] = (
+        json.loads(old.read_text(encoding="utf-8"))["config"] if old.exists() else {}
+    )
+    n = max((r.item_id for r in records), default=-1) + 1
+    seed = int(config.get("seed", StudyConfig.seed))
+    items = {
+        (item.task, item.item_id): item
+        for item in [*arithmetic_items(n, seed), *letter_items(n, seed)]
+    }
+    rescored = []
+    for r in records:
+        item = items.get((r.task, r.item_id))
+        if item is None or item.prompt != r.prompt:
+            continue
+        rescored.append(replace(r, **classify(item, r.mode, r.text)))
+    kept = complete_items(rescored)
+    config = {**config, "partial": False, "items_completed": len({(r.task, r.item_id) for r in kept})}
+    summary = summarize(kept, config)
+    _write_summary(summary, out_dir)
+    if plot:
+        _plot(summary, out_dir / "study.png")
+    return summary
+
+
 def _plot(summary: StudySummary, path: Path) -> None:
     import matplotlib
 
@@ -594,6 +658,7 @@ def run_study(
             "decoding": "greedy",
             "free_max_new_tokens": config.free_max_new_tokens,
             "grammar_max_new_tokens": config.grammar_max_new_tokens,
+            "threads": list(getattr(engine.backend, "threads", ()) or ()),
             "wall_s": round(time.perf_counter() - started, 1),
             "partial": partial,
         }
@@ -601,29 +666,36 @@ def run_study(
     try:
         done = _resumable(records_path, items, config.modes) if config.resume else {}
         with records_path.open("w", encoding="utf-8") as sink:
-            # Instructions outermost: the long instruction prefix stays in the KV cache.
-            for flag in config.instructions:
-                engine.system_prompt = instructions if flag else original_system
-                for item in items:
-                    for mode in config.modes:
-                        kept = done.get((flag, item.task, item.item_id, mode))
-                        if kept is None:
-                            kept = _run_one(engine, config, item, mode, flag, grammars,
-                                            evaluator_mode)
-                            if on_record is not None:
-                                on_record(kept)
-                        records.append(kept)
-                        sink.write(json.dumps(asdict(kept), ensure_ascii=False) + "\n")
-                        sink.flush()
-                        if progress is not None:
-                            progress.advance(task_id)
-                        if len(records) % _PARTIAL_EVERY == 0:
-                            _write_summary(summarize(records, meta(partial=True)), config.out_dir)
+            # Blocks of items, each run without and then with the instructions: the long
+            # instruction prefix stays in the KV cache within a block, and a run cut short
+            # still holds every condition for the same items (see complete_items).
+            for start in range(0, len(items), _BLOCK):
+                for flag in config.instructions:
+                    engine.system_prompt = instructions if flag else original_system
+                    for item in items[start : start + _BLOCK]:
+                        for mode in config.modes:
+                            kept = done.get((flag, item.task, item.item_id, mode))
+                            if kept is None:
+                                kept = _run_one(
+                                    engine, config, item, mode, flag, grammars, evaluator_mode
+                                )
+                                if on_record is not None:
+                                    on_record(kept)
+                            records.append(kept)
+                            sink.write(json.dumps(asdict(kept), ensure_ascii=False) + "\n")
+                            sink.flush()
+                            if progress is not None:
+                                progress.advance(task_id)
+                            if len(records) % _PARTIAL_EVERY == 0:
+                                _write_summary(
+                                    summarize(complete_items(records), meta(partial=True)),
+                                    config.out_dir,
+                                )
     finally:
         engine.system_prompt = original_system
         if progress is not None:
             progress.stop()
-    summary = summarize(records, meta(partial=False))
+    summary = summarize(complete_items(records), meta(partial=False))
     _write_summary(summary, config.out_dir)
     if config.plot:
         _plot(summary, config.out_dir / "study.png")

@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the records an interrupted run left in --out and run only the rest",
     )
+    study.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="load no model: re-score the records in --out, keep the items that ran in every "
+        "condition, and rewrite the table, summary and plot",
+    )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -349,7 +355,15 @@ def format_timings(result: Any) -> str:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from engine_adapter._study import PROFILES, StudyConfig, run_study
+    from engine_adapter._study import PROFILES, StudyConfig, resummarize, run_study
+
+    if args.summarize_only:
+        try:
+            summary = resummarize(args.out, plot=not args.no_plot)
+        except FileNotFoundError as exc:
+            return _fail(f"no study records to summarize: {exc}")
+        print(summary.table_markdown())
+        return EXIT_OK
 
     items = args.items if args.items is not None else PROFILES[args.profile]
     tasks = _names(args.tasks) or []
