@@ -24,13 +24,13 @@ from engine_adapter._grammar import (
     standard_evaluators,
 )
 from engine_adapter._injector import Injector, SpanRecord, TokenCodec
+from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
 from engine_adapter._instructions import (
     BASE_PROMPT_FORMAT,
     INSTRUCTION_STYLES,
     base_prompt,
     render_instructions,
 )
-from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
 
 __all__ = [

@@ -7,7 +7,8 @@ carries a one-line ``description`` and a few ``examples`` (``question`` → span
 ``value``); :func:`render_instructions` turns them into plain text:
 
 - ``system``: a short system message for a chat model (``LocalEngine(system_prompt=...)``,
-  ``engine-adapter generate --instructions``, :func:`engine_adapter.sglang.request.instruction_messages`).
+  ``engine-adapter generate --instructions``,
+  :func:`engine_adapter.sglang.request.instruction_messages`).
 - ``few-shot``: solved examples only, in the ``Question:``/``Answer:`` form of
   :data:`BASE_PROMPT_FORMAT` that :class:`~engine_adapter.LocalEngine` uses for a base model
   (one without a chat template), so that the question continues the pattern.

@@ -99,28 +99,32 @@ class LlamaBackend(Backend):
         self.params = model_params()
         stack = ExitStack()
         try:
-            model = _internals.LlamaModel(path_model=str(path), params=self.params, verbose=False)
-            stack.callback(model.close)
+            llama_model = _internals.LlamaModel(
+                path_model=str(path), params=self.params, verbose=False
+            )
+            stack.callback(llama_model.close)
             context_params = llama_cpp.llama_context_default_params()
             context_params.n_ctx = n_ctx
             context_params.n_batch = LLAMA_BATCH
             context_params.n_ubatch = LLAMA_BATCH
             context_params.n_threads = n_threads or decode_threads
             context_params.n_threads_batch = n_threads or prompt_threads
-            context = _internals.LlamaContext(model=model, params=context_params, verbose=False)
+            context = _internals.LlamaContext(
+                model=llama_model, params=context_params, verbose=False
+            )
             stack.callback(context.close)
             batch = _internals.LlamaBatch(n_tokens=LLAMA_BATCH, embd=0, n_seq_max=1, verbose=False)
             stack.callback(batch.close)
         except (ValueError, OSError) as exc:
             stack.close()
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
-        self._model: Any = model
+        self._model: Any = llama_model
         self._ctx: Any = context
         self._batch: Any = batch
         self.threads = (int(context_params.n_threads), int(context_params.n_threads_batch))
         self._n_ctx = int(context.n_ctx())
-        self._vocab_size = int(model.n_vocab())
-        self._eos = int(model.token_eos())
+        self._vocab_size = int(llama_model.n_vocab())
+        self._eos = int(llama_model.token_eos())
         # Runs on close() or, for a script that never closes, at interpreter exit while the
         # llama_cpp module is still whole (a release from __del__ during teardown fails).
         self._release = weakref.finalize(self, stack.close)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 import sys
 import time
@@ -62,8 +61,8 @@ __all__ = [
     "arithmetic_items",
     "classify",
     "complete_items",
-    "load_records",
     "letter_items",
+    "load_records",
     "mcnemar_exact_p",
     "resummarize",
     "run_study",
@@ -543,7 +542,8 @@ def resummarize(out_dir: Path, *, plot: bool = True) -> StudySummary:
             continue
         rescored.append(replace(r, **classify(item, r.mode, r.text)))
     kept = complete_items(rescored)
-    config = {**config, "partial": False, "items_completed": len({(r.task, r.item_id) for r in kept})}
+    completed = len({(r.task, r.item_id) for r in kept})
+    config = {**config, "partial": False, "items_completed": completed}
     summary = summarize(kept, config)
     _write_summary(summary, out_dir)
     if plot:

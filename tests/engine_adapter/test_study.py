@@ -211,7 +211,8 @@ def test_summary_pairs_items_for_mcnemar() -> None:
         "disagreements": 0,
     }
     table = summary.table_markdown()
-    assert "| arithmetic | off | grammar-eval | 10 | 100.0% | 100.0% | 100.0% (10) | 0 | 0 |" in table
+    row = "| arithmetic | off | grammar-eval | 10 | 100.0% | 100.0% | 100.0% (10) | 0 | 0 |"
+    assert row in table
 
 
 def test_summary_compares_with_and_without_instructions_and_flags_engine_disagreement() -> None:
