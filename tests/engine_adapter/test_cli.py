@@ -160,6 +160,22 @@ def test_generate_prints_the_answer_with_evalds_result(
 
 
 @pytest.mark.model
+def test_generate_with_instructions_shows_the_text_the_model_was_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from engine_adapter import render_instructions, standard_evaluators
+
+    status = main(["generate", "--evaluator-mode", "python", "--evaluators", "calc",
+                   "--instructions", "--timings", "--prefix", "<calc>",
+                   "--max-new-tokens", "12", PROMPT])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    expected = render_instructions(standard_evaluators(["calc"]))
+    assert f"instructions:\n{expected}\n" in captured.err
+    assert captured.out.startswith("<calc>")
+
+
+@pytest.mark.model
 def test_generate_refuses_an_evaluator_evald_does_not_offer(
     daemon: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
