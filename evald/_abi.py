@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import wasmtime
@@ -113,7 +113,7 @@ class Manifest:
     description: str
     input_grammar: str
     result_regex: str
-    examples: tuple[dict[str, str], ...] = ()
+    examples: tuple[dict[str, str], ...] = field(default=(), hash=False)
     """Each ``{"input", "value"}`` plus an optional ``question``: the span content, the value
     the evaluator gives it, and a request it answers."""
 
