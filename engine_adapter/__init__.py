@@ -15,6 +15,7 @@ from engine_adapter._evaluated_tag import (
 )
 from engine_adapter._grammar import (
     ERROR_CODE_REGEX,
+    EvaluatorExample,
     EvaluatorSpec,
     Mode,
     SpanGrammar,
@@ -24,14 +25,23 @@ from engine_adapter._grammar import (
 )
 from engine_adapter._injector import Injector, SpanRecord, TokenCodec
 from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+from engine_adapter._instructions import (
+    BASE_PROMPT_FORMAT,
+    INSTRUCTION_STYLES,
+    base_prompt,
+    render_instructions,
+)
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
 
 __all__ = [
+    "BASE_PROMPT_FORMAT",
     "ERROR_CODE_REGEX",
+    "INSTRUCTION_STYLES",
     "ClientStats",
     "EvalResult",
     "EvaluatedTagError",
     "EvaluatorClient",
+    "EvaluatorExample",
     "EvaluatorSpec",
     "InProcessWasmEvaluator",
     "Injector",
@@ -42,10 +52,12 @@ __all__ = [
     "SpanGrammar",
     "SpanRecord",
     "TokenCodec",
+    "base_prompt",
     "build_structural_tag",
     "contains_evaluated_tag",
     "list_evaluators",
     "lower_evaluated_tags",
+    "render_instructions",
     "special_token_texts",
     "standard_evaluators",
 ]

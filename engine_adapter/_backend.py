@@ -130,14 +130,18 @@ class Backend(abc.ABC):
         """Drops cache positions ``n_tokens …`` (validated, strictly fewer than held)."""
 
 
-def load_backend(name: str, *, n_ctx: int = 4096, n_threads: int | None = None) -> Backend:
-    """Loads SmolLM2-135M-Instruct with the named runtime.
+def load_backend(
+    name: str, *, n_ctx: int = 4096, n_threads: int | None = None, model: str = "smollm2"
+) -> Backend:
+    """Loads a model (SmolLM2-135M-Instruct unless ``model`` names another) with the named
+    runtime.
 
     Parameters:
         name: ``"llama"`` (llama-cpp-python, the fast default) or ``"hf"`` (transformers on
             CPU torch: nothing to compile, about six times slower per token).
         n_ctx: context window in positions.
         n_threads: CPU threads for the runtime; ``None`` lets it choose.
+        model: ``smollm2`` or ``gemma3-270m`` (llama backend only).
 
     Raises:
         BackendError: unknown name, or the runtime or the model file is not installed (the
@@ -146,7 +150,9 @@ def load_backend(name: str, *, n_ctx: int = 4096, n_threads: int | None = None) 
     if name == "llama":
         from engine_adapter._llama_backend import LlamaBackend
 
-        return LlamaBackend(n_ctx=n_ctx, n_threads=n_threads)
+        return LlamaBackend(n_ctx=n_ctx, n_threads=n_threads, model=model)
+    if model != "smollm2":
+        raise BackendError(f"the {name} backend runs only smollm2; use --backend llama")
     if name == "hf":
         from engine_adapter._hf_backend import HFBackend
 

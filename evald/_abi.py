@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import wasmtime
@@ -35,6 +35,7 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "MANIFEST_SECTION",
     "MAX_CODE_BYTES",
+    "MAX_EXAMPLES",
     "MAX_FUNCTIONS",
     "VERSION_EXPORT",
     "WASM_PAGE_BYTES",
@@ -95,6 +96,11 @@ _FIELDS: Final = (
     "input_grammar",
     "result_regex",
 )
+#: Optional manifest fields (docs/abi.md): ``examples``, a few ``{"question", "input", "value"}``
+#: objects that request helpers render into model-facing instructions.
+_OPTIONAL_FIELDS: Final = ("examples",)
+_EXAMPLE_KEYS: Final = ("question", "input", "value")
+MAX_EXAMPLES: Final = 8
 
 
 @dataclass(frozen=True)
@@ -109,10 +115,16 @@ class Manifest:
     description: str
     input_grammar: str
     result_regex: str
+    examples: tuple[dict[str, str], ...] = field(default=(), hash=False)
+    """Each ``{"input", "value"}`` plus an optional ``question``: the span content, the value
+    the evaluator gives it, and a request it answers."""
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object of the custom section."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        out: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
+        if self.examples:
+            out["examples"] = [dict(example) for example in self.examples]
+        return out
 
 
 def _refuse(message: str) -> EvaldError:
@@ -148,11 +160,11 @@ def parse_manifest(payload: bytes) -> Manifest:
     missing = [name for name in _FIELDS if name not in data]
     if missing:
         raise _refuse(f"the manifest lacks the field(s) {', '.join(missing)}")
-    unknown = sorted(set(data) - set(_FIELDS))
+    unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL_FIELDS))
     if unknown:
         raise _refuse(
             f"the manifest has unknown field(s) {', '.join(unknown)}; the ABI v1 "
-            f"fields are {', '.join(_FIELDS)}"
+            f"fields are {', '.join(_FIELDS)} and optionally {', '.join(_OPTIONAL_FIELDS)}"
         )
     abi = data["abi"]
     if type(abi) is not int or abi != ABI_VERSION:
@@ -189,7 +201,26 @@ def parse_manifest(payload: bytes) -> Manifest:
     if not data["result_regex"]:
         raise _refuse("manifest field result_regex must not be empty")
     check_no_angle_bracket(data["input_grammar"], data["result_regex"])
-    return Manifest(**{name: data[name] for name in _FIELDS})
+    examples = _parse_examples(data.get("examples", []))
+    return Manifest(**{name: data[name] for name in _FIELDS}, examples=examples)
+
+
+def _parse_examples(raw: Any) -> tuple[dict[str, str], ...]:
+    """The optional ``examples``: at most :data:`MAX_EXAMPLES` one-line string objects."""
+    if not isinstance(raw, list) or len(raw) > MAX_EXAMPLES:
+        raise _refuse(f"manifest field examples must be a list of at most {MAX_EXAMPLES} objects")
+    out = []
+    for i, example in enumerate(raw):
+        if not isinstance(example, dict) or not {"input", "value"} <= set(example):
+            raise _refuse(f"manifest examples[{i}] must be an object with input and value")
+        extra = sorted(set(example) - set(_EXAMPLE_KEYS))
+        if extra:
+            raise _refuse(f"manifest examples[{i}] has unknown key(s) {', '.join(extra)}")
+        for key, value in example.items():
+            if not isinstance(value, str) or not value or "\n" in value or "\r" in value:
+                raise _refuse(f"manifest examples[{i}].{key} must be a non-empty one-line string")
+        out.append({key: example[key] for key in _EXAMPLE_KEYS if key in example})
+    return tuple(out)
 
 
 def check_manifest_grammars(manifest: Manifest) -> bool:

@@ -318,6 +318,14 @@ def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
         description=str(manifest.description),
         owner=evaluator.owner,
         sha256=str(evaluator.module.sha256),
+        examples=[
+            pb.EvaluatorExample(
+                input=example["input"],
+                value=example["value"],
+                question=example.get("question", ""),
+            )
+            for example in getattr(manifest, "examples", ())
+        ],
     )
 
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.sglang._config import DEFAULT_DEADLINE_MS, AdapterConfig, ConfigError
-from engine_adapter.sglang.request import generate_sampling_params, structural_tag_for
+from engine_adapter.sglang.request import (
+    generate_sampling_params,
+    instruction_messages,
+    structural_tag_for,
+)
 
 if TYPE_CHECKING:
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
@@ -25,6 +29,7 @@ __all__ = [
     "ConfigError",
     "EvaluatorGrammar",
     "generate_sampling_params",
+    "instruction_messages",
     "structural_tag_for",
 ]
 

@@ -9,6 +9,9 @@ Needs only the evald client (no SGLang, no torch)::
     # native /generate, or sglang.Engine.generate
     {"text": ..., "sampling_params": {"structural_tag": json.dumps(tag)}}
 
+    # opt-in: tell the model how to write spans (a system message rendered from the manifests)
+    messages = [*instruction_messages("unix:/run/evald/evald.sock", token, ["calc"]), *messages]
+
 The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter.sglang._spans``), so
 it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
 """
@@ -21,8 +24,9 @@ from typing import Any
 
 from engine_adapter._client import list_evaluators
 from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+from engine_adapter._instructions import render_instructions
 
-__all__ = ["generate_sampling_params", "structural_tag_for"]
+__all__ = ["generate_sampling_params", "instruction_messages", "structural_tag_for"]
 
 
 def structural_tag_for(
@@ -69,6 +73,31 @@ def structural_tag_for(
     )
     assert grammar.structural_tag is not None
     return grammar.structural_tag
+
+
+def instruction_messages(
+    target: str | None = None,
+    token: str | None = None,
+    evaluators: Sequence[str] | None = None,
+    *,
+    answer_prefix: str = "",
+    timeout_s: float = 10.0,
+) -> list[dict[str, str]]:
+    """A system message that tells a chat model how to write the evaluators' spans, rendered
+    from their manifests (:func:`engine_adapter.render_instructions`, ``system`` style): prepend
+    it to the request's ``messages``. Opt-in; the text is what the caller sends, nothing is
+    added on the server.
+
+    Parameters are those of :func:`structural_tag_for`; ``answer_prefix`` is the text before
+    the span in each example (use the request's forced prefix, if any, without its opener).
+
+    Raises:
+        evald.CallError: evald refused or could not be reached.
+        ValueError: an evaluator that the tenant cannot call.
+    """
+    specs = _choose(list_evaluators(target, token, timeout_s=timeout_s), evaluators)
+    text = render_instructions(specs, style="system", answer_prefix=answer_prefix)
+    return [{"role": "system", "content": text}]
 
 
 def generate_sampling_params(tag: dict[str, Any], **sampling: Any) -> dict[str, Any]:

@@ -99,7 +99,7 @@ class EvaluateBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EvaluateResponse, _Mapping]]] = ...) -> None: ...
 
 class EvaluatorInfo(_message.Message):
-    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256")
+    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256", "examples")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class EvaluatorInfo(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     tag: str
@@ -118,7 +119,18 @@ class EvaluatorInfo(_message.Message):
     description: str
     owner: str
     sha256: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    examples: _containers.RepeatedCompositeFieldContainer[EvaluatorExample]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[EvaluatorExample, _Mapping]]] = ...) -> None: ...
+
+class EvaluatorExample(_message.Message):
+    __slots__ = ("input", "value", "question")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    value: str
+    question: str
+    def __init__(self, input: _Optional[str] = ..., value: _Optional[str] = ..., question: _Optional[str] = ...) -> None: ...
 
 class ListEvaluatorsRequest(_message.Message):
     __slots__ = ()

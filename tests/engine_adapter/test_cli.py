@@ -57,6 +57,8 @@ def test_top_level_help_lists_the_jobs(capsys: pytest.CaptureFixture[str]) -> No
         (["study", "--items", "0"], "at least one item"),
         (["study", "--tasks", "poetry"], "unknown task"),
         (["study", "--modes", "grammar-eval,shouting"], "unknown mode"),
+        (["study", "--instructions", "maybe"], "--instructions takes off, on"),
+        (["study", "--summarize-only", "--out", "/nonexistent/study"], "no study records"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(
@@ -66,6 +68,37 @@ def test_bad_arguments_exit_2_with_a_message(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("error: ") and message in captured.err
+
+
+def test_summarize_only_rescores_the_records_without_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The records keep the texts, so the table is rebuilt (and re-scored) from them alone;
+    an item that did not run in every condition is left out."""
+    import json
+    from dataclasses import asdict
+
+    from engine_adapter._study import ItemRecord
+    from engine_adapter._study_items import arithmetic_items
+
+    items = arithmetic_items(2, 20240601)
+    lines = []
+    runs = (("no-grammar", "grammar-eval"), ("grammar-eval",))
+    for item, conditions in zip(items, runs, strict=True):
+        for mode in conditions:
+            span = f"<calc>{item.params['expression']}</calc><result>{item.truth}</result>"
+            record = ItemRecord(task="arithmetic", item_id=item.item_id, mode=mode,
+                                instructions=False, template=item.template, prompt=item.prompt,
+                                prefix="", truth=item.truth, text=f"The expression is {span}",
+                                answer=None, correct=False, failure="wrong_extraction",
+                                failure_detail=None, extraction_ok=False)
+            lines.append(json.dumps(asdict(record)))
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["study", "--summarize-only", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "| arithmetic | off | grammar-eval | 1 | 100.0% | 100.0% | 100.0% (1) | 0 | 0 |" in out
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["config"]["items_completed"] == 1
 
 
 def test_unknown_mode_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,6 +157,22 @@ def test_generate_prints_the_answer_with_evalds_result(
     assert saved["text"] == text
     assert saved["spans"][0]["content"] == match.group(1)
     assert saved["steps"][0]["kind"] == "prefill"
+
+
+@pytest.mark.model
+def test_generate_with_instructions_shows_the_text_the_model_was_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from engine_adapter import render_instructions, standard_evaluators
+
+    status = main(["generate", "--evaluator-mode", "python", "--evaluators", "calc",
+                   "--instructions", "--timings", "--prefix", "<calc>",
+                   "--max-new-tokens", "12", PROMPT])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    expected = render_instructions(standard_evaluators(["calc"]))
+    assert f"instructions:\n{expected}\n" in captured.err
+    assert captured.out.startswith("<calc>")
 
 
 @pytest.mark.model

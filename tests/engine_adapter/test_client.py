@@ -133,6 +133,8 @@ def test_list_evaluators_builds_the_same_grammar_as_the_manifests(daemon: Daemon
     for name, spec in source.items():
         assert listed[name].input_grammar == spec.input_grammar
         assert listed[name].result_regex == spec.result_regex
+        # The examples travel too, so instructions can be rendered from ListEvaluators.
+        assert listed[name].examples == spec.examples and spec.examples
     from_daemon = build_structural_tag(list(listed.values()))
     from_source = build_structural_tag([source[name] for name in listed])
     assert from_daemon.structural_tag == from_source.structural_tag

@@ -1,26 +1,34 @@
-"""The accuracy study: its questions, its scoring, its statistics, and a tiny run on the real model
-that writes well-formed records (accuracy and timing are never asserted)."""
+"""The accuracy study: its questions (seeded, several templates per task), its scoring, its
+statistics, and a tiny run on the real model that writes well-formed records (accuracy and timing
+are never asserted)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import re
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine_adapter._grammar import standard_evaluators
 from engine_adapter._study import (
     MODES,
-    TASK_CONTENT_GRAMMAR,
     ItemRecord,
     StudyConfig,
+    classify,
+    complete_items,
+    mcnemar_exact_p,
+    resummarize,
+    summarize,
+)
+from engine_adapter._study_items import (
+    ARITHMETIC_TEMPLATES,
+    LETTER_TEMPLATES,
     StudyItem,
     arithmetic_items,
-    classify,
     letter_items,
-    mcnemar_exact_p,
-    summarize,
 )
 from engine_adapter._study_words import STUDY_WORDS
 from evaluators_wasm.reference import reference
@@ -33,30 +41,65 @@ def test_word_list_is_real_lower_case_words_without_duplicates() -> None:
     assert {"strawberry", "mississippi", "bookkeeper"} <= set(STUDY_WORDS)
 
 
-def test_arithmetic_items_are_seeded_and_their_truth_is_the_evaluators() -> None:
-    items = arithmetic_items(200, seed=5)
-    assert items == arithmetic_items(200, seed=5)
-    assert items != arithmetic_items(200, seed=6)
-    assert len({item.prompt for item in items}) >= 195
-    for item in items[:50]:
-        p = item.params
-        assert f"{p['rows']} rows of {p['items']} items, then {p['added']} more" in item.prompt
-        expression = f"{p['rows']} * {p['items']} + {p['added']}"
-        assert item.truth == reference("calc")(expression.encode())
+def test_arithmetic_items_are_seeded_cover_every_template_and_their_truth_is_the_evaluators(
+) -> None:
+    items = arithmetic_items(240, seed=5)
+    assert len(items) == 240
+    assert items == arithmetic_items(240, seed=5)
+    assert items != arithmetic_items(240, seed=6)
+    assert len({item.prompt for item in items}) >= 235
+    kinds = [item.template.split("/")[0] for item in items]
+    assert {kind: kinds.count(kind) for kind in ARITHMETIC_TEMPLATES} == dict.fromkeys(
+        ARITHMETIC_TEMPLATES, 40
+    )
+    templates = {item.template for item in items}
+    assert templates == {
+        f"{kind}/{i + 1}" for kind, wordings in ARITHMETIC_TEMPLATES.items()
+        for i in range(len(wordings))
+    }
+    calc = reference("calc")
+    for item in items:
+        expression = item.params["expression"]
+        assert item.truth == calc(expression.encode())
+        assert int(item.truth) > 0, "every answer is a positive whole number"
+        for key in "abcd":
+            if key in item.params and f"{{{key}}}" in _template_text(item.template):
+                assert str(item.params[key]) in item.prompt
+    assert max(int(item.truth) for item in items) >= 1000, "numbers up to a few thousand"
 
 
-def test_letter_items_are_seeded_real_words_and_counted_in_code_points() -> None:
+def _template_text(template: str) -> str:
+    kind, wording = template.split("/")
+    return ARITHMETIC_TEMPLATES[kind][int(wording) - 1][0]
+
+
+def test_letter_items_are_seeded_phrased_several_ways_and_counted_in_code_points() -> None:
     items = letter_items(200, seed=5)
     assert items == letter_items(200, seed=5)
     assert len({item.prompt for item in items}) == 200
+    assert {item.template for item in items} == {
+        f"phrasing/{i + 1}" for i in range(len(LETTER_TEMPLATES))
+    }
     assert any(item.truth == "0" for item in items), "some letters do not occur"
     assert any(int(item.truth) >= 2 for item in items), "some letters repeat"
     for item in items:
         word, letter = item.params["word"], item.params["letter"]
-        assert word in STUDY_WORDS
-        assert f'the letter "{letter}" appear in the word "{word}"' in item.prompt
+        assert word in STUDY_WORDS and word in item.prompt
         call = f'count("{word}", "{letter}")'
         assert item.truth == reference("strop")(call.encode())
+
+
+def test_no_study_question_is_a_manifest_example() -> None:
+    """The instructions' examples are not the study's questions: the study measures problems
+    worded unlike any example."""
+    examples = [ex for spec in standard_evaluators() for ex in spec.examples]
+    questions = {ex.question for ex in examples}
+    assert questions
+    prompts = {i.prompt for i in arithmetic_items(300, 1) + letter_items(300, 1)}
+    assert not questions & prompts
+    (strop,) = standard_evaluators(["strop"])
+    words = {word for ex in strop.examples for word in re.findall(r'"([a-z]{2,})"', ex.input)}
+    assert words and not words & set(STUDY_WORDS), "the letters task counts in other words"
 
 
 def _arith() -> StudyItem:
@@ -124,11 +167,15 @@ def test_mcnemar_exact_p_matches_the_binomial_tail() -> None:
     assert 0 < mcnemar_exact_p(20, 60) < 1e-5
 
 
-def _record(item_id: int, mode: str, correct: bool) -> ItemRecord:
+def _record(
+    item_id: int, mode: str, correct: bool, *, instructions: bool = False
+) -> ItemRecord:
     return ItemRecord(
         task="arithmetic",
         item_id=item_id,
         mode=mode,
+        instructions=instructions,
+        template="sum/1",
         prompt="p",
         prefix="",
         truth="1",
@@ -138,6 +185,9 @@ def _record(item_id: int, mode: str, correct: bool) -> ItemRecord:
         failure=None if correct else "wrong_computation",
         failure_detail=None,
         extraction_ok=True,
+        span_content="1" if mode != "no-grammar" else None,
+        span_value="1" if correct else "2",
+        result_value="1" if correct else "2",
         decode_ms=10.0,
         n_sampled=5,
     )
@@ -149,14 +199,41 @@ def test_summary_pairs_items_for_mcnemar() -> None:
     summary = summarize(records, {"backend": "test"})
     rows = {row["mode"]: row for row in summary.rows}
     assert rows["grammar-no-eval"]["accuracy"] == 0.2
+    assert rows["grammar-no-eval"]["span_rate"] == 1.0
     assert rows["grammar-eval"]["wrong_computation"] == 0
     (comparison,) = summary.comparisons
     assert (comparison["only_a"], comparison["only_b"]) == (0, 8)
     assert comparison["p_value"] == pytest.approx(mcnemar_exact_p(0, 8))
-    check = summary.checks["grammar_eval_correct_when_extracted"]["arithmetic"]
-    assert check == {"extracted": 10, "correct": 10}
+    check = summary.checks["grammar_eval_correct_when_extracted"]["arithmetic, instructions off"]
+    assert check == {"extracted": 10, "correct": 10, "wrong_computation": 0}
+    assert summary.checks["grammar_eval_result_equals_reference"] == {
+        "spans": 10,
+        "disagreements": 0,
+    }
     table = summary.table_markdown()
-    assert "| arithmetic | grammar-eval | 100.0% | 10 / 10 |" in table
+    row = "| arithmetic | off | grammar-eval | 10 | 100.0% | 100.0% | 100.0% (10) | 0 | 0 |"
+    assert row in table
+
+
+def test_summary_compares_with_and_without_instructions_and_flags_engine_disagreement() -> None:
+    records = [_record(i, "grammar-eval", i < 3) for i in range(8)]
+    records += [_record(i, "grammar-eval", i < 7, instructions=True) for i in range(8)]
+    records[0] = replace(records[0], result_value="7")  # the engine forced another value
+    summary = summarize(records, {})
+    (comparison,) = summary.comparisons
+    assert comparison["a"] == "grammar-eval (off)" and comparison["b"] == "grammar-eval (on)"
+    assert (comparison["only_a"], comparison["only_b"]) == (0, 4)
+    assert summary.checks["grammar_eval_result_equals_reference"]["disagreements"] == 1
+    per_template = {(t["instructions"], t["template"]): t["n"] for t in summary.by_template}
+    assert per_template == {(False, "sum/1"): 8, (True, "sum/1"): 8}
+
+
+def test_complete_items_keeps_only_items_run_in_every_condition() -> None:
+    records = [_record(i, mode, True) for i in range(4) for mode in ("no-grammar", "grammar-eval")]
+    records += [_record(i, "grammar-eval", True, instructions=True) for i in range(3)]
+    kept = complete_items(records)
+    assert {r.item_id for r in kept} == {0, 1, 2}
+    assert len(kept) == 9
 
 
 def test_study_config_refuses_unknown_tasks_and_modes() -> None:
@@ -166,79 +243,75 @@ def test_study_config_refuses_unknown_tasks_and_modes() -> None:
         StudyConfig(modes=("no-grammar", "shouting"))
     with pytest.raises(ValueError, match="at least one item"):
         StudyConfig(items_per_task=0)
-
-
-def test_the_letters_content_grammar_compiles_and_admits_a_count_call(
-    smollm2_tokenizer: Any,
-) -> None:
-    import xgrammar as xgr
-
-    info = xgr.TokenizerInfo.from_huggingface(smollm2_tokenizer, vocab_size=49152)
-    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_grammar(
-        TASK_CONTENT_GRAMMAR["letters"]
-    )
-    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-    assert matcher.accept_string('count("strawberry", "r")')
-    assert matcher.is_terminated()
-    refused = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-    assert not refused.accept_string("substr(")
+    with pytest.raises(ValueError, match="instructions"):
+        StudyConfig(instructions=())
 
 
 @pytest.mark.model
 def test_tiny_study_writes_well_formed_records(
     llama_backend: Any, smollm2_tokenizer: Any, tmp_path: Path
 ) -> None:
-    from engine_adapter import InProcessWasmEvaluator
+    from engine_adapter import InProcessWasmEvaluator, render_instructions
     from engine_adapter._engine import LocalEngine
-    from engine_adapter._grammar import standard_evaluators
-    from engine_adapter._study import run_study
+    from engine_adapter._study import INSTRUCTION_LEAD, run_study
 
     out = tmp_path / "study"
     with InProcessWasmEvaluator() as evaluator:
         engine = LocalEngine(
             llama_backend,
             smollm2_tokenizer,
-            standard_evaluators(["calc", "strop"]),
+            standard_evaluators(),
             evaluator=evaluator,
         )
         config = StudyConfig(
-            items_per_task=3,
+            items_per_task=2,
             out_dir=out,
             progress=False,
-            free_max_new_tokens=24,
-            grammar_max_new_tokens=40,
+            free_max_new_tokens=16,
+            grammar_max_new_tokens=24,
         )
         summary = run_study(engine, config, evaluator_mode="inprocess")
+        assert engine.system_prompt is None, "the engine's system prompt is restored"
     lines = (out / "records.jsonl").read_text().splitlines()
-    assert len(lines) == 3 * 2 * len(MODES)
+    assert len(lines) == 2 * 2 * len(MODES) * 2
     names = {f.name for f in fields(ItemRecord)}
     seen = set()
     for line in lines:
         record = json.loads(line)
         assert set(record) == names
-        seen.add((record["task"], record["item_id"], record["mode"]))
+        seen.add((record["instructions"], record["task"], record["item_id"], record["mode"]))
         assert isinstance(record["correct"], bool)
         assert (record["failure"] is None) == record["correct"]
         assert record["failure"] in (None, "wrong_extraction", "wrong_computation")
         assert record["backend"] == "llama" and record["evaluator_mode"] == "inprocess"
+        assert record["template"] and record["model"] == "smollm2"
         if record["mode"] == "no-grammar":
-            assert record["prefix"] == "" and record["span_content"] is None
+            assert record["prefix"] == ""
         else:
             assert record["text"].startswith(record["prefix"]) and record["prefix"].endswith(">")
         if record["mode"] == "grammar-eval" and record["result_value"] is not None:
             # The engine forced the WASM evaluator's value, which agrees with the reference.
             assert record["result_value"] == record["span_value"]
     assert len(seen) == len(lines)
+    # The instructions the model saw are the rendered manifests, kept beside the results.
+    assert (out / "instructions.txt").read_text() == render_instructions(
+        standard_evaluators(), answer_prefix=INSTRUCTION_LEAD
+    )
     saved = json.loads((out / "summary.json").read_text())
-    assert {row["mode"] for row in saved["rows"]} == set(MODES)
-    assert len(saved["comparisons"]) == 2 * 3
-    assert (out / "table.md").read_text().startswith("| task | mode |")
+    assert {(row["instructions"], row["mode"]) for row in saved["rows"]} == {
+        (flag, mode) for flag in (False, True) for mode in MODES
+    }
+    # Per task: 3 mode pairs with and 3 without instructions, and 3 modes off vs on.
+    assert len(saved["comparisons"]) == 2 * (3 + 3 + 3)
+    assert (out / "table.md").read_text().startswith("| task | instructions | mode |")
     assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary.table_markdown() in (out / "table.md").read_text()
+    # Re-scoring from the records alone gives the same table.
+    assert resummarize(out, plot=False).rows == summary.rows
     # An interrupted run resumes: the finished records are kept, nothing is generated again.
     resumed = run_study(
         engine,
-        StudyConfig(items_per_task=3, out_dir=out, progress=False, plot=False, resume=True),
+        StudyConfig(items_per_task=2, out_dir=out, progress=False, plot=False, resume=True),
         evaluator_mode="inprocess",
     )
     assert (out / "records.jsonl").read_text().splitlines() == lines

@@ -158,10 +158,28 @@ def test_other_custom_sections_are_ignored() -> None:
         (manifest_bytes(input_grammar='expr ::= "a"'), "root rule"),
         (manifest_bytes(result_regex=""), "must not be empty"),
         (manifest_bytes(description=7), "description must be a string"),
+        (manifest_bytes(examples={"input": "1"}), "examples must be a list"),
+        (manifest_bytes(examples=[{"input": "1"}] * 9), "at most 8"),
+        (manifest_bytes(examples=[{"input": "1"}]), "with input and value"),
+        (manifest_bytes(examples=[{"input": "1", "value": "1", "why": "x"}]), "unknown key(s) why"),
+        (manifest_bytes(examples=[{"input": "1\n2", "value": "1"}]), "one-line string"),
+        (manifest_bytes(examples=[{"input": "1", "value": 1}]), "one-line string"),
     ],
 )
 def test_bad_manifests_name_the_broken_rule(payload: bytes, expected: str) -> None:
     assert expected in refused(guest("echo", manifest=payload))
+
+
+def test_examples_are_optional_and_round_trip() -> None:
+    """``examples`` is the one optional field: absent, it is empty and not written back."""
+    plain = parse_manifest(manifest_bytes())
+    assert plain.examples == () and "examples" not in plain.to_json()
+    examples = [{"question": "What is 1 + 1?", "input": "1 + 1", "value": "2"},
+                {"input": "2 * 3", "value": "6"}]
+    parsed = parse_manifest(manifest_bytes(examples=examples))
+    assert [dict(e) for e in parsed.examples] == examples
+    assert parsed.to_json()["examples"] == examples
+    assert parse_manifest(json.dumps(parsed.to_json()).encode()) == parsed
 
 
 def test_manifest_size_cap_is_an_n_n_plus_1_pair() -> None:

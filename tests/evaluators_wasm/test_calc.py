@@ -294,7 +294,8 @@ def test_reused_instance_keeps_no_state() -> None:
 
 @st.composite
 def model_input(draw: st.DrawFn) -> str:
-    """What grammar.ebnf lets a model write (12 integer digits, 6 decimals, single spaces)."""
+    """What grammar.ebnf lets a model write, up to its bounds: 12 integer digits, 6 decimals,
+    single spaces, 4 terms, 3 factors, one ``**`` per factor, parentheses 2 deep."""
 
     def sp() -> str:
         return draw(st.sampled_from(["", " "]))
@@ -306,26 +307,25 @@ def model_input(draw: st.DrawFn) -> str:
         return whole + "." + draw(st.text("0123456789", min_size=1, max_size=6))
 
     def atom(depth: int) -> str:
-        if depth < 3 and draw(st.integers(0, 3)) == 0:
+        if depth < 2 and draw(st.integers(0, 3)) == 0:
             return f"({sp()}{expr(depth + 1)}{sp()})"
         return num()
 
-    def unary(depth: int) -> str:
-        sign = draw(st.sampled_from(["", "", "-"]))
-        power = atom(depth)
-        if depth < 3 and draw(st.integers(0, 4)) == 0:
-            power += f"{sp()}**{sp()}{unary(depth + 1)}"
-        return sign + power
+    def factor(depth: int) -> str:
+        text = draw(st.sampled_from(["", "", "-"])) + atom(depth)
+        if draw(st.integers(0, 4)) == 0:
+            text += f"{sp()}**{sp()}{draw(st.sampled_from(['', '-']))}{atom(depth)}"
+        return text
 
     def term(depth: int) -> str:
-        text = unary(depth)
+        text = factor(depth)
         for _ in range(draw(st.integers(0, 2))):
-            text += f"{sp()}{draw(st.sampled_from('*/%'))}{sp()}{unary(depth)}"
+            text += f"{sp()}{draw(st.sampled_from('*/%'))}{sp()}{factor(depth)}"
         return text
 
     def expr(depth: int) -> str:
         text = term(depth)
-        for _ in range(draw(st.integers(0, 2))):
+        for _ in range(draw(st.integers(0, 3))):
             text += f"{sp()}{draw(st.sampled_from('+-'))}{sp()}{term(depth)}"
         return text
 
@@ -345,6 +345,24 @@ def test_model_grammar_inputs_are_accepted(guest: Guest, text: str) -> None:
     """Whatever the grammar lets a model write, the evaluator parses (no `syntax` error)."""
     assert CALC.grammar_accepts(text), text
     assert assert_agree(guest, text.encode())[1] != "syntax", text
+
+
+@pytest.mark.parametrize(
+    ("within", "over"),
+    [
+        ("1.5 * 1.5 * 1.5", "1.5 * 1.5 * 1.5 * 1.5"),
+        ("1 + 2 + 3 + 4", "1 + 2 + 3 + 4 + 5"),
+        ("((1))", "(((1)))"),
+        ("2 ** (3 ** 2)", "2 ** 3 ** 2"),
+        ("123456789012", "1234567890123"),
+    ],
+)
+def test_model_grammar_is_bounded(guest: Guest, within: str, over: str) -> None:
+    """A span cannot loop: the grammar takes each form up to its bound and refuses one more
+    piece, which the evaluator itself would still accept."""
+    assert CALC.grammar_accepts(within), within
+    assert not CALC.grammar_accepts(over), over
+    assert assert_agree(guest, over.encode())[1] != "syntax"
 
 
 def test_grammar_rejects_what_the_model_may_not_write() -> None:

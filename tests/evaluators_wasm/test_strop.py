@@ -255,12 +255,12 @@ def model_input(draw: st.DrawFn) -> str:
         return '"' + "".join(parts) + '"'
 
     def int_arg(depth: int) -> str:
-        if depth < 3 and draw(st.booleans()):
+        if depth < 2 and draw(st.booleans()):
             return int_e(depth)
         return draw(st.sampled_from(["", "-"])) + str(draw(st.integers(0, 9999)))
 
     def str_e(depth: int) -> str:
-        if depth >= 3 or draw(st.booleans()):
+        if depth >= 2 or draw(st.booleans()):  # calls nest at most 2 deep
             return lit()
         name = draw(st.sampled_from(["reverse", "upper", "lower", "substr", "replace"]))
         if name == "substr":
@@ -293,6 +293,22 @@ def test_grammar_never_produces_lt() -> None:
 def test_model_grammar_inputs_are_accepted(guest: Guest, text: str) -> None:
     """Whatever the grammar lets a model write, the evaluator parses (no `syntax` error)."""
     STROP.check_model_input(guest, text)
+
+
+@pytest.mark.parametrize(
+    ("within", "over"),
+    [
+        ('substr(substr("abc", 0, 2), 0, 1)', 'substr(substr(substr("abc", 0, 2), 0, 1), 0, 1)'),
+        ('count(lower("ABA"), "a")', 'count(lower(upper("aba")), "a")'),
+        ('substr("abc", 0, len("ab"))', 'substr("abc", 0, len(lower("ab")))'),
+    ],
+)
+def test_model_grammar_bounds_nesting(guest: Guest, within: str, over: str) -> None:
+    """A span cannot loop on ``substr(substr(…``: calls nest at most 2 deep in the grammar,
+    while the evaluator still accepts the deeper form."""
+    assert STROP.grammar_accepts(within), within
+    assert not STROP.grammar_accepts(over), over
+    assert STROP.assert_agree(guest, over.encode())[1] != "syntax"
 
 
 def test_grammar_rejects_what_the_model_may_not_write() -> None:

@@ -8,8 +8,12 @@ import pytest
 from daemon_harness import Daemon
 from sglang_harness import CALC_ONLY_TOKEN, TOKEN
 
-from engine_adapter import build_structural_tag, list_evaluators
-from engine_adapter.sglang import generate_sampling_params, structural_tag_for
+from engine_adapter import build_structural_tag, list_evaluators, render_instructions
+from engine_adapter.sglang import (
+    generate_sampling_params,
+    instruction_messages,
+    structural_tag_for,
+)
 from engine_adapter.sglang._spans import plan_spans
 
 
@@ -37,3 +41,15 @@ def test_an_evaluator_the_tenant_cannot_call_is_refused_with_the_list(daemon: Da
 def test_generate_sampling_params_carry_the_tag_as_json() -> None:
     params = generate_sampling_params({"type": "structural_tag"}, max_new_tokens=8)
     assert params == {"max_new_tokens": 8, "structural_tag": '{"type": "structural_tag"}'}
+
+
+def test_instruction_messages_render_the_tenants_manifests_from_list_evaluators(
+    daemon: Daemon,
+) -> None:
+    (message,) = instruction_messages(daemon.target, TOKEN, ["calc"], answer_prefix="So ")
+    assert message["role"] == "system"
+    (calc,) = [s for s in list_evaluators(daemon.target, TOKEN) if s.name == "calc"]
+    assert message["content"] == render_instructions([calc], answer_prefix="So ")
+    assert "So <calc>17 * 23 + 91</calc><result>482</result>" in message["content"]
+    with pytest.raises(ValueError, match="not available"):
+        instruction_messages(daemon.target, CALC_ONLY_TOKEN, ["strop"])
