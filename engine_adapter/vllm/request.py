@@ -26,6 +26,7 @@ from typing import Any
 from engine_adapter._client import list_evaluators
 from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
 from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+from engine_adapter._instructions import render_instructions
 from engine_adapter.sglang.request import _choose
 from engine_adapter.vllm._options import EXTRA_ARG_EVALUATORS, EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN
 
@@ -40,6 +41,14 @@ class EvaluatedRequest:
     """The lowered tag: ``{"type": "structural_tag", "format": …}``."""
     extra_args: dict[str, str] = field(default_factory=dict)
     """For ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP)."""
+    instructions: str = ""
+    """Model-facing instructions for the request's evaluators, rendered from their manifests
+    (:func:`engine_adapter.render_instructions`). Opt-in: nothing is sent unless the caller
+    adds them (:meth:`with_instructions`)."""
+
+    def with_instructions(self, messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+        """``messages`` for the chat API with the instructions as a leading system message."""
+        return [{"role": "system", "content": self.instructions}, *map(dict, messages)]
 
     def extra_body(self, **more: Any) -> dict[str, Any]:
         """``extra_body`` for the OpenAI client (or fields to merge into a raw JSON body)."""
@@ -73,6 +82,7 @@ def evaluated_request(
     at_least_one: bool = False,
     special_tokens: Sequence[str] = ("<|",),
     send_target: bool = False,
+    answer_prefix: str = "",
     timeout_s: float = 10.0,
 ) -> EvaluatedRequest:
     """The structural tag and extra arguments for a request whose spans the server evaluates.
@@ -89,6 +99,8 @@ def evaluated_request(
             :func:`engine_adapter.build_structural_tag`.
         send_target: also send ``evald_target`` (the server accepts only its own
             ``EVALD_TARGET`` or one of ``EVALD_ALLOWED_TARGETS``).
+        answer_prefix: the text before the span in the instructions' examples (the request's
+            forced prefix without its opener, if any).
         timeout_s: for the ``ListEvaluators`` call.
 
     Raises:
@@ -99,11 +111,12 @@ def evaluated_request(
     import os
 
     specs = list_evaluators(target, token, timeout_s=timeout_s)
+    chosen = _choose(specs, evaluators) if tag is None or evaluators is not None else list(specs)
     if tag is not None:
         lowered = lower_for_vllm(tag, specs, special_tokens=special_tokens)
     else:
         grammar = build_structural_tag(
-            _choose(specs, evaluators),
+            chosen,
             "grammar-eval",
             prefix=prefix,
             special_tokens=special_tokens,
@@ -120,7 +133,8 @@ def evaluated_request(
     renamed = [f"{spec.tag}={spec.name}" for spec in specs if spec.tag != spec.name]
     if renamed:
         extra[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
-    return EvaluatedRequest(lowered, extra)
+    instructions = render_instructions(chosen, style="system", answer_prefix=answer_prefix)
+    return EvaluatedRequest(lowered, extra, instructions)
 
 
 def lower_for_vllm(

@@ -123,6 +123,13 @@ def test_request_helper_round_trip(tmp_path: Any) -> None:
         )  # fmt: skip
     finally:
         daemon.stop()
+    # Instructions for exactly the chosen evaluators, opt-in: the body never carries them.
+    assert "<calc>" in standard.instructions and "<units>" in standard.instructions
+    assert "<strop>" not in standard.instructions
+    assert "instructions" not in json.dumps(standard.extra_body())
+    messages = standard.with_instructions([{"role": "user", "content": "How far is 3 km in mi?"}])
+    assert messages[0] == {"role": "system", "content": standard.instructions}
+    assert messages[1]["role"] == "user" and len(messages) == 2
     config = AdapterConfig(target=daemon.target)
     for request, begins in ((standard, ["<calc>", "<units>"]), (own, ["<calc>"])):
         body = request.extra_body(max_tokens=8)
