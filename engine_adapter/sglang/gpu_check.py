@@ -34,6 +34,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -47,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "serving_model_dir"]
+__all__ = ["adapter_passed", "check_spans", "main", "serving_model_dir"]
 
 MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
 SERVED_NAME = "smollm2"
@@ -248,14 +249,20 @@ def _run_mode(
     }
 
 
-def _openai_smoke(url: str, items: Sequence[Any], tag: dict[str, Any], n: int) -> dict[str, Any]:
+def _openai_smoke(
+    url: str,
+    items: Sequence[Any],
+    chats: Sequence[list[dict[str, str]]],
+    tag: dict[str, Any],
+    n: int,
+) -> dict[str, Any]:
     from engine_adapter._study import GRAMMAR_MAX_NEW_TOKENS, classify
 
     out = []
-    for item in items[:n]:
+    for item, chat in list(zip(items, chats, strict=True))[:n]:
         body = {
             "model": SERVED_NAME,
-            "messages": [{"role": "user", "content": item.prompt}],
+            "messages": chat,
             "temperature": 0,
             "max_tokens": GRAMMAR_MAX_NEW_TOKENS,
             "response_format": tag,
@@ -273,6 +280,63 @@ def _openai_smoke(url: str, items: Sequence[Any], tag: dict[str, Any], n: int) -
             out.append({"error": f"{type(exc).__name__}: {exc} {detail}".strip()})
     with_result = sum(1 for r in out if r.get("result_value") or r.get("result_error"))
     return {"requests": len(out), "with_result_region": with_result, "records": out}
+
+
+#: A closed calc span and its result region (a value or a typed error), as the adapter forces it.
+_CALC_SPAN = re.compile(
+    r"<calc>(.*?)</calc>(?:<result>(.*?)</result>|<result_error>(.*?)</result_error>)", re.S
+)
+
+
+def check_spans(texts: Sequence[str], target: str, token: str) -> dict[str, Any]:
+    """What the adapter controls: every closed span carries evald's own answer for its content.
+
+    Each closed ``<calc>`` span in ``texts`` is evaluated again through evald (``Evaluate``) and
+    its result region compared with that answer: the value, or the error code. Spans the model
+    never closed are the model's business and are only counted (``span rate``).
+
+    Returns:
+        ``closed``, ``right`` and up to ten ``wrong`` spans (content, forced, expected).
+    """
+    from engine_adapter._client import _result_from_proto
+    from evald._client import CallError, Client
+
+    closed = right = 0
+    wrong: list[dict[str, str]] = []
+    with Client(target, token or None, timeout_s=10.0) as client:
+        for text in texts:
+            for content, value, error in _CALC_SPAN.findall(text):
+                closed += 1
+                try:
+                    answer = _result_from_proto(client.evaluate("calc", content))
+                except CallError as exc:
+                    expected = f"error:{exc.code.value if exc.code else 'unavailable'}"
+                else:
+                    expected = (
+                        f"error:{answer.error_code}" if answer.error_code else str(answer.value)
+                    )
+                forced = f"error:{error}" if error else value
+                if forced == expected:
+                    right += 1
+                elif len(wrong) < 10:
+                    wrong.append({"content": content, "forced": forced, "expected": expected})
+    return {"closed": closed, "right": right, "wrong": wrong}
+
+
+def adapter_passed(
+    modes: dict[str, dict[str, Any]], smoke: dict[str, Any], checks: dict[str, Any]
+) -> bool:
+    """PASS judges the adapter, not the model: no request failed or was aborted in any mode or
+    through the OpenAI API, and every closed span has evald's value (at least one closed, or
+    nothing was checked)."""
+    failed = any(m["errors"] or m["aborted"] for m in modes.values())
+    smoke_failed = any("error" in r for r in smoke["records"])
+    return (
+        not failed
+        and not smoke_failed
+        and checks["closed"] > 0
+        and checks["right"] == checks["closed"]
+    )
 
 
 def _span_log(path: Path) -> dict[str, Any]:
@@ -446,24 +510,22 @@ def _workload(
 
     from engine_adapter._client import list_evaluators
     from engine_adapter._grammar import build_structural_tag, special_token_texts
-    from engine_adapter._study import TASK_PREFIX, arithmetic_items
-    from engine_adapter.sglang.request import structural_tag_for
+    from engine_adapter._study import INSTRUCTION_LEAD, TASK_PREFIX, arithmetic_items
+    from engine_adapter.sglang.request import instruction_messages, structural_tag_for
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     specials = special_token_texts(tokenizer)
     prefix = TASK_PREFIX["arithmetic"]
     items = arithmetic_items(args.requests, args.seed)
-    prompts = [
-        str(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": item.prompt}],
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        )
-        for item in items
-    ]
     token = args.token or ""
+    # The calc evaluator's model-facing instructions (from its manifest) as the system message:
+    # a prompt a small model can follow, the same in every mode.
+    system = instruction_messages(target, token, ["calc"], answer_prefix=INSTRUCTION_LEAD)
+    chats = [[*system, {"role": "user", "content": item.prompt}] for item in items]
+    prompts = [
+        str(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+        for chat in chats
+    ]
     eval_tag = structural_tag_for(target, token, ["calc"], prefix=prefix, special_tokens=specials)
     calc = [s for s in list_evaluators(target, token) if s.name == "calc"]
     no_eval = build_structural_tag(calc, "grammar-no-eval", prefix=prefix, special_tokens=specials)
@@ -488,7 +550,13 @@ def _workload(
             flush=True,
         )
     spans = _span_log(span_log)
-    smoke = _openai_smoke(url, items, eval_tag, args.openai)
+    smoke = _openai_smoke(url, items, chats, eval_tag, args.openai)
+    checks = check_spans(
+        [r.get("text", "") for r in modes["grammar-eval"]["records"]]
+        + [r.get("text", "") for r in smoke["records"]],
+        target,
+        token,
+    )
     evaluated = modes["grammar-eval"]
     plain = modes["grammar-no-eval"]
     ratio = (
@@ -496,11 +564,13 @@ def _workload(
         if evaluated["tokens_per_s"] and plain["tokens_per_s"]
         else None
     )
-    passed = (
-        not any(m["errors"] or m["aborted"] for m in modes.values())
-        and evaluated["correct_given_extraction"] == evaluated["extraction_ok"]
-        and spans["spans"] > 0
-        and smoke["with_result_region"] == smoke["requests"]
+    passed = adapter_passed(modes, smoke, checks)
+    span_rate = checks["closed"] / max(1, evaluated["requests"] + smoke["requests"])
+    print(
+        f"[gpu-check] spans closed {checks['closed']} in {evaluated['requests']} + "
+        f"{smoke['requests']} requests (rate {span_rate:.2f}), right value "
+        f"{checks['right']}/{checks['closed']}",
+        flush=True,
     )
     print(
         f"[gpu-check] spans {spans['spans']}  stall per span p50 {spans['waited_ms']['p50']} ms "
@@ -514,6 +584,8 @@ def _workload(
         "modes": modes,
         "spans": spans,
         "openai": smoke,
+        "span_checks": checks,
+        "span_rate": span_rate,
         "eval_over_no_eval_tokens_per_s": ratio,
         "passed": passed,
     }
