@@ -197,6 +197,7 @@ class FuzzRun:
             attacker_token=tokens["attacker"],
             threads=self.settings.threads,
             metrics_port=metrics_port,
+            data_listen=f"unix:{root / 'data.sock'}",
         )
         config = parse_config(self.config_text, "<fuzz config>")
         self.daemon = start_daemon(root, self.config_text, socket_path=root / "d.sock")
@@ -258,6 +259,7 @@ class FuzzRun:
             max_message_bytes=config.server.max_message_bytes,
             margin_ms=settings.margin_ms,
             metrics_port=metrics,
+            data_target=config.server.data_listen or None,
         )
         ctx = self.ctx
         ctx.secrets.victim_echo = f"v_echo_{tag}"

@@ -29,8 +29,8 @@ from daemon_harness import TOKENS, Daemon, module, outcome, start_daemon, tenant
 from evald._data_client import DataCallError, DataConnection
 from evald._errors import ErrorCode
 from evald._frames import HEADER, Kind
-from evald._wat_corpus import arg
 from evald._gatekeeping import send_limit
+from evald._wat_corpus import arg
 from evald.v1 import evald_pb2 as pb
 from evald.v1 import evald_pb2_grpc as pb_grpc
 
