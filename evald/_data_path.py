@@ -9,8 +9,9 @@ registration, health) and the only TCP/TLS transport.
 
 It is the same daemon behind another door, not a second implementation. A connection is
 authenticated by :meth:`EvaldServer.authenticate` (its first frame, a HELLO of at most
-:data:`~evald._frames.MAX_HELLO_BYTES`, carries the bearer token; nothing else is read before it
-passes, and it must come within :data:`HELLO_TIMEOUT_S`); each item goes through
+:data:`~evald._frames.MAX_HELLO_BYTES`, carries the bearer token; it is read straight from the
+socket, so nothing past it is buffered before it passes, and it must come within
+:data:`HELLO_TIMEOUT_S`); each item goes through
 :meth:`EvaldServer.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
 (:meth:`EvaldServer.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
 as gRPC calls, on the same worker threads); evaluation errors are the same ``EvaluateResponse``
@@ -21,9 +22,13 @@ costs nothing and guest code never runs on it) and, when needed, a flusher and a
 worker sends a result itself when it has finished the last item of a message it can take (one
 non-blocking send: the common case costs no thread hand-off); results that finish while other
 items of their message still run are sent by the flusher within :data:`COALESCE_S`, so one
-slow item never holds back the fast ones. Backpressure: a connection has at most
-``max_batch_items`` results outstanding; past that its reader stops reading, so a client that
-sends without reading stalls itself (the socket buffer fills) and nobody else.
+slow item never holds back the fast ones. Results go out in frames of at most
+``max_message_bytes`` of values (:func:`~evald._gatekeeping.pack_responses`, as on the gRPC
+stream). Backpressure is in bytes (see :class:`_Connection`): past ``stream_unread_bytes`` for
+the connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
+reading, so a client that sends without reading stalls itself (the socket buffer fills) and
+nobody else, and one that reads nothing for ``stream_stall_s`` is cut off. A connection is one
+call of its tenant's ``max_calls``.
 """
 
 from __future__ import annotations
