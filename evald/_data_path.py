@@ -9,8 +9,9 @@ registration, health) and the only TCP/TLS transport.
 
 It is the same daemon behind another door, not a second implementation. A connection is
 authenticated by :meth:`EvaldServer.authenticate` (its first frame, a HELLO of at most
-:data:`~evald._frames.MAX_HELLO_BYTES`, carries the bearer token; nothing else is read before it
-passes, and it must come within :data:`HELLO_TIMEOUT_S`); each item goes through
+:data:`~evald._frames.MAX_HELLO_BYTES`, carries the bearer token; it is read straight from the
+socket, so nothing past it is buffered before it passes, and it must come within
+:data:`HELLO_TIMEOUT_S`); each item goes through
 :meth:`EvaldServer.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
 (:meth:`EvaldServer.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
 as gRPC calls, on the same worker threads); evaluation errors are the same ``EvaluateResponse``
@@ -21,9 +22,13 @@ costs nothing and guest code never runs on it) and, when needed, a flusher and a
 worker sends a result itself when it has finished the last item of a message it can take (one
 non-blocking send: the common case costs no thread hand-off); results that finish while other
 items of their message still run are sent by the flusher within :data:`COALESCE_S`, so one
-slow item never holds back the fast ones. Backpressure: a connection has at most
-``max_batch_items`` results outstanding; past that its reader stops reading, so a client that
-sends without reading stalls itself (the socket buffer fills) and nobody else.
+slow item never holds back the fast ones. Results go out in frames of at most
+``max_message_bytes`` of values (:func:`~evald._gatekeeping.pack_responses`, as on the gRPC
+stream). Backpressure is in bytes (see :class:`_Connection`): past ``stream_unread_bytes`` for
+the connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
+reading, so a client that sends without reading stalls itself (the socket buffer fills) and
+nobody else, and one that reads nothing for ``stream_stall_s`` is cut off. A connection is one
+call of its tenant's ``max_calls``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from google.protobuf.message import DecodeError
 
@@ -47,9 +52,11 @@ from evald._frames import (
     FrameError,
     FrameWriter,
     Kind,
+    WriterStalled,
     encode_frame,
     read_frame,
 )
+from evald._gatekeeping import pack_responses, reservation
 from evald.v1 import evald_pb2 as pb
 
 if TYPE_CHECKING:
@@ -102,26 +109,42 @@ def _error_frame(code: ErrorCode, message: str) -> bytes:
 
 
 class _Connection:
-    """One data-path connection: its reader thread's loop and the results it owes."""
+    """One data-path connection: its reader thread's loop and the results it owes.
+
+    Backpressure is in bytes, as on a gRPC stream: every admitted item reserves the most its
+    response can take (:func:`~evald._gatekeeping.reservation`) from the connection's
+    ``stream_unread_bytes`` and the tenant's ``unread_bytes`` (the budget its gRPC streams
+    share), until the frame carrying its result is in the socket buffer. At either bound the
+    reader stops reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
+    """
 
     def __init__(self, server: DataServer, sock: socket.socket, number: int) -> None:
         self._server = server
         self._daemon = server.daemon
+        settings = self._daemon.config.server
         self._sock = sock
         self._name = f"evald-data-{number}"
-        self._reader = sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
-        self._writer = FrameWriter(sock, f"{self._name}-writer")
+        self._reader: Any = None  # buffered, made only once the connection has authenticated
+        self._writer = FrameWriter(
+            sock,
+            f"{self._name}-writer",
+            stall_s=settings.stream_stall_s,
+            on_sent=self._release,
+            on_failed=self._writer_failed,
+        )
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # outstanding fell, or closed
+        self._changed = threading.Condition(self._lock)  # room freed, or closed
         self._flush_wake = threading.Condition(self._lock)
-        self._results: list[pb.EvaluateResponse] = []
-        self._outstanding = 0
+        self._results: list[tuple[pb.EvaluateResponse, int]] = []
+        self._reserved = 0  # output bytes reserved for results not yet in the socket buffer
+        self._tenant: _TenantState | None = None
         self._live: dict[int, _Batch] = {}  # batches with items not yet answered, by id()
         self._flusher: threading.Thread | None = None
         self._closed = False
         self._aborted = False  # the daemon's grace ran out: stop waiting for results
-        self._backlog_limit = self._daemon.config.server.max_batch_items
-        self._max_frame = self._daemon.config.server.max_message_bytes
+        self._bound = settings.stream_unread_bytes
+        self._stall_s = settings.stream_stall_s
+        self._max_frame = settings.max_message_bytes
         self.thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
 
     # -- the reader thread ---------------------------------------------------------------
@@ -132,10 +155,17 @@ class _Connection:
         code = "ok"
         failure: tuple[ErrorCode, str] | None = None
         authenticated = False
+        entered: _TenantState | None = None
         try:
             tenant = self._hello()
             tenant_label = tenant.name
+            tenant.enter_call()  # a connection is one call of its tenant's max_calls
+            entered = tenant
+            self._tenant = tenant
+            tenant.add_waiter(self)
             authenticated = True
+            self._sock.settimeout(None)
+            self._reader = self._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
             while not daemon.stopping:
                 if self._writer.failed is not None:
@@ -163,12 +193,23 @@ class _Connection:
                 f"no HELLO frame within {HELLO_TIMEOUT_S:g} s; a connection authenticates first",
             )
         except OSError:
-            code = "cancelled"  # the peer went away: nobody to answer
+            code = "cancelled"  # the peer went away (or stopped reading): nobody to answer
             authenticated = False
         except Exception:
             _log.exception("data connection failed", extra={"fields": {"tenant": tenant_label}})
             failure = (ErrorCode.INTERNAL, "internal error in the daemon (see its log)")
         finally:
+            if isinstance(self._writer.failed, WriterStalled):
+                _log.info(
+                    "data connection cut off: its client stopped reading",
+                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._reserved}},
+                )
+                failure = (
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the client read no results for {self._stall_s:g} s while they waited "
+                    f"(stream_unread_bytes is {self._bound}); the connection is ended: read "
+                    "results as they come",
+                )
             if failure is not None:
                 code = failure[0].value
                 _log.info(
@@ -183,31 +224,33 @@ class _Connection:
                     },
                 )
             self._finish(failure, authenticated)
+            if entered is not None:
+                entered.remove_waiter(self)
+                entered.leave_call()
             daemon.metrics.observe_rpc(METHOD, tenant_label, code)
             self._server.forget(self)
 
     def _hello(self) -> _TenantState:
-        # One deadline for the whole HELLO (a timer, not a per-read timeout: a client sending a
-        # byte every few seconds must not hold the connection open).
-        expired = threading.Event()
+        """Reads the HELLO straight from the socket: at most MAX_HELLO_BYTES are ever taken
+        from an unauthenticated peer (no buffered reader yet), all within one deadline (a
+        client sending a byte every few seconds does not hold the connection open)."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        sock = self._sock
 
-        def expire() -> None:
-            expired.set()
-            self.shut_reading()
+        def read(size: int) -> bytes:
+            data = bytearray()
+            while len(data) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(size - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            return bytes(data)
 
-        timer = threading.Timer(HELLO_TIMEOUT_S, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            frame = read_frame(self._reader.read, MAX_HELLO_BYTES)
-        except (FrameError, OSError):
-            if expired.is_set():
-                raise TimeoutError from None
-            raise
-        finally:
-            timer.cancel()
-        if expired.is_set():
-            raise TimeoutError
+        frame = read_frame(read, MAX_HELLO_BYTES)
         if frame is None:
             raise OSError("closed before HELLO")
         kind, payload = frame
@@ -222,9 +265,49 @@ class _Connection:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
         return self._daemon.authenticate(_HelloContext(token, f"unix:{self._server.path}"))
 
-    def _submit(self, tenant: _TenantState, payload: bytes) -> None:
-        from evald._server import _Batch
+    def _reserve(self, tenant: _TenantState, size: int) -> None:
+        """Reserves one item's output bytes, waiting (the reader stops reading) while neither
+        this connection's nor the tenant's budget has room.
 
+        Raises:
+            OSError: the writer failed (the peer left, or stopped reading too long).
+            EvaldError: ``unavailable`` when the daemon stops meanwhile.
+        """
+        daemon = self._daemon
+        with self._lock:
+            while True:
+                if self._writer.failed is not None:
+                    raise self._writer.failed
+                if daemon.stopping:
+                    raise EvaldError(
+                        ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
+                    )
+                if (not self._reserved or self._reserved + size <= self._bound) and (
+                    tenant.reserve_unread(size)
+                ):
+                    self._reserved += size
+                    return
+                self._changed.wait(0.5)
+
+    def _release(self, credit: int) -> None:
+        """Results of ``credit`` reserved bytes left (any thread): back to both budgets."""
+        with self._lock:
+            credit = min(credit, self._reserved)  # what _finish already returned is not twice
+            self._reserved -= credit
+            self._changed.notify_all()
+        if credit and self._tenant is not None:
+            self._tenant.free_unread(credit)
+
+    def wake(self) -> None:
+        """The tenant freed output bytes (any thread): a reader waiting for room looks again."""
+        with self._lock:
+            self._changed.notify_all()
+
+    def _writer_failed(self, _error: OSError) -> None:
+        self.wake()
+        self.shut_reading()  # a reader blocked on the socket sees the end
+
+    def _submit(self, tenant: _TenantState, payload: bytes) -> None:
         daemon = self._daemon
         try:
             message = pb.EvaluateBatchRequest.FromString(payload)
@@ -236,24 +319,40 @@ class _Connection:
             ) from None
         items = message.items
         daemon.check_batch_size(len(items))
-        if not items:
-            return
-        with self._lock:
-            while (
-                self._outstanding >= self._backlog_limit
-                and not daemon.stopping
-                and self._writer.failed is None
-            ):
-                self._changed.wait(0.5)
-            self._outstanding += len(items)
+        output_bytes = tenant.limits.output_bytes
         queue: collections.deque[_Work] = collections.deque()
-        refused: list[pb.EvaluateResponse] = []
-        for index, item in enumerate(items):
-            prepared = daemon.prepare(tenant, item, index)
-            if isinstance(prepared, pb.EvaluateResponse):
-                refused.append(prepared)
-            else:
-                queue.append(prepared)
+        refused: list[tuple[pb.EvaluateResponse, int]] = []
+        try:
+            for index, item in enumerate(items):
+                size = reservation(output_bytes, item.id)
+                if queue or refused:
+                    with self._lock:
+                        fits = not self._reserved or self._reserved + size <= self._bound
+                    if not (fits and tenant.reserve_unread(size)):
+                        # No room: what is admitted runs first, so its results free some.
+                        self._dispatch(queue, refused)
+                        queue, refused = collections.deque(), []
+                        self._reserve(tenant, size)
+                    else:
+                        with self._lock:
+                            self._reserved += size
+                else:
+                    self._reserve(tenant, size)
+                prepared = daemon.prepare(tenant, item, index)
+                if isinstance(prepared, pb.EvaluateResponse):
+                    refused.append((prepared, size))
+                else:
+                    prepared.reserved = size
+                    queue.append(prepared)
+        finally:
+            self._dispatch(queue, refused)
+
+    def _dispatch(
+        self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
+    ) -> None:
+        """Answers the refused items and schedules the admitted ones."""
+        from evald._server import _Batch
+
         if refused:
             with self._lock:
                 self._results.extend(refused)
@@ -267,12 +366,12 @@ class _Connection:
             return
         left = [len(queue)]
 
-        def deliver(_work: _Work, response: pb.EvaluateResponse) -> None:
+        def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
             with self._lock:
                 if self._closed:
                     return
                 results = self._results
-                results.append(response)
+                results.append((response, work.reserved))
                 left[0] -= 1
                 if not left[0]:
                     self._live.pop(id(queue), None)
@@ -287,28 +386,28 @@ class _Connection:
         batch = _Batch(None, queue, deliver)
         with self._lock:
             self._live[id(queue)] = batch
-        added, scheduled = daemon.enqueue(batch)
+        added, scheduled = self._daemon.enqueue(batch)
         if not scheduled:
-            daemon.abandon(batch, added)
+            self._daemon.abandon(batch, added)
 
     # -- results ------------------------------------------------------------------------
 
-    def _take_locked(self) -> list[pb.EvaluateResponse]:
+    def _take_locked(self) -> list[tuple[pb.EvaluateResponse, int]]:
         results, self._results = self._results, []
         return results
 
-    def _send(self, results: list[pb.EvaluateResponse]) -> None:
-        """Sends results as one frame (any thread) and counts them off the backlog."""
-        if not results:
-            return
-        frame = encode_frame(
-            Kind.RESULTS, pb.EvaluateBatchResponse(results=results).SerializeToString()
-        )
-        with contextlib.suppress(ConnectionError):  # the reader sees the peer gone
-            self._writer.send(frame)
-        with self._lock:
-            self._outstanding -= len(results)
-            self._changed.notify_all()
+    def _send(self, results: list[tuple[pb.EvaluateResponse, int]]) -> None:
+        """Sends results (any thread) as RESULTS frames within ``max_message_bytes`` each (a
+        value past a whole frame becomes its own ``output_too_large``); their reserved bytes
+        return to the budgets once each frame is in the socket buffer."""
+        for batch, credit in pack_responses(results, self._max_frame):
+            frame = encode_frame(
+                Kind.RESULTS, pb.EvaluateBatchResponse(results=batch).SerializeToString()
+            )
+            try:
+                self._writer.send(frame, credit)
+            except ConnectionError:  # the reader sees the peer gone
+                self._release(credit)
 
     def _wake_flusher_locked(self) -> None:
         if self._flusher is None:
@@ -337,19 +436,25 @@ class _Connection:
         daemon = self._daemon
         if authenticated:  # every admitted item ends within its deadline
             with self._lock:
-                while self._outstanding > 0 and self._writer.failed is None and not self._aborted:
+                while self._reserved > 0 and self._writer.failed is None and not self._aborted:
                     self._changed.wait(0.5)
         with self._lock:
             self._closed = True
             live = list(self._live.values())
             self._live.clear()
+            unsent, self._reserved = self._reserved, 0
             self._flush_wake.notify_all()
             self._changed.notify_all()
+        if unsent and self._tenant is not None:
+            self._tenant.free_unread(unsent)  # results that will never be sent
         for batch in live:
             daemon.abandon(batch, True)
         if failure is not None:
             with contextlib.suppress(ConnectionError):
                 self._writer.send(_error_frame(*failure))
+            if self._writer.failed is not None:  # best effort: maybe the buffer has room
+                with contextlib.suppress(OSError):
+                    self._sock.send(_error_frame(*failure), socket.MSG_DONTWAIT)
         self._writer.close(timeout_s=1.0)
         self.close_socket()
 
@@ -365,8 +470,9 @@ class _Connection:
             self._sock.shutdown(socket.SHUT_RD)
 
     def close_socket(self) -> None:
-        with contextlib.suppress(OSError):
-            self._reader.close()
+        if self._reader is not None:
+            with contextlib.suppress(OSError):
+                self._reader.close()
         with contextlib.suppress(OSError):
             self._sock.close()
 

@@ -16,6 +16,7 @@ the limit ends the connection without reading the payload.
 from __future__ import annotations
 
 import enum
+import select
 import socket
 import struct
 import threading
@@ -31,6 +32,7 @@ __all__ = [
     "FrameError",
     "FrameWriter",
     "Kind",
+    "WriterStalled",
     "encode_frame",
     "read_frame",
 ]
@@ -100,21 +102,43 @@ def read_frame(read: Callable[[int], bytes], max_payload_bytes: int) -> tuple[Ki
     return known, payload
 
 
+class WriterStalled(OSError):
+    """The peer took no bytes for the writer's ``stall_s`` while frames waited for it."""
+
+
 class FrameWriter:
     """Sends frames on one socket from any thread without blocking the caller.
 
     A frame goes out at once with a non-blocking send when nothing is queued before it (the
     usual case: the peer reads). Whatever the socket buffer cannot take waits, in order, for a
-    writer thread (started on first need) that sends it blocking. So a peer that stops reading
-    holds up only this connection's writer, never the thread that produced the frame.
+    writer thread (started on first need) that sends it as the peer reads. So a peer that stops
+    reading holds up only this connection's writer, never the thread that produced the frame.
+
+    A frame may carry a ``credit`` (the daemon: the output bytes reserved for its results),
+    handed to ``on_sent`` once the frame is in the socket buffer, so what the writer queues is
+    counted until it leaves. With ``stall_s``, a peer that takes no byte for that long while
+    frames wait fails the writer with :class:`WriterStalled` (its queue is dropped, its credits
+    returned, ``on_failed`` told).
     """
 
-    def __init__(self, sock: socket.socket, name: str) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        name: str,
+        *,
+        stall_s: float | None = None,
+        on_sent: Callable[[int], None] | None = None,
+        on_failed: Callable[[OSError], None] | None = None,
+    ) -> None:
         self._sock = sock
         self._name = name
+        self._stall_ms = -1 if stall_s is None else max(1, int(stall_s * 1000))
+        self._on_sent = on_sent
+        self._on_failed = on_failed
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending = bytearray()
+        self._credit = 0  # credits of the frames in _pending
         self._writing = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -125,11 +149,12 @@ class FrameWriter:
         """Bytes waiting for the writer thread (0 when the peer keeps up)."""
         return len(self._pending)
 
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes, credit: int = 0) -> None:
         """Queues ``frame`` after every frame sent before it; never blocks on the peer.
 
         Raises:
-            ConnectionError: the writer is closed or the socket failed earlier.
+            ConnectionError: the writer is closed or the socket failed earlier (``credit`` is
+                not taken: the caller still owns it).
         """
         with self._lock:
             if self._closed or self.failed is not None:
@@ -143,13 +168,41 @@ class FrameWriter:
                     self.failed = exc
                     raise ConnectionError(f"{self._name}: {exc}") from exc
                 if sent == len(frame):
-                    return
-                frame = frame[sent:]
-            self._pending += frame
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._wake.notify()
+                    frame = b""
+                else:
+                    frame = frame[sent:]
+            if frame:
+                self._pending += frame
+                self._credit += credit
+                credit = 0
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name=self._name, daemon=True
+                    )
+                    self._thread.start()
+                self._wake.notify()
+        self._release(credit)
+
+    def _release(self, credit: int) -> None:
+        if credit and self._on_sent is not None:
+            self._on_sent(credit)
+
+    def _send_all(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLOUT)
+        while view:
+            try:
+                sent = self._sock.send(view, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent:
+                view = view[sent:]
+            elif not poller.poll(self._stall_ms):
+                raise WriterStalled(
+                    f"{self._name}: the peer read nothing for {self._stall_ms / 1000:g} s "
+                    f"while {len(view) + len(self._pending)} bytes waited"
+                )
 
     def _run(self) -> None:
         while True:
@@ -160,17 +213,24 @@ class FrameWriter:
                     return
                 chunk = bytes(self._pending)
                 self._pending.clear()
+                credit, self._credit = self._credit, 0
                 self._writing = True
             try:
-                self._sock.sendall(chunk)
+                self._send_all(chunk)
             except OSError as exc:
                 with self._lock:
                     self.failed = exc
                     self._writing = False
                     self._pending.clear()
+                    credit += self._credit
+                    self._credit = 0
+                self._release(credit)
+                if self._on_failed is not None:
+                    self._on_failed(exc)
                 return
             with self._lock:
                 self._writing = False
+            self._release(credit)
 
     def close(self, timeout_s: float = 0.0) -> None:
         """Stops accepting frames; waits up to ``timeout_s`` for queued ones to go out."""

@@ -6,13 +6,14 @@
 * :func:`receive_limit` / :func:`send_limit`: the gRPC message limits, sized from the input,
   batch and message caps.
 * :class:`ResponseBudget`: the value bytes one response message may carry; a value past it
-  becomes its own ``output_too_large`` (every item of a batch is answered, typed).
+  becomes its own ``output_too_large`` (every item of a batch is answered, typed);
+  :func:`pack_responses` splits a burst of stream results into messages of that budget.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
 import grpc
@@ -29,8 +30,10 @@ __all__ = [
     "Gatekeeper",
     "ResponseBudget",
     "error_response",
+    "pack_responses",
     "receive_limit",
     "refusal",
+    "reservation",
     "send_limit",
 ]
 
@@ -65,6 +68,14 @@ ITEM_FRAMING = 6
 #: Room for everything of a response but its value: a host or guest message (at most about
 #: 1,000 characters), the code, fuel, time and semantics version.
 RESPONSE_OVERHEAD = 1536
+
+
+def reservation(output_bytes: int, request_id: str) -> int:
+    """The most bytes one item's response can take, reserved from the unread-output budgets
+    until it is sent: the tenant's output cap, the id it echoes (up to four bytes a
+    character) and the rest of a response."""
+    id_bytes = len(request_id) if request_id.isascii() else 4 * len(request_id)
+    return output_bytes + id_bytes + RESPONSE_OVERHEAD + ITEM_FRAMING
 
 
 def send_limit(max_message_bytes: int, max_batch_items: int) -> int:
@@ -109,6 +120,33 @@ class ResponseBudget:
             f"a response carries at most {self.limit} bytes (max_message_bytes); send fewer "
             "items per batch",
         )
+
+
+def pack_responses(
+    results: Iterable[tuple[pb.EvaluateResponse, int]], limit: int
+) -> Iterator[tuple[list[pb.EvaluateResponse], int]]:
+    """Splits results into response messages of at most ``limit`` value bytes each, with the
+    sum of the credits (reserved output bytes) each message carries.
+
+    A result that does not fit in the current message starts the next one; a value larger than
+    a whole message becomes its own ``output_too_large``. So every item is answered, each by
+    its value or its typed error, however large the burst. The gRPC stream and the data path
+    both send their results through this.
+    """
+    budget = ResponseBudget(limit)
+    batch: list[pb.EvaluateResponse] = []
+    credit = 0
+    for response, reserved in results:
+        fitted = budget.fit(response)
+        if fitted is not response and batch:  # full: send what fits, then go on
+            yield batch, credit
+            batch, credit = [], 0
+            budget = ResponseBudget(limit)
+            fitted = budget.fit(response)
+        batch.append(fitted)
+        credit += reserved
+    if batch:
+        yield batch, credit
 
 
 class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]

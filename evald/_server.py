@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -55,14 +55,14 @@ from evald._config import Config, HostSettings, TenantConfig, TenantLimits
 from evald._data_path import DataServer
 from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
 from evald._gatekeeping import (
-    ITEM_FRAMING,
     PROTO_CODES,
-    RESPONSE_OVERHEAD,
     SERVICE_NAME,
     Gatekeeper,
     ResponseBudget,
     error_response,
+    pack_responses,
     receive_limit,
+    reservation,
     send_limit,
 )
 from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
@@ -140,9 +140,12 @@ class _TenantState:
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
         self._lock = threading.Lock()
         self._inflight = 0
-        self.calls = 0  # calls in flight (event loop only)
-        self.unread = 0  # bytes reserved by this tenant's streams (event loop only)
-        self.sinks: set[_Sink] = set()  # its open streams, woken when unread bytes are freed
+        # Calls and unread output are shared by the gRPC streams (event loop) and the data
+        # path's connections (threads): both guarded by _lock, so one budget holds for both.
+        self.calls = 0  # calls in flight: unary calls, open streams and data connections
+        self.unread = 0  # output bytes reserved by its streams and data connections
+        # Woken (wake()) when unread bytes are freed: its streams and data connections.
+        self.sinks: set[UnreadWaiter] = set()
         self._rate = config.limits.rate_per_s
         self._burst = float(config.limits.effective_burst)
         self._tokens = self._burst
@@ -188,29 +191,61 @@ class _TenantState:
             self._inflight -= 1
 
     def enter_call(self) -> None:
-        """Counts one call in flight (event loop only).
+        """Counts one call in flight (any thread): a unary call, a stream or a data connection.
 
         Raises:
             EvaldError: ``quota_exceeded`` at the tenant's ``max_calls``.
         """
         limit = self.config.limits.max_calls
-        if self.calls >= limit:
-            raise EvaldError(
-                ErrorCode.QUOTA_EXCEEDED,
-                f"tenant {self.name!r} already has {self.calls} calls in flight, its max_calls; "
-                "retry when some finish (or send more items per batch or stream)",
-            )
-        self.calls += 1
+        with self._lock:
+            if self.calls >= limit:
+                raise EvaldError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"tenant {self.name!r} already has {self.calls} calls in flight (unary "
+                    "calls, streams and data-path connections), its max_calls; retry when "
+                    "some finish (or send more items per batch or stream)",
+                )
+            self.calls += 1
 
     def leave_call(self) -> None:
-        self.calls -= 1
+        with self._lock:
+            self.calls -= 1
+
+    def reserve_unread(self, size: int) -> bool:
+        """Reserves ``size`` output bytes of the tenant's ``unread_bytes`` (any thread); False
+        when they do not fit (a lone reservation always fits, so one large item never waits
+        for nothing)."""
+        bound = self.config.limits.unread_bytes
+        with self._lock:
+            if self.unread and self.unread + size > bound:
+                return False
+            self.unread += size
+            return True
 
     def free_unread(self, size: int) -> None:
-        """Returns stream output bytes to the tenant's budget and wakes its stalled streams."""
+        """Returns output bytes to the tenant's budget (any thread) and wakes what waits for
+        room: its streams and data connections."""
         if size:
-            self.unread -= size
-            for sink in self.sinks:
-                sink.room.set()
+            with self._lock:
+                self.unread -= size
+                waiters = list(self.sinks)
+            for waiter in waiters:
+                waiter.wake()
+
+    def add_waiter(self, waiter: UnreadWaiter) -> None:
+        with self._lock:
+            self.sinks.add(waiter)
+
+    def remove_waiter(self, waiter: UnreadWaiter) -> None:
+        with self._lock:
+            self.sinks.discard(waiter)
+
+
+class UnreadWaiter(Protocol):
+    """Something that waits for room in its tenant's ``unread_bytes``: a stream or a data
+    connection. ``wake`` may be called from any thread."""
+
+    def wake(self) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -286,6 +321,15 @@ class _Sink:
         self.room = asyncio.Event()
         self.outstanding = 0  # items admitted and not yet sent
         self.reserved = 0  # output bytes reserved for them
+        self._loop_thread = threading.get_ident()  # made on the loop's thread
+
+    def wake(self) -> None:
+        """Room was freed in the tenant's budget (any thread): the reader looks again."""
+        if threading.get_ident() == self._loop_thread:
+            self.room.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                self._loop.call_soon_threadsafe(self.room.set)
 
     def put_threadsafe(self, work: _Work, response: pb.EvaluateResponse) -> None:
         with self._lock:
@@ -371,14 +415,6 @@ def _ignore_result(task: asyncio.Task[Any]) -> None:
     """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
-
-
-def _reservation(tenant: _TenantState, item: pb.EvaluateRequest) -> int:
-    """The most bytes ``item``'s response can take: the tenant's output cap, the id it echoes
-    (up to four bytes a character) and the rest of a response."""
-    request_id = item.id
-    id_bytes = len(request_id) if request_id.isascii() else 4 * len(request_id)
-    return tenant.limits.output_bytes + id_bytes + RESPONSE_OVERHEAD + ITEM_FRAMING
 
 
 class _Service(pb_grpc.EvaluatorServicer):
@@ -532,7 +568,7 @@ class _Service(pb_grpc.EvaluatorServicer):
         loop = asyncio.get_running_loop()
         sink = _Sink(loop)
         drains: set[asyncio.Task[None]] = set()
-        tenant.sinks.add(sink)
+        tenant.add_waiter(sink)
 
         # Backpressure in bytes: every admitted item reserves the most its response can take
         # (its output cap, its id, an error message) until the response is handed to gRPC. At
@@ -540,17 +576,15 @@ class _Service(pb_grpc.EvaluatorServicer):
         # control then stalls the client), so a client that sends without reading can make the
         # daemon hold at most stream_unread_bytes, and all of a tenant's streams unread_bytes.
         stream_bound = settings.stream_unread_bytes
-        tenant_bound = tenant.config.limits.unread_bytes
 
-        def has_room(size: int) -> bool:
-            return (sink.reserved == 0 or sink.reserved + size <= stream_bound) and (
-                tenant.unread == 0 or tenant.unread + size <= tenant_bound
-            )
-
-        def reserve(size: int) -> None:
+        def reserve(size: int) -> bool:
+            if sink.reserved and sink.reserved + size > stream_bound:
+                return False
+            if not tenant.reserve_unread(size):
+                return False
             sink.reserved += size
             sink.outstanding += 1
-            tenant.unread += size
+            return True
 
         def start(queue: collections.deque[_Work]) -> None:
             task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
@@ -565,8 +599,8 @@ class _Service(pb_grpc.EvaluatorServicer):
                 queue: collections.deque[_Work] = collections.deque()
                 refused: list[tuple[pb.EvaluateResponse, int]] = []
                 for index, item in enumerate(message.items):
-                    size = _reservation(tenant, item)
-                    while not has_room(size):
+                    size = reservation(tenant.limits.output_bytes, item.id)
+                    while not reserve(size):
                         if queue:
                             start(queue)
                             queue = collections.deque()
@@ -576,7 +610,6 @@ class _Service(pb_grpc.EvaluatorServicer):
                         sink.room.clear()
                         await sink.room.wait()
                     prepared = daemon.prepare(tenant, item, index)
-                    reserve(size)
                     if isinstance(prepared, pb.EvaluateResponse):
                         refused.append((prepared, size))
                     else:
@@ -588,19 +621,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                     start(queue)
 
         async def send(results: list[tuple[pb.EvaluateResponse, int]]) -> None:
-            budget = ResponseBudget(settings.max_message_bytes)
-            batch: list[pb.EvaluateResponse] = []
-            freed = 0
-            for response, reserved in results:
-                fitted = budget.fit(response)
-                if fitted is not response and batch:  # full: send what fits, then go on
-                    await write(batch, freed)
-                    batch, freed = [], 0
-                    budget = ResponseBudget(settings.max_message_bytes)
-                    fitted = budget.fit(response)
-                batch.append(fitted)
-                freed += reserved
-            if batch:
+            for batch, freed in pack_responses(results, settings.max_message_bytes):
                 await write(batch, freed)
 
         async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
@@ -635,7 +656,7 @@ class _Service(pb_grpc.EvaluatorServicer):
         def release() -> None:
             """Ends the stream's work and gives its budget back (idempotent)."""
             daemon.unregister_sink(sink)
-            tenant.sinks.discard(sink)
+            tenant.remove_waiter(sink)
             reader.cancel()
             for task in list(drains):
                 task.cancel()

@@ -66,6 +66,7 @@ class FuzzContext:
     max_message_bytes: int
     margin_ms: float
     metrics_port: int | None = None
+    data_target: str | None = None  # the data path (``unix:PATH``), when the daemon has one
     evaluators: dict[str, pb.EvaluatorInfo] = field(default_factory=dict)
     secrets: Secrets = field(default_factory=Secrets)
     stop: threading.Event = field(default_factory=threading.Event)

@@ -8,7 +8,8 @@ abandoned mid-work (their quota must come back), many concurrent streams, stream
 corrupt halfway; and what a caller can make the daemon hold: large messages without a valid
 token (refused from their metadata, never read), streams that never read the amplified output
 of ``strop``'s ``replace`` (bounded in bytes, then cut off), and batches whose values add up past
-the response limit (every item answered, each typed).
+the response limit (every item answered, each typed). The same classes on the engine data path
+are in :mod:`evald._fuzz.data_path`.
 
 A refusal must carry an ``evald-error-code`` (the daemon's typed errors); the only untyped
 statuses accepted are the ones gRPC itself produces before the daemon sees the call (a message or
@@ -686,6 +687,9 @@ def oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
         ctx.recorder.outcome(_KLASS, label, family="oversized_response")
 
 
+# The data path's scenarios (evald._fuzz.data_path) are drawn and held with these.
+from evald._fuzz.data_path import DATA_HOLD_SCENARIOS, DATA_SCENARIOS  # noqa: E402
+
 SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("malformed_message", malformed_message, 6.0),
     ("oversized_message", oversized_message, 0.3),
@@ -702,9 +706,15 @@ SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("unauthenticated_flood", unauthenticated_flood, 0.3),
     ("unread_streams", unread_streams, 0.3),
     ("oversized_response", oversized_response, 0.3),
+    *DATA_SCENARIOS,
 )
 """Every scenario with its weight (how often a protocol step picks it)."""
 
 #: Run once per run before the main loop (and drawn in it like the others): what a caller can
 #: make the daemon hold.
-HOLD_SCENARIOS: tuple[Scenario, ...] = (unauthenticated_flood, unread_streams, oversized_response)
+HOLD_SCENARIOS: tuple[Scenario, ...] = (
+    unauthenticated_flood,
+    unread_streams,
+    oversized_response,
+    *DATA_HOLD_SCENARIOS,
+)

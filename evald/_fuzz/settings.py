@@ -119,18 +119,21 @@ def fuzz_config(
     attacker_token: str,
     threads: int,
     metrics_port: int,
+    data_listen: str = "",
 ) -> str:
     """The daemon config for a run: two tenants, a victim and an attacker.
 
     Both may use every standard evaluator and register modules. The attacker's limits are tight
     (its calls end fast, so the run can make many), the victim's are the defaults scaled down.
     ``max_concurrency`` is high enough for the largest batch; the noisy-neighbour measurement
-    decides what concurrency costs the victim.
+    decides what concurrency costs the victim. ``data_listen`` opens the engine data path,
+    which the data-path scenarios attack like the gRPC surface.
     """
     return "\n".join(
         [
             "[server]",
             f"threads = {threads}",
+            *([f'data_listen = "{data_listen}"'] if data_listen else []),
             f'metrics_listen = "127.0.0.1:{metrics_port}"',
             "max_batch_items = 4096",
             'max_message_bytes = "8MiB"',

@@ -49,6 +49,14 @@ def test_every_class_ran_and_was_checked(short_report: dict[str, Any]) -> None:
     protocol = classes["protocol"]["families"]
     for family in ("unauthenticated_flood", "unread_streams", "oversized_response"):
         assert protocol.get(family, 0) > 0, family
+    # the same on the engine data path
+    for family in (
+        "data_unauthenticated_flood",
+        "data_unread_connections",
+        "data_oversized_response",
+        "data_malformed_frames",
+    ):
+        assert protocol.get(family, 0) > 0, family
     outcomes = classes["protocol"]["outcomes"]
     assert outcomes.get("call:permission_denied", 0) > 0
     for family in ("lt_in_regex", "lt_in_grammar"):
