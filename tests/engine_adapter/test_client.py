@@ -5,6 +5,7 @@ evaluators."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -62,6 +63,23 @@ SPANS = [
 #: The engine client's two transports: the gRPC stream and the data path (docs/data-path.md).
 TRANSPORTS = ("grpc", "data")
 
+
+
+def stop_process(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOP, then wait until the kernel reports every thread of the process stopped (state
+    ``T``), so that nothing it was about to do can still happen after this returns."""
+    os.kill(pid, signal.SIGSTOP)
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):
+                with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        if states and all(state == "T" for state in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop within {timeout_s} s")
 
 def config(root: Path) -> str:
     """CONFIG with the data path on ``root/data.sock``."""
@@ -196,7 +214,7 @@ def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(
     try:
         with evaluator_client(daemon, transport) as client:
             assert client.wait_connected(30.0)
-            os.kill(daemon.process.pid, signal.SIGSTOP)  # a real hang: the process stops
+            stop_process(daemon.process.pid)  # a real hang: the process stops
             try:
                 started = time.monotonic()
                 future = client.submit("calc", "2 + 2", 300)
@@ -225,7 +243,7 @@ def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path, transport: str)
             warm = client.submit("calc", "1 + 1", 10_000)
             client.flush()
             assert warm.result(timeout=30).value == "2"
-            os.kill(daemon.process.pid, signal.SIGSTOP)  # hold the span in flight…
+            stop_process(daemon.process.pid)  # hold the span in flight…
             deadline_ms = 5000
             started = time.monotonic()
             in_flight = client.submit("calc", "2 + 2", deadline_ms)
