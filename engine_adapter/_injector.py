@@ -362,14 +362,13 @@ class Injector:
         state = history[-1]
         text = self._text
         before = len(text)
-        if state.phase is _OUTSIDE:
-            piece = self._token_bytes[token_id] if 0 <= token_id < self._vocab_n else b""
-            text += piece  # in place: the bytearray is self._text
+        text += self._token_bytes[token_id] if 0 <= token_id < self._vocab_n else b""  # in place
+        after = len(text)
+        if state.phase is _OUTSIDE:  # the common case: free text, no opener in sight
             start = before - self._max_begin + 1
             if start < state.mark:
                 start = state.mark
             if self._begin_pattern.search(text, start) is None:
-                after = before + len(piece)
                 mark = after - self._max_begin + 1
                 if mark < state.mark:
                     mark = state.mark
@@ -377,21 +376,12 @@ class Injector:
                     _new_state(_State, (after, _OUTSIDE, mark, -1, state.span_count, (), -1, False))
                 )
                 return
-            del text[before:]  # an opener may start here: the general path below takes over
         if state.plan and state.plan_at == before and state.plan[0] == token_id:
             rest = state.plan[1:]
         else:
             rest = ()
-        self._text += self._codec.token_bytes(token_id)
-        after = len(self._text)
-        if state.phase is _Phase.OUTSIDE:  # the common case: free text, no opener in sight
-            start = max(state.mark, before - self._max_begin + 1)
-            if self._begin_pattern.search(self._text, start) is None:
-                mark = max(state.mark, after - self._max_begin + 1)
-                self._history.append(_State(after, _Phase.OUTSIDE, mark, -1, state.span_count))
-                return
         state = state._replace(text_len=after, plan=rest, plan_at=after if rest else -1)
-        self._history.append(self._advance(state, before))
+        history.append(self._advance(state, before))
 
     def accept_tokens(self, token_ids: Iterable[int]) -> None:
         for token_id in token_ids:
