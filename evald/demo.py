@@ -11,7 +11,6 @@ daemon serves. Later parts (the model demo) append theirs to :data:`SECTIONS`.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from evald._client import CallError, Client
+from evald._client import Client
 from evald._config import DEFAULT_CONFIG_PATH
-from evald._parent_watch import ParentLink
+from evald._daemon_process import DaemonProcess, evald_command, start_daemon
 
 __all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
 
@@ -45,79 +44,33 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
 Section = Callable[[str, Console], None]
 
 
-def evald_command() -> list[str]:
-    """How to run the ``evald`` console script from this interpreter's environment."""
-    script = Path(sys.executable).with_name("evald")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("evald")
-    return [found] if found else [sys.executable, "-m", "evald.cli"]
-
-
 @contextmanager
 def running_daemon(workdir: Path, console: Console) -> Iterator[str]:
-    """Runs ``evald serve`` (default config) on a socket in ``workdir``; yields its target."""
-    socket_path = workdir / "evald.sock"
-    target = f"unix:{socket_path}"
-    log_path = workdir / "daemon.log"
-    command = [
-        *evald_command(),
-        "serve",
-        "--config",
-        str(DEFAULT_CONFIG_PATH),
-        "--listen",
-        target,
-        "--state-dir",
-        str(workdir / "state"),
-    ]
-    console.print(f"[bold]starting[/] evald {' '.join(command[-7:])}")
+    """Runs ``evald serve`` (default config) on a socket in ``workdir``; yields its target.
+
+    The daemon is started the way every tool here starts one (:func:`start_daemon`), so it
+    dies with the demo however the demo dies.
+    """
+    console.print(
+        f"[bold]starting[/] evald serve --config {DEFAULT_CONFIG_PATH.name} "
+        f"--listen unix:{workdir / 'evald.sock'} --state-dir {workdir / 'state'}"
+    )
     started = time.perf_counter()
-    # The daemon dies with the demo however the demo dies (see evald._parent_watch).
-    link = ParentLink()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*command, *link.child_args()],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=link.pass_fds,
-        )
-    link.spawned()
+    daemon: DaemonProcess = start_daemon(workdir, DEFAULT_CONFIG_PATH.read_text())
     try:
-        _wait_healthy(process, target, log_path)
         console.print(
-            f"[green]serving[/] on {target} after {time.perf_counter() - started:.1f} s "
-            f"(pid {process.pid}; JSON log in {log_path.name})"
+            f"[green]serving[/] on {daemon.target} after {time.perf_counter() - started:.1f} s "
+            f"(pid {daemon.pid}; JSON log in {daemon.log_path.name})"
         )
-        yield target
+        yield daemon.target
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        if daemon.alive():
             try:
-                status = process.wait(timeout=30)
+                status = daemon.stop(signal.SIGTERM, timeout_s=30)
             except subprocess.TimeoutExpired:
-                process.kill()
-                status = process.wait()
+                daemon.kill()
+                status = daemon.process.returncode
             console.print(f"[bold]stopped[/] the daemon with SIGTERM (exit status {status})")
-        link.close()
-
-
-def _wait_healthy(process: subprocess.Popen[bytes], target: str, log_path: Path) -> None:
-    give_up = time.monotonic() + 60
-    with Client(target, timeout_s=2.0) as client:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"evald serve exited with status {process.returncode}:\n"
-                    + log_path.read_text(errors="replace")
-                )
-            try:
-                if client.health() == "SERVING":
-                    return
-            except CallError:
-                pass
-            if time.monotonic() > give_up:
-                raise RuntimeError("evald serve did not become healthy within 60 s")
-            time.sleep(0.05)
 
 
 @dataclass(frozen=True)
