@@ -45,6 +45,7 @@ __all__ = [
     "Mode",
     "SpanGrammar",
     "build_structural_tag",
+    "choose_evaluators",
     "common_prefix",
     "free_text_excludes",
     "result_region_format",
@@ -439,3 +440,27 @@ def _prefix_elements(
     if opened is not None:
         elements.append(tags[opened])
     return elements
+
+
+def choose_evaluators(
+    specs: Sequence[EvaluatorSpec], names: Sequence[str] | None
+) -> list[EvaluatorSpec]:
+    """The evaluators a request names (by name or tag, in its order, once each), or all of them.
+
+    Raises:
+        ValueError: the tenant may call none, or a name it may not call (the message lists
+            those it can).
+    """
+    if names is None:
+        if not specs:
+            raise ValueError("this tenant may call no evaluators")
+        return list(specs)
+    by_name = {spec.tag: spec for spec in specs} | {spec.name: spec for spec in specs}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        available = ", ".join(sorted(spec.name for spec in specs)) or "none"
+        raise ValueError(
+            f"evaluator(s) {', '.join(map(repr, unknown))} not available to this tenant "
+            f"(available: {available})"
+        )
+    return list(dict.fromkeys(by_name[name] for name in names))

@@ -35,8 +35,8 @@ from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
 from engine_adapter._injector import Injector, SpanRecord
+from engine_adapter._server_runtime import AdapterRuntime
 from engine_adapter._types import SpanBinding
-from engine_adapter.sglang._runtime import AdapterRuntime
 
 __all__ = ["EvaluatorGrammar"]
 
@@ -49,7 +49,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     Parameters:
         grammar: the compiled grammar of the request (an ``XGrammarGrammar``); every call that
             is not about evaluation is delegated to it.
-        bindings: the request's span kinds (``engine_adapter.sglang._spans.plan_spans``).
+        bindings: the request's span kinds (``engine_adapter._lowered_spans.plan_spans``).
         runtime: the backend's shared state (codec, client, deadline).
 
     Thread-safety: like every SGLang grammar object, driven by one scheduler thread.

@@ -35,7 +35,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine_adapter.sglang._config import AdapterConfig, ConfigError
+from engine_adapter._server_config import AdapterConfig, ConfigError
 
 __all__ = [
     "SGLANG_VERSION",
@@ -202,7 +202,7 @@ def _after_backend_init(
     config = AdapterConfig.from_env()
     if config is None:
         return
-    from engine_adapter.sglang._runtime import AdapterRuntime
+    from engine_adapter._server_runtime import AdapterRuntime
 
     codec = _codec(tokenizer, backend._tokenizer_info)
     setattr(backend, _RUNTIME_ATTR, AdapterRuntime(config, codec))
@@ -215,8 +215,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
     from engine_adapter._evaluated_tag import EvaluatedTagError
+    from engine_adapter._lowered_spans import plan_spans
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
-    from engine_adapter.sglang._spans import plan_spans
 
     try:
         plan = plan_spans(key_string, runtime.evaluators)

@@ -12,7 +12,7 @@ Needs only the evald client (no SGLang, no torch)::
     # opt-in: tell the model how to write spans (a system message rendered from the manifests)
     messages = [*instruction_messages("unix:/run/evald/evald.sock", token, ["calc"]), *messages]
 
-The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter.sglang._spans``), so
+The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter._lowered_spans``), so
 it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine_adapter._client import list_evaluators
-from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+from engine_adapter._grammar import build_structural_tag, choose_evaluators
 from engine_adapter._instructions import render_instructions
 
 __all__ = ["generate_sampling_params", "instruction_messages", "structural_tag_for"]
@@ -63,7 +63,7 @@ def structural_tag_for(
         ValueError: an evaluator that the tenant cannot call (the message lists those it can).
     """
     specs = list_evaluators(target, token, timeout_s=timeout_s)
-    chosen = _choose(specs, evaluators)
+    chosen = choose_evaluators(specs, evaluators)
     grammar = build_structural_tag(
         chosen,
         "grammar-eval",
@@ -95,7 +95,7 @@ def instruction_messages(
         evald.CallError: evald refused or could not be reached.
         ValueError: an evaluator that the tenant cannot call.
     """
-    specs = _choose(list_evaluators(target, token, timeout_s=timeout_s), evaluators)
+    specs = choose_evaluators(list_evaluators(target, token, timeout_s=timeout_s), evaluators)
     text = render_instructions(specs, style="system", answer_prefix=answer_prefix)
     return [{"role": "system", "content": text}]
 
@@ -103,19 +103,3 @@ def instruction_messages(
 def generate_sampling_params(tag: dict[str, Any], **sampling: Any) -> dict[str, Any]:
     """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag``."""
     return {**sampling, "structural_tag": json.dumps(tag, ensure_ascii=False)}
-
-
-def _choose(specs: Sequence[EvaluatorSpec], names: Sequence[str] | None) -> list[EvaluatorSpec]:
-    if names is None:
-        if not specs:
-            raise ValueError("this tenant may call no evaluators")
-        return list(specs)
-    by_name = {spec.tag: spec for spec in specs} | {spec.name: spec for spec in specs}
-    unknown = [name for name in names if name not in by_name]
-    if unknown:
-        available = ", ".join(sorted(spec.name for spec in specs)) or "none"
-        raise ValueError(
-            f"evaluator(s) {', '.join(map(repr, unknown))} not available to this tenant "
-            f"(available: {available})"
-        )
-    return list(dict.fromkeys(by_name[name] for name in names))

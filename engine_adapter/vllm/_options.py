@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine_adapter._lowered_spans import find_lowered_spans
+from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import SpanBinding
-from engine_adapter.sglang._config import AdapterConfig
-from engine_adapter.sglang._spans import find_lowered_spans
 
 __all__ = [
     "EXTRA_ARG_EVALUATORS",

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter._injector import Injector, TokenCodec
+from engine_adapter._server_config import AdapterConfig
+from engine_adapter._server_runtime import AdapterRuntime
 from engine_adapter._types import EvalResult
-from engine_adapter.sglang._config import AdapterConfig
-from engine_adapter.sglang._runtime import AdapterRuntime
 from engine_adapter.vllm._options import RequestOptions, allowed_targets, request_options
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]

@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine_adapter.sglang._config import AdapterConfig, ConfigError
+from engine_adapter._server_config import AdapterConfig, ConfigError
 
 __all__ = [
     "VLLM_VERSION",

@@ -10,7 +10,7 @@ Needs only the evald client (no vLLM, no torch)::
     SamplingParams(max_tokens=64, **req.sampling_params_kwargs())
 
 The structural tag is sent **lowered** (plain XGrammar formats, see
-``engine_adapter.sglang._spans``): vLLM validates and compiles structural tags with XGrammar
+``engine_adapter._lowered_spans``): vLLM validates and compiles structural tags with XGrammar
 before any plugin sees them, so an ``evaluated_tag`` element is lowered here, on the client,
 with the tenant's evaluators. The tenant's token and evald's address travel in
 ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP).
@@ -25,9 +25,8 @@ from typing import Any
 
 from engine_adapter._client import list_evaluators
 from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
-from engine_adapter._grammar import EvaluatorSpec, build_structural_tag
+from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
 from engine_adapter._instructions import render_instructions
-from engine_adapter.sglang.request import _choose
 from engine_adapter.vllm._options import EXTRA_ARG_EVALUATORS, EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN
 
 __all__ = ["EvaluatedRequest", "evaluated_request", "lower_for_vllm"]
@@ -111,7 +110,10 @@ def evaluated_request(
     import os
 
     specs = list_evaluators(target, token, timeout_s=timeout_s)
-    chosen = _choose(specs, evaluators) if tag is None or evaluators is not None else list(specs)
+    if tag is None or evaluators is not None:
+        chosen = choose_evaluators(specs, evaluators)
+    else:
+        chosen = list(specs)
     if tag is not None:
         lowered = lower_for_vllm(tag, specs, special_tokens=special_tokens)
     else:

@@ -36,8 +36,8 @@ from sglang_harness import (
     spans_in,
 )
 
+from engine_adapter._server_runtime import AdapterRuntime
 from engine_adapter.sglang import AdapterConfig, EvaluatorGrammar, structural_tag_for
-from engine_adapter.sglang._runtime import AdapterRuntime
 
 pytestmark = pytest.mark.sglang
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter.sglang._config import AdapterConfig
+from engine_adapter._server_config import AdapterConfig
 from engine_adapter.vllm._options import allowed_targets, request_options
 
 CONFIG = AdapterConfig(target="unix:/run/evald/evald.sock", token="server-token")

@@ -1,8 +1,8 @@
-"""The adapter's settings, read from the environment of every SGLang process.
+"""The server adapters' settings (SGLang and vLLM), read from the environment of every process.
 
-SGLang starts its scheduler processes with *spawn*, so nothing configured in the launching process
-carries over except the environment: that is why the adapter is configured by variables, not by
-an API call.
+Both servers start their scheduler / engine-core processes with *spawn*, so nothing configured in
+the launching process carries over except the environment: that is why the adapters are
+configured by variables, not by an API call.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""What all evaluated requests of one SGLang scheduler process share.
+"""What all evaluated requests of one server process share (SGLang's scheduler, vLLM's engine core).
 
-One :class:`AdapterRuntime` hangs off each xgrammar grammar backend (one per scheduler process):
+In SGLang one :class:`AdapterRuntime` hangs off each xgrammar grammar backend (one per scheduler
+process); vLLM's adapter keeps one per scheduler:
 the tokenizer's :class:`~engine_adapter.TokenCodec` (built once, about a second for a 49k
 vocabulary), the evaluator list used to lower ``evaluated_tag``s (cached), and the engine-wide
 :class:`~engine_adapter.EvaluatorClient` — one bidirectional stream per process, created on the
@@ -20,9 +21,9 @@ from typing import Any, TextIO
 from engine_adapter._client import EvaluatorClient, list_evaluators
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import SpanRecord, TokenCodec
+from engine_adapter._lowered_spans import EvaluatorsUnavailable
+from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import EvalResult
-from engine_adapter.sglang._config import AdapterConfig
-from engine_adapter.sglang._spans import EvaluatorsUnavailable
 
 __all__ = ["AdapterRuntime", "close_shared_clients", "shared_client"]
 
