@@ -21,7 +21,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py evald/_epoch.c Makefile
+$(STAMP): pyproject.toml setup.py evald/host/_epoch.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench,sglang-cpu,study]'

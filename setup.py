@@ -1,4 +1,4 @@
-"""The one native part of evald: the GIL-free epoch ticker (evald/_epoch.c).
+"""The one native part of evald: the GIL-free epoch ticker (evald/host/_epoch.c).
 
 Everything else is declared in pyproject.toml. The extension is optional: where it cannot be
 built the daemon falls back to a Python ticker thread and logs a warning (deadlines then
@@ -12,8 +12,8 @@ from setuptools import Extension, setup
 
 NATIVE = [
     Extension(
-        "evald._epoch",
-        sources=["evald/_epoch.c"],
+        "evald.host._epoch",
+        sources=["evald/host/_epoch.c"],
         extra_compile_args=["-O2", "-std=c11", "-Wall"],
         optional=True,
     )

@@ -65,38 +65,36 @@ __all__ = [
 # The local CPU engine needs torch and a model runtime: its names are imported on first use, so
 # that importing the adapter's core (grammar, injector, clients) stays light.
 _LOCAL_ENGINE_HOMES = {
-    "BACKEND_NAMES": "_backend",
-    "Backend": "_backend",
-    "BackendError": "_backend",
-    "load_backend": "_backend",
-    "EVALUATOR_MODES": "_engine",
-    "EngineError": "_engine",
-    "EvaluatorSetup": "_engine",
-    "GenerationResult": "_engine",
-    "LocalEngine": "_engine",
-    "SpanTiming": "_engine",
-    "StepTiming": "_engine",
-    "open_evaluator": "_engine",
+    "BACKEND_NAMES": "local",
+    "Backend": "local",
+    "BackendError": "local",
+    "load_backend": "local",
+    "EVALUATOR_MODES": "local",
+    "EngineError": "local",
+    "EvaluatorSetup": "local",
+    "GenerationResult": "local",
+    "LocalEngine": "local",
+    "SpanTiming": "local",
+    "StepTiming": "local",
+    "open_evaluator": "local",
 }
 __all__ += list(_LOCAL_ENGINE_HOMES)
 
 import typing as _typing  # noqa: E402
 
 if _typing.TYPE_CHECKING:  # the real types, for type checkers
-    from engine_adapter._backend import (  # noqa: F401
+    from engine_adapter.local import (  # noqa: F401  # noqa: F401
         BACKEND_NAMES,
+        EVALUATOR_MODES,
         Backend,
         BackendError,
-        load_backend,
-    )
-    from engine_adapter._engine import (  # noqa: F401
-        EVALUATOR_MODES,
         EngineError,
         EvaluatorSetup,
         GenerationResult,
         LocalEngine,
         SpanTiming,
         StepTiming,
+        load_backend,
         open_evaluator,
     )
 

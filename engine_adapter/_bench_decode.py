@@ -711,8 +711,8 @@ def _run_stall(
     client: Any,
     bars: Any,
 ) -> dict[str, Any]:
-    from engine_adapter._backend import load_backend
     from engine_adapter._injector import TokenCodec
+    from engine_adapter.local import load_backend
 
     calc_items = [item for item in items if item.evaluator == "calc"] or list(items)
     codec = TokenCodec.from_tokenizer(engine.tokenizer, vocab_size=engine.backend.vocab_size)
@@ -807,14 +807,12 @@ def run_decode(
     Raises:
         KeyError: an unknown profile name.
         RuntimeError: the daemon did not start (its log is in the message).
-        engine_adapter._backend.BackendError: the model or llama.cpp is not installed.
+        engine_adapter.local._backend.BackendError: the model or llama.cpp is not installed.
     """
-    from engine_adapter._backend import load_backend
     from engine_adapter._client import EvaluatorClient
-    from engine_adapter._engine import LocalEngine
     from engine_adapter._grammar import standard_evaluators
     from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import LocalEngine, load_backend, load_tokenizer
     from evald._bench._common import (
         SCHEMA_VERSION,
         Progress,
@@ -822,8 +820,8 @@ def run_decode(
         machine_info,
         write_json,
     )
-    from evald._client import Client
     from evald._daemon_process import start_daemon
+    from evald.client import Client
 
     if isinstance(profile, str):
         profile = PROFILES[profile]

@@ -2,8 +2,8 @@
 
 Engines submit spans from their decode loop (:meth:`EvaluatorClient.submit` never blocks) and call
 :meth:`~EvaluatorClient.flush` once per step, so every span that closed in one step travels in one
-message (a stream round trip costs ~0.5 ms; a unary RPC ~1 ms each, DESIGN §6). Results come back
-as they complete and resolve the futures by id.
+message (a stream round trip costs ~0.5 ms; a unary RPC ~1 ms each, docs/design.md section 6).
+Results come back as they complete and resolve the futures by id.
 
 With a ``data_target`` (or ``$EVALD_DATA_TARGET``), the same messages travel over the daemon's
 data path instead (``[server] data_listen``, docs/data-path.md): length-prefixed frames on a
@@ -35,18 +35,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
 
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._types import EvalResult
+from evald.client import Client, DataCallError, DataConnection
+from evald.contract import (
+    Endpoint,
+    ErrorCode,
+    decode_rpc_error,
+    pb,
+    pb_grpc,
+    unix_socket_path,
+)
 
 __all__ = ["ClientStats", "EvaluatorClient", "list_evaluators"]
 
-_UNAVAILABLE = "unavailable"
-_DEADLINE = "deadline_exceeded"
+_UNAVAILABLE: str = ErrorCode.UNAVAILABLE
+_DEADLINE: str = ErrorCode.DEADLINE_EXCEEDED
 
 
 def list_evaluators(
@@ -62,8 +70,6 @@ def list_evaluators(
         evald.CallError: the daemon refused (``permission_denied``) or could not be reached
             (``unreachable``).
     """
-    from evald._client import Client
-
     with Client(target, token, timeout_s=timeout_s) as client:
         return [EvaluatorSpec.from_info(info) for info in client.list_evaluators()]
 
@@ -167,33 +173,25 @@ class EvaluatorClient:
         max_message_bytes: int = 8 * 1024 * 1024,
         data_target: str | None = None,
     ) -> None:
-        from evald._config import default_target
-
-        self.target = target or default_target()
-        self.data_target = data_target or os.environ.get("EVALD_DATA_TARGET") or None
-        token = token if token is not None else os.environ.get("EVALD_TOKEN") or None
-        self._token = token
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+        endpoint = Endpoint.resolve(
+            target, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
         )
+        self._endpoint = endpoint
+        self.target = endpoint.target
+        self.data_target = data_target or os.environ.get("EVALD_DATA_TARGET") or None
+        self._token = endpoint.token
+        self._metadata = endpoint.metadata
         self._connect_timeout_s = connect_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        self._max_message_bytes = max_message_bytes
         self._options = (
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.enable_retries", 0),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
         )
-        self._credentials = None
-        if tls_ca or tls_cert:
-            self._credentials = grpc.ssl_channel_credentials(
-                root_certificates=Path(tls_ca).read_bytes() if tls_ca else None,
-                private_key=Path(tls_key).read_bytes() if tls_key else None,
-                certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
-            )
+        self._credentials = endpoint.credentials()
         self.stats = ClientStats()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -221,8 +219,6 @@ class EvaluatorClient:
         self, evaluator: str, content: str, deadline_ms: int
     ) -> concurrent.futures.Future[EvalResult]:
         """Queues one evaluation; returns at once. The future never raises."""
-        from evald.v1 import evald_pb2 as pb
-
         future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
         request_id = str(next(self._ids))
         deadline_ms = max(1, int(deadline_ms))
@@ -251,8 +247,6 @@ class EvaluatorClient:
 
     def flush(self) -> None:
         """Sends every span submitted since the last flush as one stream message."""
-        from evald.v1 import evald_pb2 as pb
-
         with self._lock:
             if self._state != "up" or not self._unsent or self._connection is None:
                 return
@@ -310,10 +304,11 @@ class EvaluatorClient:
     def _new_channel(self) -> grpc.Channel:
         if self._channel is not None:
             self._channel.close()
-        if self._credentials is not None:
-            channel = grpc.secure_channel(self.target, self._credentials, options=self._options)
-        else:
-            channel = grpc.insecure_channel(self.target, options=self._options)
+        channel = self._endpoint.channel(
+            max_message_bytes=self._max_message_bytes,
+            options=self._options,
+            credentials=self._credentials,
+        )
         self._channel = channel
         return channel
 
@@ -357,9 +352,7 @@ class EvaluatorClient:
 
     def _open_stream(self) -> _Opened:
         """A gRPC channel and an ``EvaluateStream`` call, or why there is none."""
-        from evald.v1 import evald_pb2_grpc as pb_grpc
-
-        socket_path = _unix_socket_path(self.target)
+        socket_path = unix_socket_path(self.target)
         if socket_path is not None and not os.path.exists(socket_path):
             # No daemon has ever listened here (or it was removed): fail spans now rather than
             # after a connect timeout that may exceed their deadlines.
@@ -379,11 +372,9 @@ class EvaluatorClient:
 
     def _open_data_link(self) -> _Opened:
         """A data-path connection that passed its HELLO, or why there is none."""
-        from evald._data_client import DataCallError, DataConnection
-
         target = self.data_target
         assert target is not None
-        socket_path = _unix_socket_path(target)
+        socket_path = unix_socket_path(target)
         if socket_path is None:
             return _Refused(f"the data path is a unix socket (unix:PATH): {target}")
         if not os.path.exists(socket_path):
@@ -400,8 +391,6 @@ class EvaluatorClient:
 
     def _read_data(self, link: _DataLink, target: str) -> tuple[str, str]:
         """Reads data-path results until the connection ends; the code and message for the rest."""
-        from evald._data_client import DataCallError
-
         try:
             while True:
                 message = link.connection.receive()
@@ -416,26 +405,20 @@ class EvaluatorClient:
 
     def _read(self, connection: _Connection) -> tuple[str, str]:
         """Reads results until the stream ends; returns the code and message for the rest."""
-        from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode
-
         try:
             for message in connection.call:
                 for response in message.results:
                     self._complete(response.id, _result_from_proto(response))
         except grpc.RpcError as error:
-            status = error.code() if hasattr(error, "code") else None
-            details = (error.details() if hasattr(error, "details") else None) or str(status)
-            for key, value in (
-                error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-            ) or ():
-                if key == ERROR_CODE_METADATA_KEY:
-                    try:
-                        return ErrorCode(value).value, details
-                    except ValueError:
-                        return "internal", details
-            if status in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                return "permission_denied", details
-            return _UNAVAILABLE, f"the stream to evald at {self.target} broke: {details}"
+            failure = decode_rpc_error(error)
+            if failure.code is not None:
+                return failure.code.value, failure.details
+            if failure.status in (
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED,
+            ):
+                return ErrorCode.PERMISSION_DENIED.value, failure.details
+            return _UNAVAILABLE, f"the stream to evald at {self.target} broke: {failure.details}"
         return _UNAVAILABLE, f"evald at {self.target} closed the stream"
 
     def _run_reaper(self) -> None:
@@ -501,19 +484,7 @@ class EvaluatorClient:
             pass  # cancelled by its owner
 
 
-def _unix_socket_path(target: str) -> str | None:
-    """The file of a ``unix:PATH`` / ``unix:///PATH`` target (None for TCP and abstract names)."""
-    if not target.startswith("unix:") or target.startswith("unix-abstract:"):
-        return None
-    path = target[len("unix:") :]
-    if path.startswith("//"):
-        path = path[2:]
-    return path or None
-
-
 def _result_from_proto(response: Any) -> EvalResult:
-    from evald._errors import ErrorCode
-
     outcome = response.WhichOneof("outcome")
     if outcome == "value":
         return EvalResult(
@@ -527,4 +498,4 @@ def _result_from_proto(response: Any) -> EvalResult:
             int(response.fuel_used),
             int(response.eval_time_us),
         )
-    return EvalResult(None, "internal", "evald answered with neither a value nor an error")
+    return EvalResult(None, ErrorCode.INTERNAL, "evald answered with neither a value nor an error")

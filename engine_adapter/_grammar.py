@@ -190,7 +190,7 @@ def standard_evaluators(
     Raises:
         FileNotFoundError: a named evaluator has no manifest there.
     """
-    from evald._toolchain import load_manifest_source
+    from evaluators_wasm.toolchain import load_manifest_source
 
     if source_dir is None:
         import evaluators_wasm

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from engine_adapter._grammar import ERROR_CODE_REGEX, check_bindings, common_prefix
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
+from evald.contract import ErrorCode
 
 __all__ = ["Injector", "SpanRecord", "TokenCodec"]
 
@@ -595,7 +596,7 @@ class Injector:
                 self._evaluator.flush()
         except Exception as exc:  # a client must not raise; if it does, the span still ends
             self._set_result(
-                state.binding, record, EvalResult(None, "internal", f"submit failed: {exc}")
+                state.binding, record, EvalResult(None, ErrorCode.INTERNAL, f"submit failed: {exc}")
             )
         return state
 
@@ -613,11 +614,11 @@ class Injector:
             try:
                 result = future.result()
             except Exception as exc:
-                result = EvalResult(None, "internal", f"evaluator failed: {exc}")
+                result = EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
         elif self._clock() >= record.deadline_at:
             result = EvalResult(
                 None,
-                "deadline_exceeded",
+                ErrorCode.DEADLINE_EXCEEDED,
                 f"no result within the span deadline of {self._deadline_ms} ms",
             )
         else:
@@ -651,14 +652,14 @@ class Injector:
                 return result
             return EvalResult(
                 None,
-                "guest_fault",
+                ErrorCode.GUEST_FAULT,
                 f"the evaluator's value {value[:40]!r} {reason}",
                 result.fuel_used,
                 result.eval_time_us,
             )
-        code = result.error_code or "internal"
+        code = result.error_code or ErrorCode.INTERNAL
         if not _ERROR_CODE.fullmatch(code):
-            code = "internal"
+            code = ErrorCode.INTERNAL
         if code == result.error_code and result.value is None:
             return result
         return EvalResult(None, code, result.message, result.fuel_used, result.eval_time_us)
@@ -667,4 +668,4 @@ class Injector:
         b = self._bindings[binding_index]
         if result.value is not None and result.error_code is None:
             return (b.result_begin + result.value + b.result_end).encode()
-        return (b.error_begin + (result.error_code or "internal") + b.error_end).encode()
+        return (b.error_begin + (result.error_code or ErrorCode.INTERNAL) + b.error_end).encode()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter._types import EvalResult
+from evald.contract import ErrorCode
 
 __all__ = ["InProcessWasmEvaluator", "ReferenceEvaluator"]
 
@@ -50,7 +51,7 @@ class _PoolEvaluator:
         """Runs the evaluation on the pool; returns at once."""
         outer: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
         if self._closed:
-            outer.set_result(EvalResult(None, "unavailable", "the evaluator is closed"))
+            outer.set_result(EvalResult(None, ErrorCode.UNAVAILABLE, "the evaluator is closed"))
             return outer
         deadline_ms = max(1, int(deadline_ms))
         data = content.encode("utf-8", errors="surrogateescape")
@@ -61,7 +62,7 @@ class _PoolEvaluator:
             try:
                 result = self._evaluate(evaluator, data, deadline_ms)
             except Exception as exc:
-                result = EvalResult(None, "internal", f"evaluation failed: {exc}")
+                result = EvalResult(None, ErrorCode.INTERNAL, f"evaluation failed: {exc}")
             _settle(outer, result)
 
         with self._lock:
@@ -114,10 +115,11 @@ class _PoolEvaluator:
                     continue
             for future in due:
                 _settle(
-                    future, EvalResult(None, "deadline_exceeded", "no result within the deadline")
+                    future,
+                    EvalResult(None, ErrorCode.DEADLINE_EXCEEDED, "no result within the deadline"),
                 )
         for future in pending:
-            _settle(future, EvalResult(None, "unavailable", "the evaluator was closed"))
+            _settle(future, EvalResult(None, ErrorCode.UNAVAILABLE, "the evaluator was closed"))
 
 
 def _settle(future: concurrent.futures.Future[EvalResult], result: EvalResult) -> None:
@@ -150,7 +152,7 @@ class InProcessWasmEvaluator(_PoolEvaluator):
         threads: int = 2,
         host_config: Any = None,
     ) -> None:
-        from evald._host import HostConfig, Limits, WasmHost
+        from evald.host import HostConfig, Limits, WasmHost
 
         if modules is None:
             import evaluators_wasm
@@ -176,7 +178,8 @@ class InProcessWasmEvaluator(_PoolEvaluator):
     def _evaluate(self, evaluator: str, content: bytes, deadline_ms: int) -> EvalResult:
         module = self._modules.get(evaluator)
         if module is None:
-            return EvalResult(None, "unknown_evaluator", f"no evaluator named {evaluator!r}")
+            message = f"no evaluator named {evaluator!r}"
+            return EvalResult(None, ErrorCode.UNKNOWN_EVALUATOR, message)
         limits = self._limits
         if deadline_ms < limits.deadline_ms:
             limits = dataclasses.replace(limits, deadline_ms=deadline_ms)
@@ -220,7 +223,8 @@ class ReferenceEvaluator(_PoolEvaluator):
 
         function = self._functions.get(evaluator)
         if function is None:
-            return EvalResult(None, "unknown_evaluator", f"no evaluator named {evaluator!r}")
+            message = f"no evaluator named {evaluator!r}"
+            return EvalResult(None, ErrorCode.UNKNOWN_EVALUATOR, message)
         started = time.perf_counter_ns()
         try:
             value = function(content)

@@ -1,12 +1,13 @@
 """The accuracy study: does forcing evaluated results make a small model right more often, and
 do model-facing instructions help it set the problem up?
 
-Three modes (DESIGN §2) on two tasks (questions from :mod:`engine_adapter._study_items`: six
-kinds of arithmetic word problem in three wordings each, letter counting in five phrasings),
-greedy decoding, the same prompts in every mode, each with and without the instructions
-rendered from the manifests (:func:`~engine_adapter.render_instructions`: a system message for
-a chat model, a few-shot block for a base model). The grammar is the engine's default one (every
-evaluator it has, each with its full, bounded input language): no per-task narrowing.
+Three modes (docs/design.md, section 2) on two tasks (questions from
+:mod:`engine_adapter._study_items`: six kinds of arithmetic word problem in three wordings each,
+letter counting in five phrasings), greedy decoding, the same prompts in every mode, each with and
+without the instructions rendered from the manifests (:func:`~engine_adapter.render_instructions`: a
+system message for a chat model, a few-shot block for a base model). The grammar is the engine's
+default one (every evaluator it has, each with its full, bounded input language): no per-task
+narrowing.
 
 In both grammar modes the answer is forced to open with a prefix that ends in the span's opening
 tag (``The expression is <calc>``; a 135M model never opens a span unprompted), and generation
@@ -611,7 +612,7 @@ def run_study(
             ``system_prompt`` is set per run and restored afterwards.
     """
     from engine_adapter._instructions import render_instructions
-    from engine_adapter._model_files import MODEL_NAMES, model_title
+    from engine_adapter.local import MODEL_NAMES, model_title
 
     per_task = [
         (arithmetic_items if task == "arithmetic" else letter_items)(

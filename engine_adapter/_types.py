@@ -31,7 +31,8 @@ class SpanBinding:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The answer to one span: a value, or an error code (``evald._errors.ErrorCode`` value)."""
+    """The answer to one span: a value, or an error code (``evald.contract.ErrorCode``
+    value)."""
 
     value: str | None
     error_code: str | None = None

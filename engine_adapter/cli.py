@@ -244,9 +244,7 @@ def _names(text: str | None) -> list[str] | None:
 
 def _open_engine(args: argparse.Namespace, *, system: str | None = None) -> tuple[Any, Any]:
     """``(engine, evaluator_setup)``; raises EngineError/BackendError on bad input."""
-    from engine_adapter._backend import load_backend
-    from engine_adapter._engine import LocalEngine, open_evaluator
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import LocalEngine, load_backend, load_tokenizer, open_evaluator
 
     setup = open_evaluator(
         args.evaluator_mode,
@@ -277,8 +275,7 @@ def _generate(args: argparse.Namespace) -> int:
         return _fail("--max-new-tokens must be >= 0")
     if args.deadline_ms <= 0:
         return _fail("--deadline-ms must be positive")
-    from engine_adapter._backend import BackendError
-    from engine_adapter._engine import EngineError
+    from engine_adapter.local import BackendError, EngineError
 
     temperature = args.temperature
     if temperature is None:
@@ -391,8 +388,7 @@ def _study(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return _fail(str(exc))
-    from engine_adapter._backend import BackendError
-    from engine_adapter._engine import EngineError
+    from engine_adapter.local import BackendError, EngineError
 
     try:
         engine, setup = _open_engine(args)
@@ -411,8 +407,8 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from engine_adapter._backend import BackendError
     from engine_adapter._bench_decode import run_decode
+    from engine_adapter.local import BackendError
 
     parts = _names(args.parts) or []
     unknown = [part for part in parts if part not in ("decode", "toolcall", "stall")]

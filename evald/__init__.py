@@ -1,6 +1,7 @@
 """evald: a gRPC daemon that runs evaluators compiled to WebAssembly under limits.
 
-The public API, re-exported from the private modules that implement it:
+The public API, re-exported from the subpackages that implement it (``evald.contract``,
+``evald.client``, ``evald.daemon``, ``evald.host``, ``evald.sdk``; docs/design.md, "Layout"):
 
 * the daemon: :func:`serve` (blocking, until SIGTERM/SIGINT) and :class:`EvaldServer` (to embed
   it in an event loop);
@@ -22,23 +23,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from evald._client import CallError, Client
-    from evald._config import (
+    from evald.client import CallError, Client, DataCallError, DataConnection
+    from evald.contract import (
+        ERROR_CODE_METADATA_KEY,
+        ErrorCode,
+        EvaldError,
+        Manifest,
+        default_target,
+    )
+    from evald.daemon import (
         Config,
         ConfigError,
+        EvaldServer,
         HostSettings,
         ServerSettings,
         TenantConfig,
         TenantLimits,
-        default_target,
         hash_token,
         load_config,
         parse_config,
+        serve,
     )
-    from evald._data_client import DataCallError, DataConnection
-    from evald._errors import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError
-    from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, Manifest, WasmHost
-    from evald._server import EvaldServer, serve
+    from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
 
 __all__ = [
     "ERROR_CODE_METADATA_KEY",
@@ -69,31 +75,31 @@ __all__ = [
 ]
 
 _HOMES = {
-    "CallError": "_client",
-    "Client": "_client",
-    "Config": "_config",
-    "ConfigError": "_config",
-    "HostSettings": "_config",
-    "ServerSettings": "_config",
-    "TenantConfig": "_config",
-    "TenantLimits": "_config",
-    "default_target": "_config",
-    "hash_token": "_config",
-    "load_config": "_config",
-    "parse_config": "_config",
-    "DataCallError": "_data_client",
-    "DataConnection": "_data_client",
-    "ERROR_CODE_METADATA_KEY": "_errors",
-    "ErrorCode": "_errors",
-    "EvaldError": "_errors",
-    "EvalOutcome": "_host",
-    "HostConfig": "_host",
-    "Limits": "_host",
-    "LoadedModule": "_host",
-    "Manifest": "_host",
-    "WasmHost": "_host",
-    "EvaldServer": "_server",
-    "serve": "_server",
+    "CallError": "client",
+    "Client": "client",
+    "Config": "daemon",
+    "ConfigError": "daemon",
+    "HostSettings": "daemon",
+    "ServerSettings": "daemon",
+    "TenantConfig": "daemon",
+    "TenantLimits": "daemon",
+    "default_target": "contract",
+    "hash_token": "daemon",
+    "load_config": "daemon",
+    "parse_config": "daemon",
+    "DataCallError": "client",
+    "DataConnection": "client",
+    "ERROR_CODE_METADATA_KEY": "contract",
+    "ErrorCode": "contract",
+    "EvaldError": "contract",
+    "EvalOutcome": "host",
+    "HostConfig": "host",
+    "Limits": "host",
+    "LoadedModule": "host",
+    "Manifest": "contract",
+    "WasmHost": "host",
+    "EvaldServer": "daemon",
+    "serve": "daemon",
 }
 
 

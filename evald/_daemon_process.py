@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evald._parent_watch import ParentLink
-from evald._toolchain import append_custom_section
+from evald.daemon import ParentLink
+from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = [
     "EVALD",
@@ -155,7 +155,7 @@ def start_daemon(
     socket_path = socket_path or root / "evald.sock"
     state_dir = state_dir or root / "state"
     log_path = root / f"daemon-{time.monotonic_ns()}.log"
-    # The daemon dies with this process, however it dies (see evald._parent_watch).
+    # The daemon dies with this process, however it dies (see evald.daemon._parent_watch).
     link = ParentLink()
     try:
         with log_path.open("wb") as log:
@@ -198,7 +198,7 @@ def wait_serving(
     Raises:
         RuntimeError: the daemon exited, or was not healthy in ``timeout_s`` (it is killed).
     """
-    from evald._client import CallError, Client
+    from evald.client import CallError, Client
 
     give_up = time.monotonic() + timeout_s
     with Client(listen or daemon.target, timeout_s=2.0, tls_ca=tls_ca) as client:

@@ -21,7 +21,7 @@ from typing import Any
 
 import wasmtime
 
-from evald._toolchain import MANIFEST_SECTION, append_custom_section
+from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 __all__ = ["IN_PTR", "MANIFEST", "PAGE", "arg", "guest", "manifest_bytes", "wat_text"]
 

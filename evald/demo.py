@@ -24,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from evald._client import Client
-from evald._config import DEFAULT_CONFIG_PATH
 from evald._daemon_process import DaemonProcess, evald_command, start_daemon
+from evald.client import Client
+from evald.daemon import DEFAULT_CONFIG_PATH
 
 __all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
 
@@ -168,9 +168,7 @@ def show_local_engine(target: str, console: Console) -> None:
     from rich.text import Text
 
     from engine_adapter import EvaluatorClient, list_evaluators
-    from engine_adapter._backend import BackendError, load_backend
-    from engine_adapter._engine import LocalEngine
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import BackendError, LocalEngine, load_backend, load_tokenizer
 
     console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans through evald")
     started = time.perf_counter()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from evald._toolchain import build_evaluator
 from evaluators_wasm import SOURCE_DIR, WASM_DIR
+from evaluators_wasm.toolchain import build_evaluator
 
 
 def main(argv: list[str] | None = None) -> None:

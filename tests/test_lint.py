@@ -1,4 +1,5 @@
-"""ruff and mypy (strict, per pyproject.toml) are part of the test run: findings fail it."""
+"""ruff, mypy (strict) and import-linter (the layering contracts), all configured in
+pyproject.toml, are part of the test run: findings fail it."""
 
 from __future__ import annotations
 
@@ -22,4 +23,10 @@ def test_ruff_finds_nothing() -> None:
 
 def test_mypy_strict_finds_nothing() -> None:
     result = run(sys.executable, "-m", "mypy", *(f"{name}/" for name in CHECKED))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_contracts_hold() -> None:
+    """The layering of docs/design.md ("Layout"): one-way packages, public APIs, no cycles."""
+    result = run(str(BIN / "lint-imports"), "--no-cache")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,7 +13,7 @@ ARG BUILDER_IMAGE=debian:12-slim
 ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian12:nonroot
 
 FROM ${BUILDER_IMAGE} AS builder
-# gcc and the Python headers build the native epoch ticker (evald/_epoch.c): deadlines that do
+# gcc and the Python headers build the native epoch ticker (evald/host/_epoch.c): deadlines that do
 # not wait for the GIL. They stay in the builder; the runtime gets the compiled module only.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
@@ -30,7 +30,7 @@ RUN python3 -m venv /venv \
  && /venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && /venv/bin/pip install --no-cache-dir /wheels/evald-*.whl \
  && /venv/bin/pip uninstall -y pip \
- && /venv/bin/python -c "import evald._epoch" \
+ && /venv/bin/python -c "import evald.host._epoch" \
  && /venv/bin/evald --help > /dev/null
 # Mount points owned by the runtime user (no shell there to make them).
 RUN mkdir -p /staging/var/lib/evald /staging/run/evald /staging/etc/evald

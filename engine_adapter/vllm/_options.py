@@ -28,6 +28,7 @@ from typing import Any
 from engine_adapter._lowered_spans import find_lowered_spans
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import SpanBinding
+from evald.contract import ErrorCode
 
 __all__ = [
     "EXTRA_ARG_EVALUATORS",
@@ -98,19 +99,19 @@ def request_options(
     names = extra.get(EXTRA_ARG_EVALUATORS)
     if not isinstance(target, str) or target.strip() not in allowed:
         refusal = (
-            "permission_denied",
+            ErrorCode.PERMISSION_DENIED,
             f"{EXTRA_ARG_TARGET}={target!r} is not an evald address this server may use "
             f"(EVALD_TARGET or EVALD_ALLOWED_TARGETS: {', '.join(sorted(allowed))})",
         )
         target = config.target
     if token is not None and not isinstance(token, str):
-        refusal = refusal or ("invalid_argument", f"{EXTRA_ARG_TOKEN} must be a string")
+        refusal = refusal or (ErrorCode.INVALID_ARGUMENT, f"{EXTRA_ARG_TOKEN} must be a string")
         token = config.token
     if names is not None:
         renamed = _rename(bindings, names)
         if renamed is None:
             refusal = refusal or (
-                "invalid_argument",
+                ErrorCode.INVALID_ARGUMENT,
                 f"{EXTRA_ARG_EVALUATORS}={names!r}: expected TAG=NAME pairs separated by commas",
             )
         else:

@@ -180,7 +180,7 @@ def bench_daemon_config(*, threads: int = _SERVER_THREADS_DEFAULT, data_listen: 
     """The benchmark daemon's config: the tokenless ``local`` tenant (unix socket) and ``bench``
     (token, for TCP), both without a concurrency cap that 64 callers x 64 items would hit; the
     data path on ``data_listen`` when given."""
-    from evald._config import hash_token
+    from evald.daemon import hash_token
 
     # A loaded machine can hold a thread off the CPU for longer than the default 100 ms
     # deadline: the benchmark measures cost, so deadlines are far away.
@@ -265,7 +265,7 @@ class _InProcess:
     """The three in-process paths; one host per isolation mode, kept for the whole run."""
 
     def __init__(self, inputs: Sequence[str]) -> None:
-        from evald._host import HostConfig, Limits, WasmHost
+        from evald.host import HostConfig, Limits, WasmHost
         from evaluators_wasm import wasm_path
         from evaluators_wasm.reference import reference
 
@@ -360,7 +360,7 @@ class _Daemons:
     async def _connect(self) -> dict[str, Any]:
         import grpc
 
-        from evald.v1 import evald_pb2_grpc as pb_grpc
+        from evald.contract import pb_grpc
 
         options = (
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -388,8 +388,8 @@ class _Daemons:
 
     def run_threaded_slice(self, config: _Config, duration_s: float, expected: str) -> _Slice:
         """A slice on the data path or the raw floor: a thread and a connection per caller."""
-        from evald._data_client import DataConnection
-        from evald.v1 import evald_pb2 as pb
+        from evald.client import DataConnection
+        from evald.contract import pb
 
         if config.path == "raw-uds":
             assert self._raw is not None
@@ -437,7 +437,7 @@ class _Daemons:
         return self.loop.run_until_complete(self._slice(config, duration_s, expected))
 
     async def _slice(self, config: _Config, duration_s: float, expected: str) -> _Slice:
-        from evald.v1 import evald_pb2 as pb
+        from evald.contract import pb
 
         assert config.transport is not None and config.rpc is not None
         stub = self.stubs[config.transport]
@@ -592,7 +592,7 @@ class _DecodeStep:
     """Times single-token forwards of the local engine's model (llama.cpp, SmolLM2-135M)."""
 
     def __init__(self) -> None:
-        from engine_adapter._backend import load_backend
+        from engine_adapter.local import load_backend
 
         self._backend: Any = load_backend("llama", n_ctx=256)
         self._context = [1, 504, 3058, 31, 2, 198, 1, 4093, 198]  # a short chat preamble

@@ -62,7 +62,7 @@ def _best_cpu_us(run: Callable[[], object], calls: int, repeats: int) -> float:
 
 def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
     """CPU µs of one reused-instance evaluation and of each of its parts (see the module doc)."""
-    from evald._host import EvalOutcome, Limits, WasmHost
+    from evald.host import EvalOutcome, Limits, WasmHost
     from evaluators_wasm import wasm_path
 
     host = WasmHost()
@@ -188,8 +188,8 @@ def _gil_profile(raw: Path, top: int = 25) -> dict[str, Any]:
 
 def _data_path_batches(target: str) -> tuple[Callable[[], None], Callable[[], None]]:
     """(one 64-item round trip on the data path, close)."""
-    from evald._data_client import DataConnection
-    from evald.v1 import evald_pb2 as pb
+    from evald.client import DataConnection
+    from evald.contract import pb
 
     connection = DataConnection.connect(target)
     message = pb.EvaluateBatchRequest(
@@ -214,8 +214,8 @@ def daemon_breakdown(
     """CPU µs per item of each daemon thread under 64-item messages (see above), over gRPC
     ``EvaluateBatch`` (``transport="grpc"``) or the data path (``"data"``)."""
     from evald._bench._overhead import bench_daemon_config
-    from evald._client import Client
     from evald._daemon_process import start_daemon
+    from evald.client import Client
 
     py_spy = _py_spy()
     with tempfile.TemporaryDirectory(prefix="evald-profile-") as tmp:

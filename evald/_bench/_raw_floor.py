@@ -1,8 +1,8 @@
 """The floor under any cross-process evaluation: a raw unix-socket round trip of the same frames.
 
 ``python -m evald._bench._raw_floor PATH`` serves the data path's wire format
-(:mod:`evald._frames`) on ``PATH`` with nothing behind it: it accepts any HELLO, parses each
-BATCH as an ``EvaluateBatchRequest`` and answers every item with a fixed value in one
+(:mod:`evald.contract._frames`) on ``PATH`` with nothing behind it: it accepts any HELLO, parses
+each BATCH as an ``EvaluateBatchRequest`` and answers every item with a fixed value in one
 ``EvaluateBatchResponse``, on one blocking thread per connection. That is the least a process
 boundary costs with these messages in Python (two socket hops, two thread wake-ups, protobuf
 both ways); the overhead benchmark measures it beside the daemon in the same run, so the
@@ -18,8 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from evald._frames import FrameError, Kind, encode_frame, read_frame
-from evald.v1 import evald_pb2 as pb
+from evald.contract import FrameError, Kind, encode_frame, pb, read_frame
 
 __all__ = ["ANSWER", "main", "serve"]
 

@@ -38,8 +38,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from evald._errors import ErrorCode
-from evald.v1 import evald_pb2 as pb
+from evald.contract import ErrorCode, pb
 
 __all__ = [
     "LIMIT_ESCAPES",

@@ -17,9 +17,9 @@ from typing import Literal
 
 import grpc
 
-from evald._client import CallError, Client
 from evald._fuzz.checks import Canaries, Checker, Recorder, TenantBounds, Violation, outcome_label
-from evald.v1 import evald_pb2 as pb
+from evald.client import CallError, Client
+from evald.contract import pb
 
 __all__ = ["FuzzContext", "Item", "Secrets"]
 

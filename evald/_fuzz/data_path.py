@@ -22,13 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from evald._data_client import DataCallError, DataConnection
-from evald._errors import ErrorCode
-from evald._frames import HEADER, HELLO_MAGIC, MAX_HELLO_BYTES, Kind, encode_frame
 from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext
-from evald._gatekeeping import send_limit
-from evald.v1 import evald_pb2 as pb
+from evald.client import DataCallError, DataConnection
+from evald.contract import HEADER, HELLO_MAGIC, MAX_HELLO_BYTES, ErrorCode, Kind, encode_frame, pb
+from evald.daemon import send_limit
 
 __all__ = ["DATA_HOLD_SCENARIOS", "DATA_SCENARIOS"]
 

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evald._client import CallError, Client
-from evald._config import hash_token
 from evald._daemon_process import DaemonProcess, padded, start_daemon
 from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext
 from evald._wat_corpus import guest, manifest_bytes
-from evald.v1 import evald_pb2 as pb
+from evald.client import CallError, Client
+from evald.contract import pb
+from evald.daemon import hash_token
 
 __all__ = ["disk_full", "kill_under_load"]
 

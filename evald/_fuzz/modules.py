@@ -28,11 +28,10 @@ from typing import Any
 
 import wasmtime
 
-from evald._abi import MAX_CODE_BYTES, MAX_FUNCTIONS
 from evald._daemon_process import padded
-from evald._host import MAX_TABLE_ELEMENTS
-from evald._toolchain import MANIFEST_SECTION, append_custom_section
 from evald._wat_corpus import arg, guest, manifest_bytes, wat_text
+from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS
+from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 __all__ = ["MaliciousModule", "accepted_modules", "mutated_module", "refused_modules"]
 

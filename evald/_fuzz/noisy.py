@@ -15,12 +15,12 @@ import statistics
 import threading
 import time
 
-from evald._client import CallError
 from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext
-from evald._toolchain import append_custom_section
 from evald._wat_corpus import guest, manifest_bytes
-from evald.v1 import evald_pb2 as pb
+from evald.client import CallError
+from evald.contract import pb
+from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = ["heavy_module", "measure_noisy_neighbour", "measure_registration_neighbour"]
 

@@ -31,7 +31,7 @@ import grpc
 
 from evald._fuzz.checks import Violation, outcome_label
 from evald._fuzz.context import FuzzContext, Item
-from evald.v1 import evald_pb2 as pb
+from evald.contract import pb
 
 __all__ = ["HOLD_SCENARIOS", "SCENARIOS", "Scenario", "inflight"]
 

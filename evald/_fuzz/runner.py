@@ -30,8 +30,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evald._client import CallError, Client
-from evald._config import Config, load_config, parse_config
 from evald._daemon_process import DaemonProcess, free_port, process_rss_bytes, start_daemon
 from evald._fuzz import faults, noisy, protocol
 from evald._fuzz.checks import (
@@ -48,6 +46,8 @@ from evald._fuzz.corpus import attacks_for
 from evald._fuzz.generate import GrammarError, GrammarGenerator, mutate
 from evald._fuzz.modules import MaliciousModule, accepted_modules, mutated_module, refused_modules
 from evald._fuzz.settings import FuzzSettings, fuzz_config
+from evald.client import CallError, Client
+from evald.daemon import Config, load_config, parse_config
 from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = ["HARDENING", "run_fuzz"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evald._config import hash_token
+from evald.daemon import hash_token
 
 __all__ = ["FULL", "PROFILES", "SHORT", "FuzzSettings", "Profile", "fuzz_config"]
 

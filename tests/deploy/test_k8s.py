@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from evald._config import parse_config
+from evald.daemon import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

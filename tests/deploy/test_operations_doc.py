@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evald._metrics import Metrics
+from evald.daemon._metrics import Metrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

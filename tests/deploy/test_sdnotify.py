@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evald import _sdnotify
+from evald.daemon import _sdnotify
 
 
 @pytest.fixture

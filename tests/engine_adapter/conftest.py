@@ -23,7 +23,7 @@ TEST_N_CTX = 2048
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer() -> Any:
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import load_tokenizer
 
     return load_tokenizer()
 
@@ -32,7 +32,7 @@ def smollm2_tokenizer() -> Any:
 def llama_backend() -> Iterator[Any]:
     """SmolLM2 on llama.cpp, shared by the session: tests must not assume an empty cache."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama extra)")
-    from engine_adapter._backend import load_backend
+    from engine_adapter.local import load_backend
 
     backend = load_backend("llama", n_ctx=TEST_N_CTX)
     yield backend
@@ -42,7 +42,7 @@ def llama_backend() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def hf_backend() -> Iterator[Any]:
     """SmolLM2 on transformers (one torch thread: the test machine's cores are shared)."""
-    from engine_adapter._backend import load_backend
+    from engine_adapter.local import load_backend
 
     backend = load_backend("hf", n_ctx=TEST_N_CTX, n_threads=1)
     yield backend

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_adapter._backend import BACKEND_NAMES, BackendError, load_backend
+from engine_adapter.local import BACKEND_NAMES, BackendError, load_backend
 
 PROMPT = "A box has 17 rows of 23 items, then 91 more are added. How many items are in the box?"
 
@@ -164,7 +164,7 @@ def test_bad_requests_leave_the_cache_untouched(backend: Any, smollm2_tokenizer:
 
 @pytest.mark.model
 def test_hf_conversion_is_cached_as_plain_safetensors(hf_backend: Any) -> None:
-    from engine_adapter._hf_backend import converted_model_dir
+    from engine_adapter.local import converted_model_dir
 
     folder = converted_model_dir()
     assert (folder / "model.safetensors").stat().st_size > 100_000_000
@@ -182,7 +182,7 @@ def test_llama_backend_never_loads_the_amx_buffer_type(llama_backend: Any) -> No
     """The AMX buffer type crashes on some AMX CPUs. Whatever this CPU and this llama.cpp build
     have, the model is loaded so that the AMX buffer type cannot be used: either the build has
     no AMX kernels, or extra buffer types are off."""
-    from engine_adapter._llama_backend import amx_compiled, model_params
+    from engine_adapter.local._llama_backend import amx_compiled, model_params
 
     assert not (amx_compiled() and llama_backend.params.use_extra_bufts)
     assert model_params().use_extra_bufts is (not amx_compiled())
@@ -191,7 +191,7 @@ def test_llama_backend_never_loads_the_amx_buffer_type(llama_backend: Any) -> No
 def test_an_amx_build_loads_with_extra_buffer_types_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule on a llama.cpp that has AMX kernels (a build this machine may not have)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from engine_adapter import _llama_backend
+    from engine_adapter.local import _llama_backend
 
     amx_info = b"CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
     monkeypatch.setattr(llama_cpp, "llama_print_system_info", lambda: amx_info)
@@ -215,7 +215,7 @@ def test_llama_cpp_is_built_without_amx_kernels() -> None:
 def test_default_threads_split_decode_from_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from engine_adapter._llama_backend import default_threads
+    from engine_adapter.local._llama_backend import default_threads
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert default_threads() == (1, 2)
@@ -227,7 +227,7 @@ def test_default_threads_split_decode_from_prompts(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.model
 def test_llama_backend_uses_its_threads(llama_backend: Any) -> None:
-    from engine_adapter._llama_backend import default_threads
+    from engine_adapter.local._llama_backend import default_threads
 
     assert llama_backend.threads == default_threads()
 
@@ -252,7 +252,7 @@ def test_a_script_exits_cleanly_with_or_without_closing_its_engine(close: bool) 
 
     script = f"""
 from engine_adapter import LocalEngine, load_backend, standard_evaluators
-from engine_adapter._model_files import load_tokenizer
+from engine_adapter.local._model_files import load_tokenizer
 engine = LocalEngine(load_backend("llama", n_ctx=256), load_tokenizer(), standard_evaluators())
 engine.backend.forward([1, 2, 3])
 if {close}:

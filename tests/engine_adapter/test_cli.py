@@ -126,7 +126,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def test_generate_prints_the_answer_with_evalds_result(
     daemon: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from evald._client import Client
+    from evald.client import Client
 
     report = tmp_path / "result.json"
     status = main(

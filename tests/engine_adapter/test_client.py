@@ -29,7 +29,7 @@ from engine_adapter import (
     list_evaluators,
     standard_evaluators,
 )
-from evald._config import hash_token
+from evald.daemon import hash_token
 
 TOKEN = "engine-tenant-token-0123456789abcdef"
 # Margin for a busy 2-core machine: "within the deadline" is asserted against deadline + slack.
@@ -287,7 +287,7 @@ def test_closed_client_answers_unavailable(daemon: Daemon) -> None:
 def test_injector_with_the_daemon_forces_the_evaluated_value(client: EvaluatorClient) -> None:
     xgr = pytest.importorskip("xgrammar")
     from engine_adapter import Injector, TokenCodec, special_token_texts
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import load_tokenizer
 
     tokenizer = load_tokenizer()
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from engine_adapter import EvaluatorClient, ReferenceEvaluator, list_evaluators
-from engine_adapter._engine import EngineError, GenerationResult, LocalEngine
 from engine_adapter._grammar import standard_evaluators
+from engine_adapter.local import EngineError, GenerationResult, LocalEngine
 
 pytestmark = pytest.mark.model
 
@@ -47,8 +47,8 @@ def _start_daemon(root: Path) -> Any:
 
 def _evald_value(daemon: Any, evaluator: str, content: str) -> str:
     """What the daemon answers for a span, asked directly (unary Evaluate)."""
-    from evald._client import Client
-    from evald._errors import ErrorCode
+    from evald.client import Client
+    from evald.contract import ErrorCode
 
     with Client(daemon.target) as client:
         response = client.evaluate(evaluator, content)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter._engine import EVALUATOR_MODES, EngineError, open_evaluator
+from engine_adapter.local import EVALUATOR_MODES, EngineError, open_evaluator
 
 
 def test_python_and_inprocess_offer_the_standard_evaluators() -> None:

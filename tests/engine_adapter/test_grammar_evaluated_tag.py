@@ -21,7 +21,7 @@ from engine_adapter import (  # noqa: E402
     lower_evaluated_tags,
     standard_evaluators,
 )
-from engine_adapter._model_files import load_tokenizer  # noqa: E402
+from engine_adapter.local import load_tokenizer  # noqa: E402
 
 RESULT = {"begin": "<result>", "end": "</result>"}
 

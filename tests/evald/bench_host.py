@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from wat_modules import arg, guest
 
-from evald import _fastcall as fast
-from evald._host import HostConfig, Limits, WasmHost
+from evald.host import HostConfig, Limits, WasmHost
+from evald.host import _fastcall as fast
 from evaluators_wasm import wasm_path
 
 EXPRESSION = b"17 * 23 + 91 - (48 / 6) ** 2 % 7"  # 31 bytes of calc input

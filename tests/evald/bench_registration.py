@@ -28,14 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_harness import TOKENS, Daemon, start_daemon, tenant_block
 
-from evald._client import Client
 from evald._fuzz.noisy import heavy_module
-from evald._toolchain import append_custom_section
+from evald.client import Client
+from evaluators_wasm.toolchain import append_custom_section
 
 #: Runs ``evald`` with registration compiling on the daemon's control thread (the old path).
 _IN_PROCESS = (
     "import sys\n"
-    "from evald import _compiler\n"
+    "from evald.host import _compiler\n"
     "_compiler.Compiler.compile = lambda self, config, wasm, cap: "
     "_compiler.compile_module(config, wasm, cap)\n"
     "from evald.cli import main\n"

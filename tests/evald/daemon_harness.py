@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from evald import _daemon_process
-from evald._client import Client
-from evald._config import hash_token
 from evald._daemon_process import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
+from evald.client import Client
+from evald.daemon import hash_token
 
 __all__ = [
     "EVALD",
@@ -184,7 +184,7 @@ def module(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
 
 def outcome(response: Any) -> str:
     """``ok`` or the error code name of an ``EvaluateResponse``."""
-    from evald._errors import ErrorCode
+    from evald.contract import ErrorCode
 
     if response.WhichOneof("outcome") == "value":
         return "ok"

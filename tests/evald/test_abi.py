@@ -8,15 +8,15 @@ import pytest
 import wasmtime
 from wat_modules import MANIFEST, guest, manifest_bytes
 
-from evald._abi import (
+from evald.contract import ErrorCode, EvaldError
+from evald.host._abi import (
     MANIFEST_MAX_BYTES,
     Manifest,
     check_manifest_grammars,
     parse_manifest,
     validate_module,
 )
-from evald._errors import ErrorCode, EvaldError
-from evald._toolchain import MANIFEST_SECTION, append_custom_section
+from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 
 def refused(wasm: bytes, **kwargs: int) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evald._config import (
+from evald.daemon._config import (
     DEFAULT_CONFIG_PATH,
     MIB,
     ConfigError,

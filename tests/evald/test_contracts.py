@@ -2,8 +2,9 @@
 
 The error codes' numbers come from the generated proto enum by name, and are pinned here as a
 literal table: renaming, reordering or renumbering anything on either side fails. Each default
-has one home (``evald/_limits.py`` for per-evaluation and engine settings, ``evald/_config.py``
-for the rest); every shipped config and the docs' tables must say the same.
+has one home (``evald/host/_limits.py`` for per-evaluation and engine settings,
+``evald/daemon/_config.py`` for the rest); every shipped config and the docs' tables must say the
+same.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
-from evald._config import (
+from evald.contract import ErrorCode, pb
+from evald.daemon._config import (
     HostSettings,
     ServerSettings,
     TenantLimits,
     parse_config,
     parse_size,
 )
-from evald._errors import ErrorCode
-from evald._limits import HostConfig, Limits
-from evald.v1 import evald_pb2 as pb
+from evald.host import HostConfig, Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def _agree(table: dict[str, Any], defaults: Any, where: str) -> None:
 
 
 def test_the_packaged_config_states_exactly_the_defaults() -> None:
-    document = tomllib.loads((ROOT / "evald" / "default_config.toml").read_text())
+    document = tomllib.loads((ROOT / "evald" / "daemon" / "default_config.toml").read_text())
     _agree(document["server"], ServerSettings(), "default_config.toml [server]")
     _agree(document["host"], HostSettings(), "default_config.toml [host]")
     _agree(document["defaults"]["limits"], TenantLimits(), "default_config.toml [defaults]")

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 from daemon_harness import TOKENS, Daemon, free_port, module, outcome, session_config, start_daemon
 
-from evald._data_client import DataCallError, DataConnection
-from evald._errors import ErrorCode
-from evald._frames import HELLO_MAGIC, Kind, encode_frame
-from evald.v1 import evald_pb2 as pb
+from evald.client import DataCallError, DataConnection
+from evald.contract import HELLO_MAGIC, ErrorCode, Kind, encode_frame, pb
 
 MAX_CONNECTIONS = 6
 

@@ -26,13 +26,10 @@ import grpc
 import pytest
 from daemon_harness import TOKENS, Daemon, module, outcome, start_daemon, tenant_block
 
-from evald._data_client import DataCallError, DataConnection
-from evald._errors import ErrorCode
-from evald._frames import HEADER, Kind
-from evald._gatekeeping import send_limit
 from evald._wat_corpus import arg
-from evald.v1 import evald_pb2 as pb
-from evald.v1 import evald_pb2_grpc as pb_grpc
+from evald.client import DataCallError, DataConnection
+from evald.contract import HEADER, ErrorCode, Kind, pb, pb_grpc
+from evald.daemon import send_limit
 
 MIB = 2**20
 #: 6,000 characters of input, a 60,002-byte value.

@@ -18,9 +18,7 @@ import time
 import pytest
 from daemon_harness import module
 
-from evald import _engine
-from evald._host import EvalOutcome, LoadedModule, WasmHost
-from evald._limits import HostConfig, Limits
+from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost, _engine
 
 #: Not metered: the deadline is what stops the guest.
 _LIMITS = Limits(fuel=0, deadline_ms=20)

@@ -8,7 +8,7 @@ import time
 import pytest
 import wasmtime
 
-from evald import _fastcall as fast
+from evald.host import _fastcall as fast
 
 WAT = """
 (module

@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from evald._errors import ErrorCode
 from evald._fuzz.checks import (
     Canaries,
     Checker,
@@ -18,7 +17,7 @@ from evald._fuzz.checks import (
 )
 from evald._fuzz.corpus import ATTACKS, attacks_for
 from evald._fuzz.generate import GrammarError, GrammarGenerator, mutate, parse_ebnf
-from evald.v1 import evald_pb2 as pb
+from evald.contract import ErrorCode, pb
 from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
 
 BOUNDS = {

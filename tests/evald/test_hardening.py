@@ -18,12 +18,11 @@ from daemon_harness import TOKENS, Daemon, module, outcome
 from test_server_limits import assert_still_serving
 from wat_modules import arg, manifest_bytes, wat_text
 
-from evald._abi import MAX_CODE_BYTES, MAX_FUNCTIONS, validate_module
-from evald._client import CallError, Client
-from evald._errors import ERROR_CODE_METADATA_KEY, EvaldError
-from evald._host import MAX_TABLE_ELEMENTS
-from evald._toolchain import MANIFEST_SECTION, append_custom_section
-from evald._wasm_binary import parse_module
+from evald.client import CallError, Client
+from evald.contract import ERROR_CODE_METADATA_KEY, EvaldError
+from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS, validate_module
+from evald.host._wasm_binary import parse_module
+from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 _SERVICE = "/evald.v1.Evaluator"
 #: Not a protobuf message: a field key of wire type 7, which does not exist.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from wat_modules import guest
 
-from evald._host import HostConfig, Limits, WasmHost
+from evald.host import HostConfig, Limits, WasmHost
 
 
 def cache_files(directory: Path) -> list[Path]:

@@ -6,13 +6,12 @@ import pytest
 import wasmtime
 from wat_modules import manifest_bytes
 
-from evald._abi import inspect_module
-from evald._engine import make_engine_config
-from evald._host import HostConfig
-from evald._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
-from evald._toolchain import MANIFEST_SECTION, append_custom_section
-from evald._wasm_binary import parse_module
+from evald.host import HostConfig, inspect_module
+from evald.host._engine import make_engine_config
+from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
+from evald.host._wasm_binary import parse_module
 from evaluators_wasm import wasm_path
+from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 # memory.grow in many positions, next to instructions with every kind of immediate the
 # reader must step over (block types, br_table, call_indirect, typed select, memargs,

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from wat_modules import PAGE, arg, guest
 
-from evald._errors import ErrorCode
-from evald._host import EvalOutcome, HostConfig, Limits, WasmHost
+from evald.contract import ErrorCode
+from evald.host import EvalOutcome, HostConfig, Limits, WasmHost
 
 
 @pytest.fixture(scope="module")

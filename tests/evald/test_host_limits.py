@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from wat_modules import PAGE, arg, guest
 
-from evald import _engine
-from evald._errors import ErrorCode, EvaldError
-from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
+from evald.contract import ErrorCode, EvaldError
+from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost, _engine
 
 UNMETERED = Limits(fuel=0, deadline_ms=10_000)
 

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 import pytest
 from wat_modules import guest
 
-from evald import _engine
-from evald._errors import GUEST_ERROR_CODES, ErrorCode, EvaldError
-from evald._host import HostConfig, Limits, LoadedModule, WasmHost
+from evald.contract import GUEST_ERROR_CODES, ErrorCode, EvaldError
+from evald.host import HostConfig, Limits, LoadedModule, WasmHost, _engine
 from evaluators_wasm import wasm_path
 
 OUT_CAP = 4096

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import threading
 
-from evald._metrics import Metrics
+from evald.daemon._metrics import Metrics
 
 EVALUATIONS = [
     ("local", "calc", "ok", 4, 1845),

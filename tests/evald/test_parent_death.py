@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from evald._parent_watch import ParentLink, watch_parent
+from evald.daemon import ParentLink, watch_parent
 
 #: Generous: the daemon drains (nothing is in flight) and exits in well under a second.
 GONE_WITHIN_S = 20.0

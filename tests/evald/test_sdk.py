@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from daemon_harness import TOKENS, Daemon, padded, start_daemon, tenant_block
 
-import evald._sdk as sdk
+import evald.sdk._sdk as sdk
 from evald.cli import main
 
 CAP_BYTES = 64 * 1024
@@ -292,7 +292,7 @@ def test_build_refuses_what_the_daemon_refuses_and_warns_about_the_rest(
 
 def test_the_scan_finds_no_problem_in_the_standard_grammars() -> None:
     from engine_adapter import standard_evaluators
-    from evald._abi import Manifest
+    from evald.host._abi import Manifest
 
     for spec in standard_evaluators():
         manifest = Manifest(
@@ -437,7 +437,7 @@ def test_register_list_call_and_unregister(
 def test_registration_refusals_are_clear(
     zig_folder: Path, zig_wasm: bytes, daemon: Daemon, tmp_path: Path
 ) -> None:
-    from evald._toolchain import build_evaluator
+    from evaluators_wasm.toolchain import build_evaluator
 
     module = tmp_path / "m.wasm"
     module.write_bytes(zig_wasm)
@@ -482,7 +482,7 @@ def test_registration_refusals_are_clear(
 
 @functools.cache
 def _tokenizer() -> Any:
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import load_tokenizer
 
     return load_tokenizer()
 
@@ -566,8 +566,7 @@ def test_the_local_engine_forces_the_new_evaluators_result(
     """The real model writes a number into ``<mytag>``; the engine forces the daemon's answer."""
     pytest.importorskip("xgrammar")
     from engine_adapter import EvaluatorClient, list_evaluators
-    from engine_adapter._backend import load_backend
-    from engine_adapter._engine import LocalEngine
+    from engine_adapter.local import LocalEngine, load_backend
 
     try:
         import llama_cpp  # noqa: F401

@@ -33,9 +33,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from wat_modules import arg
 
-from evald._client import CallError, Client
-from evald.v1 import evald_pb2 as pb
-from evald.v1 import evald_pb2_grpc as pb_grpc
+from evald.client import CallError, Client
+from evald.contract import pb, pb_grpc
 
 
 def test_batch_answers_in_request_order_with_per_item_errors(daemon: Daemon) -> None:

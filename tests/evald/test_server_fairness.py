@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from daemon_harness import Daemon, free_port, module, outcome, start_daemon
 
-from evald._client import Client
-from evald._config import ConfigError, hash_token, parse_config
+from evald.client import Client
+from evald.daemon import ConfigError, hash_token, parse_config
 
 ATTACKER_TOKEN = "fairness-attacker-token-0123"
 VICTIM_TOKEN = "fairness-victim-token-0123"
@@ -154,7 +154,7 @@ def test_max_running_config() -> None:
 
 
 def test_packaged_default_documents_max_running() -> None:
-    from evald._config import DEFAULT_CONFIG_PATH
+    from evald.daemon import DEFAULT_CONFIG_PATH
 
     text = Path(DEFAULT_CONFIG_PATH).read_text()
     assert re.search(r"^max_running = 0\b", text, re.MULTILINE)

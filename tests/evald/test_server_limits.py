@@ -13,7 +13,7 @@ import pytest
 from daemon_harness import Daemon, module, outcome, padded
 from wat_modules import arg
 
-from evald._client import CallError, Client
+from evald.client import CallError, Client
 from evaluators_wasm import wasm_path
 
 

@@ -19,9 +19,7 @@ import grpc
 import pytest
 from daemon_harness import TOKENS, Daemon, free_port, outcome, start_daemon, tenant_block
 
-from evald._errors import ERROR_CODE_METADATA_KEY
-from evald.v1 import evald_pb2 as pb
-from evald.v1 import evald_pb2_grpc as pb_grpc
+from evald.contract import ERROR_CODE_METADATA_KEY, pb, pb_grpc
 
 MIB = 2**20
 #: 6,000 characters of input, a 60,002-byte value.

@@ -10,7 +10,7 @@ import pytest
 from daemon_harness import Daemon, module, outcome, session_config, start_daemon
 from wat_modules import arg, guest, manifest_bytes
 
-from evald._client import CallError, Client
+from evald.client import CallError, Client
 
 
 def refusal(client: Client, wasm: bytes, **options: Any) -> CallError:

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from daemon_harness import Daemon, module, start_daemon, tenant_block
 
-from evald._client import CallError
-from evald._compiler import CompiledModule, compile_module
-from evald._config import TenantConfig, TenantLimits
-from evald._host import Limits, WasmHost
-from evald._registry import Registry
-from evald._store import ModuleStore
+from evald.client import CallError
+from evald.daemon import TenantConfig, TenantLimits
+from evald.daemon._registry import Registry
+from evald.daemon._store import ModuleStore
+from evald.host import CompiledModule, Limits, WasmHost, compile_module
 
 
 def _config() -> str:

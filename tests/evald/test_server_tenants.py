@@ -11,10 +11,8 @@ import pytest
 from daemon_harness import TOKENS, Daemon, free_port, module, outcome, start_daemon, tenant_block
 from wat_modules import arg
 
-from evald._client import CallError, Client
-from evald._errors import ERROR_CODE_METADATA_KEY
-from evald.v1 import evald_pb2 as pb
-from evald.v1 import evald_pb2_grpc as pb_grpc
+from evald.client import CallError, Client
+from evald.contract import ERROR_CODE_METADATA_KEY, pb, pb_grpc
 
 
 def call_error(function: object, *args: object) -> CallError:

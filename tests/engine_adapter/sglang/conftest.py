@@ -62,7 +62,7 @@ def plugins_loaded(adapter_env: dict[str, str]) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    from engine_adapter._model_files import load_tokenizer
+    from engine_adapter.local import load_tokenizer
 
     return load_tokenizer()
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evald._config import hash_token
+from evald.daemon import hash_token
 
 #: Tokens of the test daemon's tenants (its config holds only their hashes).
 TOKEN = "sglang-tenant-token-0123456789abcdef"
@@ -290,7 +290,7 @@ def child_enabled(results: Any) -> None:
 
         from sglang.srt.constrained import base_grammar_backend
 
-        from engine_adapter._model_files import load_tokenizer
+        from engine_adapter.local import load_tokenizer
 
         tokenizer = load_tokenizer()
         try:

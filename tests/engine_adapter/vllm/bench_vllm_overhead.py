@@ -31,9 +31,9 @@ import numpy as np
 
 from engine_adapter import build_structural_tag, standard_evaluators
 from engine_adapter._injector import TokenCodec
-from engine_adapter._model_files import load_tokenizer
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import EvalResult
+from engine_adapter.local import load_tokenizer
 from engine_adapter.vllm._tracker import SpanTracker
 
 REPORT_DIR = Path(__file__).resolve().parents[3] / "reports" / "vllm"

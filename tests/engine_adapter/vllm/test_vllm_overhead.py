@@ -6,7 +6,7 @@ from bench_vllm_overhead import FREE_TEXT, SPAN_TEXT, measure
 
 from engine_adapter import build_structural_tag, standard_evaluators
 from engine_adapter._injector import TokenCodec
-from engine_adapter._model_files import load_tokenizer
+from engine_adapter.local import load_tokenizer
 
 
 def test_overhead_benchmark_runs() -> None:

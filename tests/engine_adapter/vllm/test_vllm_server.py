@@ -19,7 +19,7 @@ import pytest
 from daemon_harness import Daemon
 from vllm_harness import DEADLINE_MS, TOKEN, VllmServer, fixed_tag, stopped, tag_body
 
-from evald._client import Client
+from evald.client import Client
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +41,7 @@ def spans_in(text: str) -> list[tuple[str, str, str | None, str | None]]:
 
 
 def evald_answer(daemon: Daemon, evaluator: str, content: str) -> tuple[str | None, str | None]:
-    from evald._errors import ErrorCode
+    from evald.contract import ErrorCode
 
     with Client(daemon.target, TOKEN) as client:
         response = client.evaluate(evaluator, content)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evald._config import hash_token
+from evald.daemon import hash_token
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -71,8 +71,7 @@ def vllm_python() -> Path | None:
 
 def model_folder() -> Path:
     """SmolLM2 as one transformers folder (fp32 weights, config and tokenizer), made once."""
-    from engine_adapter._hf_backend import converted_model_dir
-    from engine_adapter._model_files import cache_dir, tokenizer_dir
+    from engine_adapter.local import cache_dir, converted_model_dir, tokenizer_dir
 
     weights, tokenizer = converted_model_dir(), tokenizer_dir()
     target = cache_dir() / f"vllm-{weights.name}"

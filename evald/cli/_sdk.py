@@ -1,0 +1,267 @@
+"""SDK subcommands: ``new``, ``build`` and ``test`` (a tenant's own evaluator, before ``register``).
+
+Exit statuses: 0 success; 1 ``evald test`` ran and some case did not give what it expected;
+2 the command could not do its job (bad arguments, a compile error, a module the daemon would
+refuse), printed as ``error: CODE: message`` on stderr like the client commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
+
+if TYPE_CHECKING:
+    from evald.contract import EvaldError
+    from evald.sdk import BuildResult, CaseResult, DaemonSettings
+    from evaluators_wasm.toolchain import BuildError
+
+__all__ = ["build_for_cli", "print_failure"]
+
+EXIT_MISMATCH = 1
+
+
+def _fail(code: str, message: str) -> int:
+    print(f"error: {code}: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def print_failure(exc: BuildError | EvaldError) -> int:
+    """Prints a compile failure's diagnostics verbatim, then ``error: CODE: message``; returns
+    the exit status (2)."""
+    from evaluators_wasm.toolchain import BuildError
+
+    if isinstance(exc, BuildError):
+        if exc.output:
+            sys.stderr.write(exc.output if exc.output.endswith("\n") else exc.output + "\n")
+        first = str(exc).splitlines()[0]
+        return _fail("invalid_module", f"{first} (compiler output above)")
+    return _fail(exc.code.value, exc.message)
+
+
+def _guarded(run: Runner) -> Runner:
+    def wrapper(args: argparse.Namespace) -> int:
+        from evald.contract import EvaldError
+        from evaluators_wasm.toolchain import BuildError
+
+        try:
+            return run(args)
+        except (BuildError, EvaldError) as exc:
+            return print_failure(exc)
+
+    return wrapper
+
+
+def _add_daemon_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("daemon settings to check against")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the daemon's TOML config (default: $EVALD_CONFIG, else the packaged default, "
+        "as `evald serve` reads it)",
+    )
+    group.add_argument(
+        "--tenant",
+        metavar="NAME",
+        help="apply this tenant's limits (default: the token-less tenant, `local`)",
+    )
+
+
+def _settings(args: argparse.Namespace) -> DaemonSettings:
+    from evald.sdk import daemon_settings
+
+    return daemon_settings(args.config, args.tenant)
+
+
+def build_for_cli(
+    folder: Path,
+    settings: DaemonSettings | None = None,
+    *,
+    out: Path | None = None,
+    check_grammars: bool = True,
+    quiet: bool = False,
+) -> BuildResult:
+    """Builds ``folder`` for a command and reports it on stdout (shared with ``register``).
+
+    ``settings`` defaults to the daemon config ``evald serve`` would read and its token-less
+    tenant's limits.
+    """
+    from evald.sdk import build_folder
+
+    result = build_folder(folder, out=out, settings=settings, check_grammars=check_grammars)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not quiet:
+        manifest = result.manifest
+        print(
+            f"built {manifest.name} {manifest.version} -> {result.path} ({len(result.wasm)} "
+            f"bytes, sha256 {result.sha256[:12]}, {result.seconds:.1f} s)"
+        )
+    return result
+
+
+@command("new", "Create an evaluator folder from the template (source, manifest, cases).", order=33)
+def _new(parser: argparse.ArgumentParser) -> Runner:
+    parser.add_argument("name", metavar="NAME", help="the evaluator's name and tag, e.g. roman")
+    parser.add_argument(
+        "--lang", choices=("zig", "c"), default="zig", help="guest language (default zig)"
+    )
+    parser.add_argument(
+        "--dir", type=Path, metavar="DIR", help="folder to create (default: ./NAME)"
+    )
+
+    @_guarded
+    def run(args: argparse.Namespace) -> int:
+        from evald.sdk import new_evaluator
+
+        folder: Path = args.dir or Path(args.name)
+        files = new_evaluator(args.name, folder, args.lang)
+        print(f"created {folder}/ ({args.lang}): {', '.join(path.name for path in files)}")
+        print(
+            f"next: edit {files[0].name} and grammar.ebnf, then `evald build {folder}`, "
+            f"`evald test {folder}`, `evald register {folder}`"
+        )
+        return EXIT_OK
+
+    return run
+
+
+@command("build", "Compile an evaluator folder and check it as the daemon will.", order=34)
+def _build(parser: argparse.ArgumentParser) -> Runner:
+    parser.add_argument("path", metavar="PATH", type=Path, help="the evaluator folder")
+    parser.add_argument(
+        "-o", "--out", type=Path, metavar="FILE", help="output module (default: PATH/NAME.wasm)"
+    )
+    parser.add_argument(
+        "--no-grammar-check",
+        action="store_true",
+        help="skip compiling the grammar and regex with XGrammar (it takes seconds to import)",
+    )
+    _add_daemon_options(parser)
+
+    @_guarded
+    def run(args: argparse.Namespace) -> int:
+        settings = _settings(args)
+        result = build_for_cli(
+            args.path, settings, out=args.out, check_grammars=not args.no_grammar_check
+        )
+        if result.grammars_checked:
+            grammar_note = "input grammar and result regex compile with XGrammar"
+        elif args.no_grammar_check:
+            grammar_note = "XGrammar check skipped (--no-grammar-check)"
+        else:
+            grammar_note = "XGrammar not installed: grammar and regex not compiled"
+        print(
+            "checked as the daemon will: ABI v1 exports, no imports, manifest, size cap, "
+            f"compile and trial instantiation under {settings.describe()}; name and tag not "
+            f"reserved; {grammar_note}"
+        )
+        print(
+            f"buffers: input {result.input_cap} bytes, output {result.output_cap} bytes; "
+            f"span <{result.manifest.tag}>...</{result.manifest.tag}>"
+        )
+        return EXIT_OK
+
+    return run
+
+
+@command("test", "Run an evaluator's cases in-process under the daemon's limits.", order=35)
+def _test(parser: argparse.ArgumentParser) -> Runner:
+    parser.add_argument(
+        "path", metavar="PATH", type=Path, help="an evaluator folder (built first) or a .wasm"
+    )
+    parser.add_argument(
+        "cases",
+        metavar="CASES",
+        type=Path,
+        nargs="?",
+        help="JSON-lines cases (default: PATH/cases.jsonl for a folder)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per case")
+    _add_daemon_options(parser)
+
+    @_guarded
+    def run(args: argparse.Namespace) -> int:
+        from evald.sdk import load_cases, run_cases
+
+        path: Path = args.path
+        cases_path: Path | None = args.cases
+        settings = _settings(args)
+        if path.is_dir():
+            cases_path = cases_path or path / "cases.jsonl"
+            cases = load_cases(cases_path)
+            wasm = build_for_cli(path, settings, check_grammars=False, quiet=args.json).wasm
+        else:
+            if cases_path is None:
+                return _fail("invalid_argument", "give the cases file: evald test MODULE CASES")
+            cases = load_cases(cases_path)
+            try:
+                wasm = path.read_bytes()
+            except OSError as exc:
+                return _fail("invalid_argument", f"cannot read {path}: {exc.strerror}")
+        results = run_cases(wasm, cases, settings)
+        failed = sum(1 for result in results if not result.passed)
+        if args.json:
+            import json
+
+            for result in results:
+                outcome = result.outcome
+                print(
+                    json.dumps(
+                        {
+                            "line": result.case.line,
+                            "input": result.case.input,
+                            "value": outcome.value,
+                            "error": outcome.error.value if outcome.error else None,
+                            "message": outcome.message,
+                            "fuel_used": outcome.fuel_used,
+                            "elapsed_us": outcome.elapsed_us,
+                            "passed": result.passed,
+                            "problem": result.problem,
+                        }
+                    )
+                )
+            return EXIT_MISMATCH if failed else EXIT_OK
+        _print_table(results, cases_path, settings)
+        return EXIT_MISMATCH if failed else EXIT_OK
+
+    return run
+
+
+def _print_table(
+    results: list[CaseResult], cases_path: Path | None, settings: DaemonSettings
+) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=str(cases_path), caption=f"under {settings.describe()}")
+    table.add_column("line", justify="right")
+    table.add_column("input", overflow="fold")
+    table.add_column("result", overflow="fold")
+    table.add_column("fuel", justify="right")
+    table.add_column("µs", justify="right")
+    table.add_column("check", overflow="fold")
+    for result in results:
+        outcome = result.outcome
+        shown = (
+            outcome.value
+            if outcome.error is None
+            else f"{outcome.error.value}: {outcome.message}".rstrip(": ")
+        )
+        table.add_row(
+            str(result.case.line),
+            escape(repr(result.case.input)),
+            escape(str(shown)),
+            str(outcome.fuel_used),
+            str(outcome.elapsed_us),
+            "[green]ok[/]" if result.passed else f"[red]FAIL[/] {escape(result.problem)}",
+        )
+    console = Console()
+    console.print(table)
+    failed = sum(1 for result in results if not result.passed)
+    summary = f"{len(results) - failed} passed, {failed} failed"
+    console.print(f"[red]{summary}[/]" if failed else f"[green]{summary}[/]")

@@ -1,0 +1,598 @@
+"""The engine data path: ``EvaluateStream``'s messages as length-prefixed frames on a unix socket.
+
+Why a second transport: on the engine's path a gRPC message costs far more than the evaluation
+it carries (HTTP/2 framing, the asyncio loop, thread hand-offs: hundreds of microseconds for a
+few microseconds of guest time), while a length-prefixed protobuf over a unix socket costs tens.
+So ``[server] data_listen`` opens a unix socket that carries exactly the messages of
+``EvaluateStream`` in the frames of :mod:`evald.contract._frames`; gRPC stays the control plane
+(listing, registration, health) and the only TCP/TLS transport.
+
+It is the same daemon behind another door, not a second implementation. A connection is
+authenticated by :meth:`EvaldServer.authenticate` (its first frame, a HELLO of at most
+:data:`~evald.contract.MAX_HELLO_BYTES`, carries the bearer token; it is read straight from
+the socket, so nothing past it is buffered before it passes, and it must come within
+:data:`HELLO_TIMEOUT_S`); each item goes through
+:meth:`EvaldServer.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
+(:meth:`EvaldServer.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
+as gRPC calls, on the same worker threads); evaluation errors are the same ``EvaluateResponse``
+values, call-level errors the same codes (an ERROR frame, then the connection closes).
+
+Threads: one accepts; each connection has a reader thread (it blocks on its socket, so waiting
+costs nothing and guest code never runs on it) and, when needed, a flusher and a writer. A
+worker sends a result itself when it has finished the last item of a message it can take (one
+non-blocking send: the common case costs no thread hand-off); results that finish while other
+items of their message still run are sent by the flusher within :data:`COALESCE_S`, so one
+slow item never holds back the fast ones. Results go out in frames of at most
+``max_message_bytes`` of values (:func:`~evald.daemon._gatekeeping.pack_responses`, as on the gRPC
+stream). Backpressure is in bytes (see :class:`_Connection`): past ``stream_unread_bytes`` for
+the connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
+reading, so a client that sends without reading stalls itself (the socket buffer fills) and
+nobody else, and one that reads nothing for ``stream_stall_s`` is cut off. A connection is one
+call of its tenant's ``max_calls``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from google.protobuf.message import DecodeError
+
+from evald.contract import (
+    HELLO_MAGIC,
+    MAX_HELLO_BYTES,
+    ErrorCode,
+    EvaldError,
+    FrameError,
+    FrameWriter,
+    Kind,
+    WriterStalled,
+    encode_frame,
+    pb,
+    read_frame,
+)
+from evald.contract import unix_socket_path as socket_file
+from evald.daemon._gatekeeping import pack_responses, reservation
+
+if TYPE_CHECKING:
+    from evald.daemon._server import EvaldServer, _Batch, _TenantState, _Work
+
+__all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
+
+_log = logging.getLogger("evald.data")
+
+#: The method name the data path's connections are counted under in ``evald_rpcs``.
+METHOD: Final = "DataStream"
+#: A connection that has not sent its HELLO within this long is closed.
+HELLO_TIMEOUT_S: Final = 5.0
+#: How long a finished result may wait for others of its burst before the flusher sends it.
+COALESCE_S: Final = 0.0002
+_READ_BUFFER_BYTES: Final = 256 * 1024
+
+
+def unix_socket_path(target: str) -> Path:
+    """The file of a ``unix:PATH`` or ``unix:///PATH`` address, made absolute.
+
+    Raises:
+        EvaldError: ``invalid_argument`` when ``target`` is not a unix address.
+    """
+    path = socket_file(target)
+    if path is None:
+        raise EvaldError(ErrorCode.INVALID_ARGUMENT, f"expected unix:PATH, got {target!r}")
+    return path
+
+
+class _HelloContext:
+    """What :meth:`EvaldServer.authenticate` asks of a call, answered from a HELLO frame."""
+
+    def __init__(self, token: str, peer: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._peer = peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+
+def _error_frame(code: ErrorCode, message: str) -> bytes:
+    error = pb.Error(code=code.proto_value, message=message)  # type: ignore[arg-type]
+    return encode_frame(Kind.ERROR, error.SerializeToString())
+
+
+class _Connection:
+    """One data-path connection: its reader thread's loop and the results it owes.
+
+    Backpressure is in bytes, as on a gRPC stream: every admitted item reserves the most its
+    response can take (:func:`~evald.daemon._gatekeeping.reservation`) from the connection's
+    ``stream_unread_bytes`` and the tenant's ``unread_bytes`` (the budget its gRPC streams
+    share), until the frame carrying its result is in the socket buffer. At either bound the
+    reader stops reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
+    """
+
+    def __init__(self, server: DataServer, sock: socket.socket, number: int) -> None:
+        self._server = server
+        self._daemon = server.daemon
+        settings = self._daemon.config.server
+        self._sock = sock
+        self._name = f"evald-data-{number}"
+        self._reader: Any = None  # buffered, made only once the connection has authenticated
+        self._writer = FrameWriter(
+            sock,
+            f"{self._name}-writer",
+            stall_s=settings.stream_stall_s,
+            on_sent=self._release,
+            on_failed=self._writer_failed,
+        )
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # room freed, or closed
+        self._flush_wake = threading.Condition(self._lock)
+        self._results: list[tuple[pb.EvaluateResponse, int]] = []
+        self._reserved = 0  # output bytes reserved for results not yet in the socket buffer
+        self._tenant: _TenantState | None = None
+        self._live: dict[int, _Batch] = {}  # batches with items not yet answered, by id()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self._aborted = False  # the daemon's grace ran out: stop waiting for results
+        self._bound = settings.stream_unread_bytes
+        self._stall_s = settings.stream_stall_s
+        self._max_frame = settings.max_message_bytes
+        self.thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _serve(self) -> None:
+        daemon = self._daemon
+        tenant_label = "unauthenticated"
+        code = "ok"
+        failure: tuple[ErrorCode, str] | None = None
+        authenticated = False
+        entered: _TenantState | None = None
+        try:
+            tenant = self._hello()
+            tenant_label = tenant.name
+            tenant.enter_call()  # a connection is one call of its tenant's max_calls
+            entered = tenant
+            self._tenant = tenant
+            tenant.add_waiter(self)
+            authenticated = True
+            self._sock.settimeout(None)
+            self._reader = self._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
+            self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
+            while not daemon.stopping:
+                if self._writer.failed is not None:
+                    raise self._writer.failed  # the peer is gone: what it sent is moot
+                frame = read_frame(self._reader.read, self._max_frame)
+                if frame is None:
+                    break  # the client is done sending: answer what it sent, then close
+                kind, payload = frame
+                if kind is not Kind.BATCH:
+                    raise FrameError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
+                    )
+                self._submit(tenant, payload)
+            if daemon.stopping:
+                failure = (
+                    ErrorCode.UNAVAILABLE,
+                    "the daemon is shutting down; reconnect to another",
+                )
+        except (FrameError, EvaldError) as exc:
+            failure = (exc.code, exc.message)
+        except TimeoutError:
+            failure = (
+                ErrorCode.PERMISSION_DENIED,
+                f"no HELLO frame within {HELLO_TIMEOUT_S:g} s; a connection authenticates first",
+            )
+        except OSError:
+            code = "cancelled"  # the peer went away (or stopped reading): nobody to answer
+            authenticated = False
+        except Exception:
+            _log.exception("data connection failed", extra={"fields": {"tenant": tenant_label}})
+            failure = (ErrorCode.INTERNAL, "internal error in the daemon (see its log)")
+        finally:
+            if isinstance(self._writer.failed, WriterStalled):
+                _log.info(
+                    "data connection cut off: its client stopped reading",
+                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._reserved}},
+                )
+                failure = (
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the client read no results for {self._stall_s:g} s while they waited "
+                    f"(stream_unread_bytes is {self._bound}); the connection is ended: read "
+                    "results as they come",
+                )
+            if failure is not None:
+                code = failure[0].value
+                _log.info(
+                    "call refused",
+                    extra={
+                        "fields": {
+                            "method": METHOD,
+                            "tenant": tenant_label,
+                            "code": code,
+                            "error": failure[1],
+                        }
+                    },
+                )
+            self._finish(failure, authenticated)
+            if entered is not None:
+                entered.remove_waiter(self)
+                entered.leave_call()
+            daemon.metrics.observe_rpc(METHOD, tenant_label, code)
+            self._server.forget(self)
+
+    def _hello(self) -> _TenantState:
+        """Reads the HELLO straight from the socket: at most MAX_HELLO_BYTES are ever taken
+        from an unauthenticated peer (no buffered reader yet), all within one deadline (a
+        client sending a byte every few seconds does not hold the connection open)."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        sock = self._sock
+
+        def read(size: int) -> bytes:
+            data = bytearray()
+            while len(data) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = sock.recv(size - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            return bytes(data)
+
+        frame = read_frame(read, MAX_HELLO_BYTES)
+        if frame is None:
+            raise OSError("closed before HELLO")
+        kind, payload = frame
+        if kind is not Kind.HELLO or not payload.startswith(HELLO_MAGIC):
+            raise FrameError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"the first frame must be a HELLO starting {HELLO_MAGIC!r} (docs/data-path.md)",
+            )
+        try:
+            token = payload[len(HELLO_MAGIC) :].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
+        return self._daemon.authenticate(_HelloContext(token, f"unix:{self._server.path}"))
+
+    def _reserve(self, tenant: _TenantState, size: int) -> None:
+        """Reserves one item's output bytes, waiting (the reader stops reading) while neither
+        this connection's nor the tenant's budget has room.
+
+        Raises:
+            OSError: the writer failed (the peer left, or stopped reading too long).
+            EvaldError: ``unavailable`` when the daemon stops meanwhile.
+        """
+        daemon = self._daemon
+        with self._lock:
+            while True:
+                if self._writer.failed is not None:
+                    raise self._writer.failed
+                if daemon.stopping:
+                    raise EvaldError(
+                        ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
+                    )
+                if (not self._reserved or self._reserved + size <= self._bound) and (
+                    tenant.reserve_unread(size)
+                ):
+                    self._reserved += size
+                    return
+                self._changed.wait(0.5)
+
+    def _release(self, credit: int) -> None:
+        """Results of ``credit`` reserved bytes left (any thread): back to both budgets."""
+        with self._lock:
+            credit = min(credit, self._reserved)  # what _finish already returned is not twice
+            self._reserved -= credit
+            self._changed.notify_all()
+        if credit and self._tenant is not None:
+            self._tenant.free_unread(credit)
+
+    def wake(self) -> None:
+        """The tenant freed output bytes (any thread): a reader waiting for room looks again."""
+        with self._lock:
+            self._changed.notify_all()
+
+    def _writer_failed(self, _error: OSError) -> None:
+        self.wake()
+        self.shut_reading()  # a reader blocked on the socket sees the end
+
+    def _submit(self, tenant: _TenantState, payload: bytes) -> None:
+        daemon = self._daemon
+        try:
+            message = pb.EvaluateBatchRequest.FromString(payload)
+        except DecodeError:
+            raise FrameError(
+                ErrorCode.INVALID_ARGUMENT,
+                "a BATCH frame is not a valid evald.v1.EvaluateBatchRequest (corrupt protobuf, "
+                "or a string field that is not UTF-8)",
+            ) from None
+        items = message.items
+        daemon.check_batch_size(len(items))
+        output_bytes = tenant.limits.output_bytes
+        queue: collections.deque[_Work] = collections.deque()
+        refused: list[tuple[pb.EvaluateResponse, int]] = []
+        try:
+            for index, item in enumerate(items):
+                size = reservation(output_bytes, item.id)
+                if queue or refused:
+                    with self._lock:
+                        fits = not self._reserved or self._reserved + size <= self._bound
+                    if not (fits and tenant.reserve_unread(size)):
+                        # No room: what is admitted runs first, so its results free some.
+                        self._dispatch(queue, refused)
+                        queue, refused = collections.deque(), []
+                        self._reserve(tenant, size)
+                    else:
+                        with self._lock:
+                            self._reserved += size
+                else:
+                    self._reserve(tenant, size)
+                prepared = daemon.prepare(tenant, item, index)
+                if isinstance(prepared, pb.EvaluateResponse):
+                    refused.append((prepared, size))
+                else:
+                    prepared.reserved = size
+                    queue.append(prepared)
+        finally:
+            self._dispatch(queue, refused)
+
+    def _dispatch(
+        self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
+    ) -> None:
+        """Answers the refused items and schedules the admitted ones."""
+        from evald.daemon._server import _Batch
+
+        if refused:
+            with self._lock:
+                self._results.extend(refused)
+                send_now = not queue
+                results = self._take_locked() if send_now else []
+                if not send_now:
+                    self._wake_flusher_locked()  # not after the admitted items' results
+            if send_now:
+                self._send(results)
+        if not queue:
+            return
+        left = [len(queue)]
+
+        def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+            with self._lock:
+                if self._closed:
+                    return
+                results = self._results
+                results.append((response, work.reserved))
+                left[0] -= 1
+                if not left[0]:
+                    self._live.pop(id(queue), None)
+                if not queue:  # nothing left to take: this worker sends the burst now
+                    self._results = []
+                else:
+                    if len(results) == 1:
+                        self._wake_flusher_locked()
+                    return
+            self._send(results)
+
+        batch = _Batch(None, queue, deliver)
+        with self._lock:
+            self._live[id(queue)] = batch
+        added, scheduled = self._daemon.enqueue(batch)
+        if not scheduled:
+            self._daemon.abandon(batch, added)
+
+    # -- results ------------------------------------------------------------------------
+
+    def _take_locked(self) -> list[tuple[pb.EvaluateResponse, int]]:
+        results, self._results = self._results, []
+        return results
+
+    def _send(self, results: list[tuple[pb.EvaluateResponse, int]]) -> None:
+        """Sends results (any thread) as RESULTS frames within ``max_message_bytes`` each (a
+        value past a whole frame becomes its own ``output_too_large``); their reserved bytes
+        return to the budgets once each frame is in the socket buffer."""
+        for batch, credit in pack_responses(results, self._max_frame):
+            frame = encode_frame(
+                Kind.RESULTS, pb.EvaluateBatchResponse(results=batch).SerializeToString()
+            )
+            try:
+                self._writer.send(frame, credit)
+            except ConnectionError:  # the reader sees the peer gone
+                self._release(credit)
+
+    def _wake_flusher_locked(self) -> None:
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"{self._name}-flush", daemon=True
+            )
+            self._flusher.start()
+        self._flush_wake.notify()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._results and not self._closed:
+                    self._flush_wake.wait()
+                if self._closed:
+                    return
+            time.sleep(COALESCE_S)  # let the burst gather; a worker may send it first
+            with self._lock:
+                results = self._take_locked()
+            self._send(results)
+
+    # -- the end ------------------------------------------------------------------------
+
+    def _finish(self, failure: tuple[ErrorCode, str] | None, authenticated: bool) -> None:
+        """Answers what was admitted (unless the peer left), sends the error, closes."""
+        daemon = self._daemon
+        if authenticated:  # every admitted item ends within its deadline
+            with self._lock:
+                while self._reserved > 0 and self._writer.failed is None and not self._aborted:
+                    self._changed.wait(0.5)
+        with self._lock:
+            self._closed = True
+            live = list(self._live.values())
+            self._live.clear()
+            unsent, self._reserved = self._reserved, 0
+            self._flush_wake.notify_all()
+            self._changed.notify_all()
+        if unsent and self._tenant is not None:
+            self._tenant.free_unread(unsent)  # results that will never be sent
+        for batch in live:
+            daemon.abandon(batch, True)
+        if failure is not None:
+            with contextlib.suppress(ConnectionError):
+                self._writer.send(_error_frame(*failure))
+            if self._writer.failed is not None:  # best effort: maybe the buffer has room
+                with contextlib.suppress(OSError):
+                    self._sock.send(_error_frame(*failure), socket.MSG_DONTWAIT)
+        self._writer.close(timeout_s=1.0)
+        self.close_socket()
+
+    def abort(self) -> None:
+        """Stops waiting for results still running (the daemon's grace ran out)."""
+        with self._lock:
+            self._aborted = True
+            self._changed.notify_all()
+
+    def shut_reading(self) -> None:
+        """Wakes the reader (daemon shutdown): it stops reading and answers what it holds."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RD)
+
+    def close_socket(self) -> None:
+        if self._reader is not None:
+            with contextlib.suppress(OSError):
+                self._reader.close()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+class DataServer:
+    """The data path's listener and connections, for one :class:`EvaldServer`."""
+
+    def __init__(self, daemon: EvaldServer, target: str) -> None:
+        self.daemon = daemon
+        self.path = unix_socket_path(target)
+        self._max_connections = daemon.config.server.data_max_connections
+        self._listener: socket.socket | None = None
+        self._connections: set[_Connection] = set()
+        self._lock = threading.Lock()
+        self._count = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.path}"
+
+    def start(self) -> None:
+        """Binds the socket (created with ``socket_mode``) and starts accepting.
+
+        Raises:
+            EvaldError: the path is too long, not a socket, or another daemon serves it.
+        """
+        from evald.daemon._server import _check_unix_socket
+
+        _check_unix_socket(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = self.daemon.config.server.socket_mode
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        previous = os.umask(0o777 & ~mode)  # no window in which others may connect
+        try:
+            listener.bind(str(self.path))
+        except OSError as exc:
+            listener.close()
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE, f"cannot listen on {self.target}: {exc}"
+            ) from None
+        finally:
+            os.umask(previous)
+        os.chmod(self.path, mode)
+        listener.listen(128)
+        self._listener = listener
+        self._thread = threading.Thread(target=self._accept, name="evald-data-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                if self._stopping:
+                    return
+                time.sleep(0.05)  # out of descriptors: let some close
+                continue
+            with self._lock:
+                if self._stopping:
+                    sock.close()
+                    return
+                if len(self._connections) >= self._max_connections:
+                    refuse = True
+                else:
+                    refuse = False
+                    self._count += 1
+                    connection = _Connection(self, sock, self._count)
+                    self._connections.add(connection)
+            if refuse:
+                with contextlib.suppress(OSError):
+                    sock.send(
+                        _error_frame(
+                            ErrorCode.UNAVAILABLE,
+                            f"the data path already serves {self._max_connections} connections "
+                            "(data_max_connections); retry later or share a connection",
+                        ),
+                        socket.MSG_DONTWAIT,
+                    )
+                sock.close()
+                self.daemon.metrics.observe_rpc(
+                    METHOD, "unauthenticated", ErrorCode.UNAVAILABLE.value
+                )
+                continue
+            connection.thread.start()
+
+    def forget(self, connection: _Connection) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
+
+    def stop(self, grace_s: float) -> None:
+        """Stops accepting; connections answer what they hold (at most ``grace_s``), get an
+        ``unavailable`` ERROR and close. Blocking: run it off the event loop."""
+        with self._lock:
+            self._stopping = True
+            connections = list(self._connections)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for connection in connections:
+            connection.shut_reading()
+        give_up = time.monotonic() + max(0.0, grace_s)
+        for connection in connections:
+            connection.thread.join(max(0.0, give_up - time.monotonic()))
+        for connection in connections:
+            if connection.thread.is_alive():
+                connection.abort()
+                connection.close_socket()
+                connection.thread.join(1.0)
+        if self._thread is not None:
+            self._thread.join(1.0)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
