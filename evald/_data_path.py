@@ -57,10 +57,14 @@ from evald._frames import (
     read_frame,
 )
 from evald._gatekeeping import pack_responses, reservation
+from evald._lifecycle import check_unix_socket
+from evald._scheduler import _Batch
 from evald.v1 import evald_pb2 as pb
 
 if TYPE_CHECKING:
-    from evald._server import EvaldServer, _Batch, _TenantState, _Work
+    from evald._admission import _TenantState
+    from evald._scheduler import _Work
+    from evald._server import EvaldServer
 
 __all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
 
@@ -351,8 +355,6 @@ class _Connection:
         self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
     ) -> None:
         """Answers the refused items and schedules the admitted ones."""
-        from evald._server import _Batch
-
         if refused:
             with self._lock:
                 self._results.extend(refused)
@@ -501,9 +503,7 @@ class DataServer:
         Raises:
             EvaldError: the path is too long, not a socket, or another daemon serves it.
         """
-        from evald._server import _check_unix_socket
-
-        _check_unix_socket(self.path)
+        check_unix_socket(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = self.daemon.config.server.socket_mode
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

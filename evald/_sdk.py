@@ -10,11 +10,11 @@ A tenant's evaluator is a folder (``evald new`` makes one from the template)::
 Nothing here re-implements a rule of the daemon: :func:`check_module` runs the daemon's own load
 path (:meth:`evald._host.WasmHost.load`: size cap, ABI exports, no imports, manifest, compile,
 trial instantiation) with the host settings and tenant limits ``evald serve`` would derive from
-the same config (:func:`evald._server.host_config`, ``_host_limits``), then the registry's
-reserved-name rule (:func:`evald._registry.check_not_reserved`), then XGrammar on the grammar and
-regex (:func:`evald._abi.check_manifest_grammars`), which the daemon does not need installed. So
-a module that passes ``evald build`` registers, unless it clashes with another module of the
-same tenant (only the daemon knows those).
+the same config (:func:`evald._server.host_config`, :func:`evald._admission.host_limits`), then
+the registry's reserved-name rule (:func:`evald._registry.check_not_reserved`), then XGrammar on
+the grammar and regex (:func:`evald._abi.check_manifest_grammars`), which the daemon does not
+need installed. So a module that passes ``evald build`` registers, unless it clashes with
+another module of the same tenant (only the daemon knows those).
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def daemon_settings(config: str | Path | None = None, tenant: str | None = None)
     Raises:
         EvaldError: ``INVALID_ARGUMENT`` for an unreadable config or an unknown tenant.
     """
+    from evald._admission import host_limits
     from evald._config import ConfigError
-    from evald._server import _host_limits, host_config
+    from evald._server import host_config
 
     try:
         loaded: Config = load_config(config)
@@ -176,7 +177,7 @@ def daemon_settings(config: str | Path | None = None, tenant: str | None = None)
             raise _usage(f"{loaded.source} has no tenant {tenant!r} (tenants: {names})")
     else:
         chosen = next((t for t in loaded.tenants if t.tokenless), None)
-    limits = _host_limits(chosen.limits if chosen else loaded.default_limits)
+    limits = host_limits(chosen.limits if chosen else loaded.default_limits)
     return DaemonSettings(
         host=host_config(loaded.host, None),
         limits=limits,
