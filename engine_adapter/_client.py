@@ -2,7 +2,7 @@
 
 Engines submit spans from their decode loop (:meth:`EvaluatorClient.submit` never blocks) and call
 :meth:`~EvaluatorClient.flush` once per step, so every span that closed in one step travels in one
-message (a stream round trip costs ~0.5 ms; a unary RPC ~1 ms each, docs/design.md section 6).
+message (a stream round trip costs ~0.5 ms; a unary RPC ~1 ms each, docs/design.md §6).
 Results come back as they complete and resolve the futures by id.
 
 With a ``data_target`` (or ``$EVALD_DATA_TARGET``), the same messages travel over the daemon's

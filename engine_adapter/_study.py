@@ -1,7 +1,7 @@
 """The accuracy study: does forcing evaluated results make a small model right more often, and
 do model-facing instructions help it set the problem up?
 
-Three modes (docs/design.md, section 2) on two tasks (questions from
+Three modes (docs/design.md §2) on two tasks (questions from
 :mod:`engine_adapter._study_items`: six kinds of arithmetic word problem in three wordings each,
 letter counting in five phrasings), greedy decoding, the same prompts in every mode, each with and
 without the instructions rendered from the manifests (:func:`~engine_adapter.render_instructions`: a

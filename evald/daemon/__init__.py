@@ -9,6 +9,7 @@ or run it with :func:`serve` (what ``evald serve`` does). Its configuration is
 
 from __future__ import annotations
 
+from evald.daemon._admission import host_limits
 from evald.daemon._config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -49,6 +50,7 @@ __all__ = [
     "default_state_dir",
     "hash_token",
     "host_config",
+    "host_limits",
     "load_config",
     "parse_config",
     "send_limit",

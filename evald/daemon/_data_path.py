@@ -60,9 +60,13 @@ from evald.contract import (
 )
 from evald.contract import unix_socket_path as socket_file
 from evald.daemon._gatekeeping import pack_responses, reservation
+from evald.daemon._lifecycle import check_unix_socket
+from evald.daemon._scheduler import _Batch
 
 if TYPE_CHECKING:
-    from evald.daemon._server import EvaldServer, _Batch, _TenantState, _Work
+    from evald.daemon._admission import _TenantState
+    from evald.daemon._scheduler import _Work
+    from evald.daemon._server import EvaldServer
 
 __all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
 
@@ -351,8 +355,6 @@ class _Connection:
         self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
     ) -> None:
         """Answers the refused items and schedules the admitted ones."""
-        from evald.daemon._server import _Batch
-
         if refused:
             with self._lock:
                 self._results.extend(refused)
@@ -501,9 +503,7 @@ class DataServer:
         Raises:
             EvaldError: the path is too long, not a socket, or another daemon serves it.
         """
-        from evald.daemon._server import _check_unix_socket
-
-        _check_unix_socket(self.path)
+        check_unix_socket(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = self.daemon.config.server.socket_mode
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -6,7 +6,7 @@ load budget, giving a :class:`LoadedModule`; :meth:`WasmHost.evaluate` runs one 
 it and always returns an :class:`EvalOutcome` — guest errors, traps and limit hits are values
 with a typed :class:`~evald.contract.ErrorCode`, never exceptions.
 
-How each limit is enforced (docs/design.md, section 5):
+How each limit is enforced (docs/design.md §5):
 
 * fuel: the engine consumes fuel; each call gets ``Limits.fuel`` (``OUT_OF_FUEL`` trap).
 * deadline: epoch interruption; a ticker thread advances the epoch every ``epoch_tick_ms`` and

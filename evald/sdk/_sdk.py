@@ -10,11 +10,11 @@ A tenant's evaluator is a folder (``evald new`` makes one from the template)::
 Nothing here re-implements a rule of the daemon: :func:`check_module` runs the daemon's own load
 path (:meth:`evald.host.WasmHost.load`: size cap, ABI exports, no imports, manifest, compile,
 trial instantiation) with the host settings and tenant limits ``evald serve`` would derive from
-the same config (:func:`evald.daemon._server.host_config`, ``_host_limits``), then the registry's
-reserved-name rule (:func:`evald.daemon._registry.check_not_reserved`), then XGrammar on the grammar
-and regex (:func:`evald.host._abi.check_manifest_grammars`), which the daemon does not need
-installed. So a module that passes ``evald build`` registers, unless it clashes with another module
-of the same tenant (only the daemon knows those).
+the same config (:func:`evald.daemon.host_config`, :func:`evald.daemon.host_limits`), then the
+registry's reserved-name rule (:func:`evald.daemon.check_not_reserved`), then XGrammar on the
+grammar and regex (:func:`evald.host.check_manifest_grammars`), which the daemon does not need
+installed. So a module that passes ``evald build`` registers, unless it clashes with
+another module of the same tenant (only the daemon knows those).
 """
 
 from __future__ import annotations
@@ -166,8 +166,7 @@ def daemon_settings(config: str | Path | None = None, tenant: str | None = None)
     Raises:
         EvaldError: ``INVALID_ARGUMENT`` for an unreadable config or an unknown tenant.
     """
-    from evald.daemon import ConfigError
-    from evald.daemon._server import _host_limits, host_config
+    from evald.daemon import ConfigError, host_config, host_limits
 
     try:
         loaded: Config = load_config(config)
@@ -181,7 +180,7 @@ def daemon_settings(config: str | Path | None = None, tenant: str | None = None)
             raise _usage(f"{loaded.source} has no tenant {tenant!r} (tenants: {names})")
     else:
         chosen = next((t for t in loaded.tenants if t.tokenless), None)
-    limits = _host_limits(chosen.limits if chosen else loaded.default_limits)
+    limits = host_limits(chosen.limits if chosen else loaded.default_limits)
     return DaemonSettings(
         host=host_config(loaded.host, None),
         limits=limits,
