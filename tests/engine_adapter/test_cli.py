@@ -78,8 +78,8 @@ def test_summarize_only_rescores_the_records_without_a_model(
     import json
     from dataclasses import asdict
 
-    from engine_adapter._study import ItemRecord
-    from engine_adapter._study_items import arithmetic_items
+    from evald_lab.study.items import arithmetic_items
+    from evald_lab.study.run import ItemRecord
 
     items = arithmetic_items(2, 20240601)
     lines = []

@@ -14,7 +14,7 @@ from wat_modules import manifest_bytes
 from evald._alphabet import check_no_angle_bracket, may_produce
 from evald._client import CallError
 from evald._errors import EvaldError
-from evald._wat_corpus import guest
+from evald_lab.wat_corpus import guest
 
 SAFE_GRAMMAR = 'root ::= [0-9]+ ("." [0-9]+)?'
 

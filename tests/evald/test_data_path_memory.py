@@ -30,9 +30,9 @@ from evald._data_client import DataCallError, DataConnection
 from evald._errors import ErrorCode
 from evald._frames import HEADER, Kind
 from evald._gatekeeping import send_limit
-from evald._wat_corpus import arg
 from evald.v1 import evald_pb2 as pb
 from evald.v1 import evald_pb2_grpc as pb_grpc
+from evald_lab.wat_corpus import arg
 
 MIB = 2**20
 #: 6,000 characters of input, a 60,002-byte value.
