@@ -1,5 +1,8 @@
 """``evald bench``: the benchmarks (see :mod:`evald_lab.bench`).
 
+evald's CLI imports this module through the ``evald.commands`` entry point of
+``lab/pyproject.toml``; importing it registers the command.
+
 Exit statuses: 0 the benchmark ran and wrote its results (missed targets are reported, not
 failures); 2 it could not run (bad arguments, a daemon or the model that did not start).
 """

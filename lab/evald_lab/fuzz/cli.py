@@ -1,4 +1,8 @@
-"""``evald fuzz``: the security fuzzer (see :mod:`evald_lab.fuzz`)."""
+"""``evald fuzz``: the security fuzzer (see :mod:`evald_lab.fuzz`).
+
+evald's CLI imports this module through the ``evald.commands`` entry point of
+``lab/pyproject.toml``; importing it registers the command.
+"""
 
 from __future__ import annotations
 
