@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from evald.cli import LAB_INSTALL
+
 __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
 
 EXIT_OK = 0
@@ -38,7 +40,6 @@ _BACKENDS = ("llama", "hf")
 _DEFAULT_SAMPLING_TEMPERATURE = 0.7
 #: Subcommands that come with the ``evald-lab`` distribution, for the hint when it is missing.
 _LAB_COMMANDS = ("study", "bench")
-_LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
 #: Every subcommand the parser has (after plugin discovery), and the plugins that did not load.
 _PLUGIN_COMMANDS: set[str] = set()
 _PLUGIN_ERRORS: dict[str, str] = {}
@@ -173,7 +174,7 @@ def _missing_lab_command(argv: Sequence[str]) -> int | None:
     name = next((arg for arg in argv if not arg.startswith("-")), None)
     if name not in _LAB_COMMANDS or name in _PLUGIN_COMMANDS:
         return None
-    message = f"`engine-adapter {name}` comes with the evald-lab package: {_LAB_INSTALL}"
+    message = f"`engine-adapter {name}` comes with the evald-lab package: {LAB_INSTALL}"
     if name in _PLUGIN_ERRORS:
         message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
     return _fail(message)

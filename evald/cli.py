@@ -34,6 +34,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_UNREACHABLE",
+    "LAB_INSTALL",
     "Command",
     "Runner",
     "add_client_options",
@@ -97,7 +98,8 @@ def _discover() -> None:
 
 #: Subcommands that come with the ``evald-lab`` distribution, for the hint when it is missing.
 _LAB_COMMANDS = ("fuzz", "bench")
-_LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
+#: How to get the lab's commands (``evald`` and ``engine-adapter`` both print it).
+LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
 #: Entry points of the ``evald.commands`` group that failed to import, with the reason.
 _PLUGIN_ERRORS: dict[str, str] = {}
 
@@ -118,7 +120,7 @@ def _missing_lab_command(argv: Sequence[str]) -> int | None:
     name = next((arg for arg in argv if not arg.startswith("-")), None)
     if name not in _LAB_COMMANDS or name in _COMMANDS:
         return None
-    message = f"error: `evald {name}` comes with the evald-lab package: {_LAB_INSTALL}"
+    message = f"error: `evald {name}` comes with the evald-lab package: {LAB_INSTALL}"
     if name in _PLUGIN_ERRORS:
         message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
     print(message, file=sys.stderr)
