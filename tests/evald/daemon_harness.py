@@ -1,6 +1,6 @@
 """Runs the real daemon (``evald serve``) as a subprocess on a real unix socket, for tests.
 
-The process handling lives in ``evald._daemon_process`` (``evald fuzz`` uses it too); this file
+The process handling lives in ``evald_lab.harness`` (``evald fuzz`` uses it too); this file
 adds what only the tests need: the session config with one tenant per concern, their tokens, a
 handle that makes clients for them and runs the CLI, and small helpers for modules and outcomes.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evald import _daemon_process
-from evald._daemon_process import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
 from evald.client import Client
 from evald.daemon import hash_token
+from evald_lab import harness
+from evald_lab.harness import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
 
 __all__ = [
     "EVALD",
@@ -151,7 +151,7 @@ def start_daemon(
     tls_ca: Path | None = None,
 ) -> Daemon:
     """Starts ``evald serve`` with ``config_text`` and waits until it serves."""
-    return _daemon_process.start_daemon(
+    return harness.start_daemon(
         root,
         config_text,
         state_dir=state_dir,
@@ -167,7 +167,7 @@ def start_daemon(
 
 
 def wait_serving(daemon: Daemon, listen: str | None = None, tls_ca: Path | None = None) -> None:
-    _daemon_process.wait_serving(daemon, listen, tls_ca=tls_ca)
+    harness.wait_serving(daemon, listen, tls_ca=tls_ca)
 
 
 def module(kind: str, name: str, param: Any = None, **options: Any) -> bytes:

@@ -76,7 +76,7 @@ def _kill_parent_and_check(parent: subprocess.Popen[str], child: int) -> None:
 START_DAEMON_PARENT = """
     import sys, time
     from pathlib import Path
-    from evald._daemon_process import start_daemon
+    from evald_lab.harness import start_daemon
     root = Path(sys.argv[1])
     daemon = start_daemon(root, '[[tenants]]\\nname = "local"\\n')
     print(daemon.pid, flush=True)
@@ -96,7 +96,7 @@ def test_start_daemon_from_a_thread_that_ends_keeps_the_daemon(tmp_path: Path) -
     script = """
         import sys, threading, time
         from pathlib import Path
-        from evald._daemon_process import start_daemon
+        from evald_lab.harness import start_daemon
         root = Path(sys.argv[1])
         handles = []
         starter = threading.Thread(
@@ -116,7 +116,7 @@ def test_demo_daemon_dies_when_parent_is_killed(tmp_path: Path) -> None:
         import os, sys, time
         from pathlib import Path
         from rich.console import Console
-        from evald.demo import running_daemon
+        from evald_lab.demo import running_daemon
         def children():
             for entry in os.listdir("/proc"):
                 try:
@@ -140,7 +140,7 @@ def test_gpu_check_children_die_when_parent_is_killed(tmp_path: Path) -> None:
     script = """
         import os, sys, time
         from pathlib import Path
-        from engine_adapter.sglang.gpu_check import _process
+        from evald_lab.gpu_check import _process
         root = Path(sys.argv[1])
         with _process(["sleep", "600"], root / "sleep.log", dict(os.environ)) as other:
             print(other.pid, flush=True)
@@ -155,7 +155,7 @@ def test_daemon_keeps_serving_while_the_link_is_open_and_stops_when_it_closes(
 ) -> None:
     """Closing the write end (what the kernel does when the parent dies) stops the daemon
     cleanly, through the same drain as SIGTERM: exit status 0."""
-    from evald._daemon_process import start_daemon
+    from evald_lab.harness import start_daemon
 
     daemon = start_daemon(tmp_path, '[[tenants]]\nname = "local"\n')
     try:
@@ -179,7 +179,7 @@ def test_watch_parent_refuses_a_closed_descriptor() -> None:
 
 
 def test_serve_with_a_bad_parent_fd_is_a_clear_error(tmp_path: Path) -> None:
-    from evald._daemon_process import evald_command
+    from evald_lab.harness import evald_command
 
     config = tmp_path / "evald.toml"
     config.write_text('[[tenants]]\nname = "local"\n')

@@ -1,0 +1,156 @@
+"""``evald bench``: the benchmarks (see :mod:`evald_lab.bench`).
+
+evald's CLI imports this module through the ``evald.commands`` entry point of
+``lab/pyproject.toml``; importing it registers the command.
+
+Exit statuses: 0 the benchmark ran and wrote its results (missed targets are reported, not
+failures); 2 it could not run (bad arguments, a daemon or the model that did not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
+
+__all__: list[str] = []
+
+_EPILOG = """\
+Jobs:
+  overhead   per-evaluation latency (p50/p99) and throughput of every path: the Python
+             reference, in-process WASM (reused and fresh instance), the daemon over its unix
+             socket and loopback TCP (unary, batched 1/8/64, streaming 1/8/64), at
+             concurrency 1, 8 and 64; each row also as a ratio to the Python row and as a
+             fraction of one llama.cpp decode step measured in the same run.
+  decode     the local CPU engine (SmolLM2-135M, llama.cpp) generating with spans: tokens/s and
+             added time per span for no evaluation, in-process Python, in-process WASM and
+             evald; the tool-call baseline; the batch stall. Runs engine-adapter's benchmark
+             (the engine and llama extras).
+  profile    where the time goes: one host evaluation split into its parts, and the daemon's
+             CPU per item by thread under EvaluateBatch(64), plus what holds the GIL (py-spy).
+  all        all three, then the headline table (headline.md, headline.json).
+  headline   the headline table again from the results already in --out (no measuring).
+
+Results: JSON and PNG under --out (default reports/bench/). The GPU variant of the decode
+benchmark (SGLang, several batch sizes) is deploy/gpu-check.sh.
+
+Examples:
+  evald bench overhead --profile tiny          # a few seconds, every path once
+  evald bench all                              # the full run, about 10 minutes on 2 cores
+  evald bench all --readme README.md           # also refresh the README's headline table
+"""
+
+
+@command("bench", "Benchmark the evaluation paths and decoding with spans.", order=60)
+def _bench(parser: argparse.ArgumentParser) -> Runner:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument(
+        "job",
+        choices=("overhead", "decode", "profile", "all", "headline"),
+        help="what to measure",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("tiny", "full"),
+        default="full",
+        help="tiny: seconds, for tests; full: the real run (default)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("reports/bench"), metavar="DIR", help="results folder"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-plot", action="store_true", help="skip the matplotlib plots")
+    parser.add_argument(
+        "--no-decode-step",
+        action="store_true",
+        help="overhead: do not load the model to time a decode step",
+    )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="all: replace the headline table between the bench markers in FILE",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        if args.readme is not None and args.job not in ("all", "headline"):
+            print(
+                "error: invalid_argument: --readme needs the `all` or `headline` job",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        if args.job == "headline":
+            from evald_lab.bench._headline import load_results
+
+            saved = load_results(args.out)
+            if saved == (None, None):
+                print(f"error: invalid_argument: no results in {args.out}", file=sys.stderr)
+                return EXIT_ERROR
+            return _headline(args, *saved)
+        try:
+            overhead: dict[str, Any] | None = None
+            decode: dict[str, Any] | None = None
+            if args.job in ("overhead", "all"):
+                from evald_lab.bench._overhead import run_overhead
+
+                overhead = run_overhead(
+                    args.profile,
+                    out_dir=args.out,
+                    show_progress=not args.no_progress,
+                    measure_decode_step=not args.no_decode_step,
+                    plot=not args.no_plot,
+                )
+            if args.job in ("decode", "all"):
+                decode = _run_decode(args)
+            if args.job in ("profile", "all"):
+                from evald_lab.bench._profile import profile_markdown, run_profile
+
+                profiled = run_profile(args.profile, out_dir=args.out)
+                print(profile_markdown(profiled) + "\n")
+        except (RuntimeError, OSError, ImportError) as exc:
+            print(f"error: unavailable: {' '.join(str(exc).split())[:2000]}", file=sys.stderr)
+            return EXIT_ERROR
+        if args.job == "profile":
+            return EXIT_OK
+        return _headline(args, overhead, decode)
+
+    return run
+
+
+def _headline(
+    args: argparse.Namespace, overhead: dict[str, Any] | None, decode: dict[str, Any] | None
+) -> int:
+    """Prints the headline table; for ``all``/``headline`` also writes it (and the README)."""
+    from evald_lab.bench._headline import headline_markdown, write_headline
+
+    if args.job in ("all", "headline"):
+        try:
+            write_headline(args.out, overhead, decode, readme=args.readme)
+        except (ValueError, OSError) as exc:
+            print(f"error: invalid_argument: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+    print(headline_markdown(overhead, decode))
+    print(f"\nresults in {args.out}/", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_decode(args: argparse.Namespace) -> dict[str, Any]:
+    """``engine_adapter``'s decode benchmark, imported here only (see :mod:`evald_lab.bench`)."""
+    try:
+        from evald_lab.bench.decode import run_decode
+    except ImportError as exc:
+        raise ImportError(
+            f"the decode benchmark needs the engine adapter's extras ({exc}): "
+            "pip install -e '.[engine,llama]' -e './lab[bench]'"
+        ) from exc
+    document: dict[str, Any] = run_decode(
+        args.profile,
+        out_dir=args.out,
+        show_progress=not args.no_progress,
+        plot=not args.no_plot,
+    )
+    return document

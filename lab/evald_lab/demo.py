@@ -1,0 +1,257 @@
+"""``python -m evald_lab.demo`` (what ``make run`` shows): the daemon end to end on this machine.
+
+Starts ``evald serve`` with the packaged default config on a temporary unix socket, waits until
+it is healthy, runs a few evaluations through ``evald call`` exactly as a person or a script
+would, prints them in a table, and stops the daemon with SIGTERM (a graceful drain).
+
+Each part of the demo is a *section*: a function ``(target, console) -> None`` run while the
+daemon serves. Later parts (the model demo) append theirs to :data:`SECTIONS`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from evald.client import Client
+from evald.daemon import DEFAULT_CONFIG_PATH
+from evald_lab.harness import DaemonProcess, evald_command, start_daemon
+
+__all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
+
+#: (evaluator, span content) pairs; an evaluator the daemon does not serve is skipped.
+EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("calc", "17 * 23 + 91"),
+    ("calc", "(2 ** 64) / 3"),
+    ("strop", 'count("strawberry", "r")'),
+    ("date", "2024-02-28 + 2 days"),
+    ("units", "12.5 km to mi"),
+    ("checksum", 'crc32("hello")'),
+    ("calc", "1 / 0"),
+)
+
+Section = Callable[[str, Console], None]
+
+
+@contextmanager
+def running_daemon(workdir: Path, console: Console) -> Iterator[str]:
+    """Runs ``evald serve`` (default config) on a socket in ``workdir``; yields its target.
+
+    The daemon is started the way every tool here starts one (:func:`start_daemon`), so it
+    dies with the demo however the demo dies.
+    """
+    console.print(
+        f"[bold]starting[/] evald serve --config {DEFAULT_CONFIG_PATH.name} "
+        f"--listen unix:{workdir / 'evald.sock'} --state-dir {workdir / 'state'}"
+    )
+    started = time.perf_counter()
+    daemon: DaemonProcess = start_daemon(workdir, DEFAULT_CONFIG_PATH.read_text())
+    try:
+        console.print(
+            f"[green]serving[/] on {daemon.target} after {time.perf_counter() - started:.1f} s "
+            f"(pid {daemon.pid}; JSON log in {daemon.log_path.name})"
+        )
+        yield daemon.target
+    finally:
+        if daemon.alive():
+            try:
+                status = daemon.stop(signal.SIGTERM, timeout_s=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                status = daemon.process.returncode
+            console.print(f"[bold]stopped[/] the daemon with SIGTERM (exit status {status})")
+
+
+@dataclass(frozen=True)
+class _Row:
+    evaluator: str
+    content: str
+    status: int
+    output: str
+    wall_ms: float
+
+
+def show_evaluations(target: str, console: Console) -> None:
+    """Runs :data:`EXAMPLES` through ``evald call`` and prints what each printed and took."""
+    with Client(target) as client:
+        served = {info.name for info in client.list_evaluators()}
+    console.print(f"evaluators served: {', '.join(sorted(served)) or '(none)'}")
+    examples = [(name, content) for name, content in EXAMPLES if name in served]
+    skipped = sorted({name for name, _ in EXAMPLES} - served)
+    rows: list[_Row] = []
+    env = {**os.environ, "EVALD_TARGET": target}
+    for name, content in examples:
+        started = time.perf_counter()
+        result = subprocess.run(
+            [*evald_command(), "call", name, "--", content],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        wall_ms = (time.perf_counter() - started) * 1000
+        output = (result.stdout if result.returncode == 0 else result.stderr).strip()
+        rows.append(_Row(name, content, result.returncode, output, wall_ms))
+    with Client(target) as client:
+        client.evaluate_batch(examples)  # warm: each worker thread instantiates once
+        inside = client.evaluate_batch(examples)
+    table = Table(title="evald call TAG INPUT")
+    for column in ("span", "printed", "exit", "evald call ms", "in daemon µs (warm)", "fuel"):
+        table.add_column(column, overflow="fold")
+    for row, response in zip(rows, inside, strict=True):
+        style = "green" if row.status == 0 else "yellow"
+        table.add_row(
+            f"<{row.evaluator}>{row.content}</{row.evaluator}>",
+            f"[{style}]{row.output}[/]",
+            str(row.status),
+            f"{row.wall_ms:.0f}",
+            str(response.eval_time_us),
+            str(response.fuel_used),
+        )
+    console.print(table)
+    console.print(
+        "[dim]`evald call ms` includes starting the CLI process; `in daemon µs` is the "
+        "evaluation alone as the daemon reports it, on an already instantiated module.[/]"
+    )
+    if skipped:
+        console.print(f"[dim]skipped (not built): {', '.join(skipped)}[/]")
+
+
+# ---------------------------------------------------------------------------------------------
+# The local engine end to end: SmolLM2-135M on this CPU writes spans, evald answers, the engine
+# forces the results through the model. Heavy imports stay inside the function.
+
+#: (title, prompt, forced prefix, narrowed span content as (evaluator, EBNF) or None).
+ENGINE_PROMPTS: tuple[tuple[str, str, str, tuple[str, str] | None], ...] = (
+    (
+        "arithmetic word problem",
+        "A box has 17 rows of 23 items, then 91 more are added. How many items are in the box?",
+        "The expression is <calc>",
+        None,
+    ),
+    (
+        "letter counting",
+        "How many r's are in strawberry?",
+        "The expression is <strop>",
+        ("strop", 'root ::= "count(\\"" [a-zA-Z]+ "\\", \\"" [a-zA-Z] "\\")"'),
+    ),
+    (
+        "a date question",
+        "Which day of the week was 2024-07-04?",
+        "The expression is <date>",
+        (
+            "date",
+            'root ::= "weekday(" [0-9] [0-9] [0-9] [0-9] "-" [01] [0-9] "-" [0-3] [0-9] ")"',
+        ),
+    ),
+)
+
+
+_STOP_AFTER_RESULT = ("</result>", "</result_error>")
+
+
+def show_local_engine(target: str, console: Console) -> None:
+    """Runs :data:`ENGINE_PROMPTS` on the local engine, first with the model writing the result
+    itself (``grammar-no-eval``), then with evald's value forced (``grammar-eval``), and prints
+    each answer with the forced text highlighted and the timings."""
+    from rich.text import Text
+
+    from engine_adapter import EvaluatorClient, list_evaluators
+    from engine_adapter.local import BackendError, LocalEngine, load_backend, load_tokenizer
+
+    console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans through evald")
+    started = time.perf_counter()
+    try:
+        backend = load_backend("llama")
+    except BackendError as exc:
+        console.print(f"[yellow]{exc}[/]; using the transformers backend")
+        backend = load_backend("hf")
+    tokenizer = load_tokenizer()
+    console.print(
+        f"model loaded ({backend.name} backend) in {time.perf_counter() - started:.1f} s; "
+        "greedy decoding; [bold green]green[/] = forced by the engine, [dim]dim[/] = the forced "
+        "prefix"
+    )
+    try:
+        with EvaluatorClient(target) as client:
+            client.wait_connected(10.0)
+            engine = LocalEngine(
+                backend, tokenizer, list_evaluators(target), evaluator=client, deadline_ms=1000
+            )
+            for title, prompt, prefix, narrowed in ENGINE_PROMPTS:
+                console.print(f"\n[bold]{title}[/]: {prompt}")
+                content = {narrowed[0]: narrowed[1]} if narrowed else None
+                for mode in ("grammar-no-eval", "grammar-eval"):
+                    grammar = engine.span_grammar(mode, prefix, content_grammars=content)
+                    shown = Text(f"  {mode:>15}: ")
+                    chunks: list[tuple[str, bool]] = []
+
+                    def collect(
+                        text: str, forced: bool, sink: list[tuple[str, bool]] = chunks
+                    ) -> None:
+                        sink.append((text, forced))
+
+                    result = engine.generate(
+                        prompt,
+                        mode=mode,
+                        prefix=prefix,
+                        grammar=grammar,
+                        max_new_tokens=40,
+                        stop=_STOP_AFTER_RESULT if mode == "grammar-no-eval" else (),
+                        on_text=collect,
+                    )
+                    for index, (text, forced) in enumerate(chunks):
+                        style = "dim" if index == 0 and forced else "bold green" if forced else ""
+                        shown.append(text, style=style)
+                    console.print(shown)
+                    for span in result.spans:
+                        if not span.forced_text:
+                            continue
+                        console.print(
+                            f"{'':19}<{span.evaluator}>{span.content}</{span.evaluator}> → "
+                            f"{span.forced_text}: evald answered in "
+                            f"{span.eval_latency_us / 1000:.2f} ms, the decode loop waited "
+                            f"{span.wait_us / 1000:.2f} ms, {span.n_forced_tokens} tokens forced "
+                            f"in one forward of {span.inject_forward_us / 1000:.1f} ms",
+                            markup=False,
+                            highlight=False,
+                        )
+                    steps = [s.forward_us for s in result.steps if s.kind == "sample"]
+                    step_ms = sum(steps) / len(steps) / 1000 if steps else 0.0
+                    console.print(
+                        f"{'':19}[dim]{result.n_sampled} sampled + {result.n_forced} forced "
+                        f"tokens, {result.tokens_per_s:.0f} tok/s, {step_ms:.1f} ms per decode "
+                        f"step, stop: {result.stop_reason}[/]"
+                    )
+    finally:
+        backend.close()
+
+
+#: What the demo shows while the daemon serves, in order.
+SECTIONS: list[Section] = [show_evaluations]
+SECTIONS.append(show_local_engine)
+
+
+def main() -> int:
+    """Runs every section against a fresh daemon; returns the exit status."""
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="evald-demo-") as tmp:
+        with running_daemon(Path(tmp), console) as target:
+            for section in SECTIONS:
+                section(target, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
