@@ -60,8 +60,8 @@ __all__ = ["HARDENING", "run_fuzz"]
 CLASSES = ("generated", "corpus", "modules", "protocol")
 
 #: What fuzzing and reviews found and the daemon now does (each has a regression test under
-#: tests/evald/: test_hardening.py, test_server_memory.py, test_data_path_memory.py,
-#: test_alphabet.py, test_epoch_ticker.py).
+#: tests/evald/: daemon/test_hardening.py, daemon/test_server_memory.py,
+#: daemon/test_data_path_memory.py, contract/test_alphabet.py, host/test_epoch_ticker.py).
 HARDENING = (
     "A corrupt protobuf request got gRPC's untyped UNKNOWN (unary) or `internal` (stream); "
     "now `invalid_argument` with a message (lenient deserializers in the service).",

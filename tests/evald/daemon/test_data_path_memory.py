@@ -1,6 +1,6 @@
 """What a caller can make the daemon hold through the data path, against a real daemon.
 
-The same classes as tests/evald/test_server_memory.py, on the unix-socket transport:
+The same classes as tests/evald/daemon/test_server_memory.py, on the unix-socket transport:
 
 1. Before authentication: the daemon takes at most the HELLO from an unauthenticated peer.
 2. Connections that never read: unread output is bounded in bytes per connection

@@ -31,7 +31,7 @@ print(outcome.error.value, flush=True)
 
 
 def run(signals: bool) -> subprocess.CompletedProcess[str]:
-    helpers = str(Path(__file__).resolve().parent)
+    helpers = str(Path(__file__).resolve().parents[1])
     code = SCRIPT.format(helpers=helpers, signals=signals)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 

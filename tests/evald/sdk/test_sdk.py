@@ -613,7 +613,7 @@ def test_the_local_engine_forces_the_new_evaluators_result(
 
 
 def test_the_guide_shows_the_template_sources_verbatim() -> None:
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "writing-evaluators.md").read_text()
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "writing-evaluators.md").read_text()
     blocks = dict(
         (lang, body) for lang, body in re.findall(r"```(zig|c)\n(.*?)```", guide, re.S)
     )
@@ -626,5 +626,5 @@ def test_the_guide_shows_the_template_sources_verbatim() -> None:
 
 
 def test_the_pinned_zig_matches_the_project_pin() -> None:
-    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     assert pyproject.count(f'"ziglang=={sdk.ZIG_VERSION}"') == 2  # the dev and sdk extras

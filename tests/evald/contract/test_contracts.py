@@ -27,7 +27,7 @@ from evald.daemon._config import (
 )
 from evald.host import HostConfig, Limits
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: The wire contract (proto/evald/v1/evald.proto). Never renumber: clients depend on it.
 WIRE_NUMBERS = {
