@@ -20,6 +20,7 @@ from evald.client import Client
 from evald.daemon import hash_token
 from evald_lab import harness
 from evald_lab.harness import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
+from evaluators_wasm import wasm_path
 
 __all__ = [
     "EVALD",
@@ -189,3 +190,16 @@ def outcome(response: Any) -> str:
     if response.WhichOneof("outcome") == "value":
         return "ok"
     return ErrorCode.from_proto(response.error.code).value
+
+
+def assert_still_serving(daemon: Daemon) -> None:
+    """The same daemon answers a normal call correctly (an echo module, and calc if built)."""
+    local = daemon.client()
+    names = {info.name for info in local.list_evaluators()}
+    if "serving_echo" not in names:
+        local.register(module("echo", "serving_echo"))
+    response = local.evaluate("serving_echo", b"still here")
+    assert (outcome(response), response.value) == ("ok", "still here")
+    if wasm_path("calc").exists() and "calc" in names:
+        response = local.evaluate("calc", "17 * 23 + 91")
+        assert (outcome(response), response.value) == ("ok", "482")

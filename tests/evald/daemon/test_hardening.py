@@ -14,8 +14,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import wasmtime
-from daemon_harness import TOKENS, Daemon, module, outcome
-from test_server_limits import assert_still_serving
+from daemon_harness import TOKENS, Daemon, assert_still_serving, module, outcome
 from wat_modules import arg, manifest_bytes, wat_text
 
 from evald.client import CallError, Client

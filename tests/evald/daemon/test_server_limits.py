@@ -10,24 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from daemon_harness import Daemon, module, outcome, padded
+from daemon_harness import Daemon, assert_still_serving, module, outcome, padded
 from wat_modules import arg
 
 from evald.client import CallError, Client
-from evaluators_wasm import wasm_path
-
-
-def assert_still_serving(daemon: Daemon) -> None:
-    """The same daemon answers a normal call correctly (an echo module, and calc if built)."""
-    local = daemon.client()
-    names = {info.name for info in local.list_evaluators()}
-    if "serving_echo" not in names:
-        local.register(module("echo", "serving_echo"))
-    response = local.evaluate("serving_echo", b"still here")
-    assert (outcome(response), response.value) == ("ok", "still here")
-    if wasm_path("calc").exists() and "calc" in names:
-        response = local.evaluate("calc", "17 * 23 + 91")
-        assert (outcome(response), response.value) == ("ok", "482")
 
 
 def largest_passing(probe: Callable[[int], str], low: int, high: int) -> int:
