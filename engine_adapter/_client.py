@@ -43,6 +43,7 @@ from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._types import EvalResult
 from evald.client import Client, DataCallError, DataConnection
 from evald.contract import (
+    CLIENT_MAX_MESSAGE_BYTES,
     Endpoint,
     ErrorCode,
     decode_rpc_error,
@@ -170,7 +171,7 @@ class EvaluatorClient:
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
-        max_message_bytes: int = 8 * 1024 * 1024,
+        max_message_bytes: int = CLIENT_MAX_MESSAGE_BYTES,
         data_target: str | None = None,
     ) -> None:
         endpoint = Endpoint.resolve(

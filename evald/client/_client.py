@@ -16,7 +16,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from evald.contract import Endpoint, ErrorCode, decode_rpc_error, pb, pb_grpc
+from evald.contract import (
+    CLIENT_MAX_MESSAGE_BYTES,
+    Endpoint,
+    ErrorCode,
+    decode_rpc_error,
+    pb,
+    pb_grpc,
+)
 
 __all__ = ["CallError", "Client"]
 
@@ -77,7 +84,7 @@ class Client:
         tls_ca: str | Path | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
-        max_message_bytes: int = 64 * 1024 * 1024,
+        max_message_bytes: int = CLIENT_MAX_MESSAGE_BYTES,
     ) -> None:
         endpoint = Endpoint.resolve(
             target, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from evald.contract._addresses import default_target, unix_socket_path
 from evald.contract._alphabet import check_no_angle_bracket, may_produce
-from evald.contract._channel import Endpoint, RpcFailure, decode_rpc_error
+from evald.contract._channel import (
+    CLIENT_MAX_MESSAGE_BYTES,
+    Endpoint,
+    RpcFailure,
+    decode_rpc_error,
+)
 from evald.contract._errors import (
     ERROR_CODE_METADATA_KEY,
     GUEST_ERROR_CODES,
@@ -48,6 +53,7 @@ from evald.v1 import evald_pb2_grpc as pb_grpc
 
 __all__ = [
     "ABI_VERSION",
+    "CLIENT_MAX_MESSAGE_BYTES",
     "ERROR_CODE_METADATA_KEY",
     "GUEST_ERROR_CODES",
     "HEADER",

@@ -12,16 +12,21 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import grpc
 
 from evald.contract._addresses import default_target
 from evald.contract._errors import ERROR_CODE_METADATA_KEY, ErrorCode
 
-__all__ = ["Endpoint", "RpcFailure", "decode_rpc_error"]
+__all__ = ["CLIENT_MAX_MESSAGE_BYTES", "Endpoint", "RpcFailure", "decode_rpc_error"]
 
 PathLike = str | os.PathLike[str]
+
+#: The largest message a client sends or accepts by default. Above the daemon's own send limit
+#: with its default settings (twice ``[server] max_message_bytes`` plus an error per batch item),
+#: so a client never refuses an answer its daemon is allowed to give.
+CLIENT_MAX_MESSAGE_BYTES: Final = 64 * 2**20
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ shutdown_grace_s = 2
 [[tenants]]
 name = "local"
 evaluators = ["*"]
+allow_register = true
 
 [[tenants]]
 name = "engine"
@@ -141,6 +142,30 @@ def test_unknown_evaluator_is_a_span_error_not_a_broken_stream(client: Evaluator
     client.flush()
     assert bad.result(timeout=30).error_code == "unknown_evaluator"
     assert good.result(timeout=30).value == "4"
+    assert client.connected
+
+
+def test_a_response_as_large_as_the_daemon_sends_is_received(
+    daemon: Daemon, client: EvaluatorClient
+) -> None:
+    """One flush whose values add up to more than a message may carry (12 MB): every span gets
+    its value, or its own ``output_too_large`` when the daemon's response budget runs out; the
+    connection never breaks (which would give every span ``unavailable``)."""
+    from daemon_harness import module
+
+    names = {info.name for info in daemon.client().list_evaluators()}
+    if "big_output" not in names:
+        daemon.client().register(module("output", "big_output", pages=2, out_cap=65_536))
+    # The module answers N bytes "x", N read from the input's first four bytes (little-endian):
+    # 400 values of 30,840 bytes are 12 MB, more than one message may carry (8 MiB by default).
+    size = int.from_bytes(b"xx\0\0", "little")
+    futures = [client.submit("big_output", "xx\0\0", 20_000) for _ in range(400)]
+    client.flush()
+    results = [future.result(timeout=30) for future in futures]
+    codes = {result.error_code for result in results}
+    assert codes <= {None, "output_too_large"}, {r.message for r in results}
+    values = [result.value for result in results if result.value is not None]
+    assert values and all(value == "x" * size for value in values), {len(v) for v in values}
     assert client.connected
 
 
