@@ -153,20 +153,21 @@ def test_a_response_as_large_as_the_daemon_sends_is_received(
     connection never breaks (which would give every span ``unavailable``)."""
     from daemon_harness import module
 
-    names = {info.name for info in daemon.client().list_evaluators()}
-    if "big_output" not in names:
-        daemon.client().register(module("output", "big_output", pages=2, out_cap=65_536))
+    daemon.client().register(module("output", "big_output", pages=2, out_cap=65_536))
     # The module answers N bytes "x", N read from the input's first four bytes (little-endian):
     # 400 values of 30,840 bytes are 12 MB, more than one message may carry (8 MiB by default).
     size = int.from_bytes(b"xx\0\0", "little")
-    futures = [client.submit("big_output", "xx\0\0", 20_000) for _ in range(400)]
-    client.flush()
-    results = [future.result(timeout=30) for future in futures]
-    codes = {result.error_code for result in results}
-    assert codes <= {None, "output_too_large"}, {r.message for r in results}
-    values = [result.value for result in results if result.value is not None]
-    assert values and all(value == "x" * size for value in values), {len(v) for v in values}
-    assert client.connected
+    try:
+        futures = [client.submit("big_output", "xx\0\0", 20_000) for _ in range(400)]
+        client.flush()
+        results = [future.result(timeout=30) for future in futures]
+        codes = {result.error_code for result in results}
+        assert codes <= {None, "output_too_large"}, {r.message for r in results}
+        values = [result.value for result in results if result.value is not None]
+        assert values and all(value == "x" * size for value in values), {len(v) for v in values}
+        assert client.connected
+    finally:
+        daemon.client().delete("big_output")  # the module-scoped daemon serves other tests
 
 
 def test_list_evaluators_builds_the_same_grammar_as_the_manifests(daemon: Daemon) -> None:
