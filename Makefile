@@ -63,6 +63,7 @@ full-test: setup
 lint: setup
 	$(BIN)/ruff check evald engine_adapter evaluators_wasm lab tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 proto: setup
 	$(PY) -m evald._protogen
@@ -71,4 +72,4 @@ wasm: setup
 	$(PY) -m evaluators_wasm.build
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache
