@@ -654,9 +654,7 @@ def oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
     """A batch of in-limit items whose values add up past the response limit: every item gets
     its value or its own ``output_too_large``, never a failed call."""
     count = ctx.max_message_bytes // 60_000 + rng.choice((5, 40))
-    items = [
-        pb.EvaluateRequest(evaluator="strop", input=_AMPLIFY, id=str(i)) for i in range(count)
-    ]
+    items = [pb.EvaluateRequest(evaluator="strop", input=_AMPLIFY, id=str(i)) for i in range(count)]
     with _channel(ctx) as channel:
         stub = channel.unary_unary(
             f"{_SERVICE}/EvaluateBatch",
