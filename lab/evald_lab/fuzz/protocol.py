@@ -78,6 +78,17 @@ def _raw(channel: grpc.Channel, method: str) -> Callable[..., bytes]:
     return call
 
 
+def _raw_call_error(error: grpc.RpcError) -> tuple[str | None, grpc.StatusCode, str]:
+    """(evald code or None, gRPC status, details) of a failed raw call."""
+    code: str | None = None
+    for key, value in getattr(error, "trailing_metadata", lambda: ())() or ():
+        if key == "evald-error-code":
+            code = str(value)
+    status = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    return code, status, details
+
+
 def _refusal(
     ctx: FuzzContext,
     family: str,
@@ -86,7 +97,7 @@ def _refusal(
     *,
     transport_ok: bool = False,
 ) -> None:
-    code, status, details = ctx.raw_call_error(error)
+    code, status, details = _raw_call_error(error)
     if code is None and transport_ok and status in _TRANSPORT_STATUSES:
         ctx.recorder.outcome(_KLASS, f"transport:{status.name.lower()}", family=family)
         return
