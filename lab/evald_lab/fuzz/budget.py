@@ -19,7 +19,9 @@ class Budget:
     """The main loop's budget over ``classes``, counted from the inputs recorded so far (the
     set-up's registrations and the hold scenarios are not part of it)."""
 
-    def __init__(self, settings: FuzzSettings, recorder: Recorder, classes: tuple[str, ...]):
+    def __init__(
+        self, settings: FuzzSettings, recorder: Recorder, classes: tuple[str, ...]
+    ) -> None:
         self.recorder = recorder
         self.classes = classes
         self.shares = settings.profile.shares

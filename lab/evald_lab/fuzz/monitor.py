@@ -35,7 +35,7 @@ class DaemonMonitor(threading.Thread):
         period_s: float = 0.5,
     ) -> None:
         super().__init__(name="fuzz-monitor", daemon=True)
-        self.daemon_under_test = daemon
+        self.daemon_under_test = daemon  # not ``daemon``: that is the thread's daemon flag
         self.recorder = recorder
         self.stop = stop
         self.rss_bound_bytes = rss_bound_bytes

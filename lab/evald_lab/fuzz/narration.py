@@ -29,6 +29,7 @@ class Narrator:
             self.console.print(f"[bold]evald fuzz[/bold]: {text}")
 
     def warn(self, text: str) -> None:
+        """Something the run survived but its reader should know (steps that raised)."""
         if self.console is not None:
             self.console.print(f"[yellow]{text}")
 

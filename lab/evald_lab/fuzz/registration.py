@@ -38,9 +38,7 @@ def register_accepted(
             client.register(module.wasm, replace=True)
         except CallError as error:
             ctx.recorder.outcome(
-                _KLASS,
-                f"call:{error.code.value if error.code else 'unreachable'}",
-                family=f"register:{module.family}",
+                _KLASS, f"call:{_code(error) or 'unreachable'}", family=f"register:{module.family}"
             )
             ctx.recorder.add(
                 [
