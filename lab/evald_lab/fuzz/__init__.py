@@ -3,7 +3,7 @@
 Modules, one concern each. What is sent: :mod:`.corpus` (attack inputs per evaluator),
 :mod:`.generate` (grammar-aware generation and mutation), :mod:`.modules` (malicious WAT modules,
 as tables), :mod:`.protocol` (gRPC and data-path abuse, a module per theme), :mod:`.noisy`
-(noisy neighbour), :mod:`.faults` (kill -9, full disk). How it is sent and judged:
+(noisy neighbour), :mod:`.faults` (kill -9, full disk; a module each). How it is sent and judged:
 :mod:`.context` (the shared state; every evaluation goes through its ``send``), :mod:`.sending`
 (batches and streams), :mod:`.settling` (checks, tally, repeats of over-bound times),
 :mod:`.checks` (the invariants), :mod:`.registration` (what each registration must come to).
