@@ -160,6 +160,18 @@ def outcome_label(response: pb.EvaluateResponse) -> str:
     return "untyped"
 
 
+#: Codes that refuse a call before its input is read: an oversized input may get these instead of
+#: ``input_too_large``.
+_REFUSED_BEFORE_INPUT = frozenset(
+    {
+        ErrorCode.INPUT_TOO_LARGE.value,
+        ErrorCode.UNKNOWN_EVALUATOR.value,
+        ErrorCode.PERMISSION_DENIED.value,
+        ErrorCode.QUOTA_EXCEEDED.value,
+    }
+)
+
+
 class Checker:
     """Checks responses against the tenants' bounds, canaries and result regexes.
 
@@ -199,13 +211,29 @@ class Checker:
         request: pb.EvaluateRequest,
         response: pb.EvaluateResponse | None,
     ) -> list[Violation]:
-        """Every invariant of one evaluation's result."""
+        """Every invariant of one evaluation's result: its id and type, the tenant's limits, the
+        value's language, and no other tenant's secret."""
         sample = _sample(request.input)
         if response is None:
             return [Violation("missing_result", klass, f"no result for id {request.id!r}", sample)]
-        found: list[Violation] = []
-        bounds = self.bounds[tenant]
         label = outcome_label(response)
+        return [
+            *self._shape(klass, request, response, label, sample),
+            *self._limits(klass, tenant, request, response, label, sample),
+            *self._value_language(klass, request, response, label, sample),
+            *self._leak(klass, tenant, request, response, label, sample),
+        ]
+
+    @staticmethod
+    def _shape(
+        klass: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """The result answers its request and is a value or a typed error, never ``internal``."""
+        found: list[Violation] = []
         if response.id != request.id:
             found.append(
                 Violation(
@@ -225,6 +253,20 @@ class Checker:
             found.append(
                 Violation("internal_error", klass, f"internal: {response.error.message}", sample)
             )
+        return found
+
+    def _limits(
+        self,
+        klass: str,
+        tenant: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """Fuel, deadline (plus the margin), input and output size within the tenant's limits."""
+        found: list[Violation] = []
+        bounds = self.bounds[tenant]
         if bounds.fuel and response.fuel_used > bounds.fuel:
             found.append(
                 Violation(
@@ -245,12 +287,7 @@ class Checker:
                     sample,
                 )
             )
-        if len(request.input) > bounds.input_bytes and label not in (
-            ErrorCode.INPUT_TOO_LARGE.value,
-            ErrorCode.UNKNOWN_EVALUATOR.value,
-            ErrorCode.PERMISSION_DENIED.value,
-            ErrorCode.QUOTA_EXCEEDED.value,
-        ):
+        if len(request.input) > bounds.input_bytes and label not in _REFUSED_BEFORE_INPUT:
             found.append(
                 Violation(
                     "input_escape",
@@ -260,8 +297,7 @@ class Checker:
                 )
             )
         if label == "ok":
-            value = response.value
-            size = len(value.encode("utf-8"))
+            size = len(response.value.encode("utf-8"))
             if size > bounds.output_bytes:
                 found.append(
                     Violation(
@@ -271,30 +307,57 @@ class Checker:
                         sample,
                     )
                 )
-            pattern = self._regex.get(request.evaluator)
-            if pattern is not None and not pattern.fullmatch(value):
-                found.append(
-                    Violation(
-                        "bad_value",
-                        klass,
-                        f"{request.evaluator} value {value[:80]!r} does not match its result_regex",
-                        sample,
-                    )
-                )
+        return found
+
+    def _value_language(
+        self,
+        klass: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """A value matches its evaluator's ``result_regex`` (when Python can read it)."""
+        if label != "ok":
+            return []
+        pattern = self._regex.get(request.evaluator)
+        value = response.value
+        if pattern is None or pattern.fullmatch(value):
+            return []
+        return [
+            Violation(
+                "bad_value",
+                klass,
+                f"{request.evaluator} value {value[:80]!r} does not match its result_regex",
+                sample,
+            )
+        ]
+
+    def _leak(
+        self,
+        klass: str,
+        tenant: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """Neither the value nor the error message carries another tenant's secret (the
+        tenant's own input, echoed back, does not count)."""
         text = response.value if label == "ok" else response.error.message
         leak = self.canaries.leaked(
             tenant, text, echoed=(request.evaluator, request.input.decode("utf-8", "replace"))
         )
-        if leak is not None:
-            found.append(
-                Violation(
-                    "tenant_leak",
-                    klass,
-                    f"a response to {tenant} carries another tenant's secret {leak[:24]!r}",
-                    sample,
-                )
+        if leak is None:
+            return []
+        return [
+            Violation(
+                "tenant_leak",
+                klass,
+                f"a response to {tenant} carries another tenant's secret {leak[:24]!r}",
+                sample,
             )
-        return found
+        ]
 
     def over_deadline(
         self, tenant: str, request: pb.EvaluateRequest, response: pb.EvaluateResponse
