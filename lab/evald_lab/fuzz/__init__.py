@@ -6,7 +6,8 @@ as tables), :mod:`.protocol` (gRPC and data-path abuse, a module per theme), :mo
 (noisy neighbour), :mod:`.faults` (kill -9, full disk; a module each). How it is sent and judged:
 :mod:`.context` (the shared state; every evaluation goes through its ``send``), :mod:`.sending`
 (batches and streams), :mod:`.settling` (checks, tally, repeats of over-bound times),
-:mod:`.checks` (the invariants), :mod:`.registration` (what each registration must come to).
+:mod:`.checks` (the invariants), :mod:`.tally` (what each class sent and got back),
+:mod:`.registration` (what each registration must come to).
 The run: :mod:`.runner` (start to end), :mod:`.daemon_under_test` (its own daemon or
 ``--target``), :mod:`.preparation` (the set-up), :mod:`.monitor` (RSS and health all along),
 :mod:`.phases` (around the main loop), :mod:`.main_loop` and :mod:`.budget` (lanes, the class

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from evald_lab.fuzz.checks import Recorder
 from evald_lab.fuzz.settings import FuzzSettings
+from evald_lab.fuzz.tally import Recorder
 
 __all__ = ["Budget"]
 

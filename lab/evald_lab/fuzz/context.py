@@ -17,9 +17,10 @@ from typing import Literal
 
 from evald.client import Client
 from evald.contract import pb
-from evald_lab.fuzz.checks import Canaries, Checker, Recorder, TenantBounds, Violation
+from evald_lab.fuzz.checks import Canaries, Checker, TenantBounds, Violation
 from evald_lab.fuzz.sending import chunked, send_batch, send_stream
 from evald_lab.fuzz.settling import check_latency, settle
+from evald_lab.fuzz.tally import Recorder
 
 __all__ = ["FuzzContext", "Item", "Secrets"]
 

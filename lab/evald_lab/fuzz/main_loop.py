@@ -12,11 +12,12 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from evald_lab.fuzz.budget import Budget
-from evald_lab.fuzz.checks import Recorder, Violation
+from evald_lab.fuzz.checks import Violation
 from evald_lab.fuzz.narration import Narrator, ProgressSink
 from evald_lab.fuzz.preparation import Arsenal
 from evald_lab.fuzz.settings import FuzzSettings
 from evald_lab.fuzz.steps import CLASSES, STEPS
+from evald_lab.fuzz.tally import Recorder
 
 __all__ = ["run_main_loop"]
 

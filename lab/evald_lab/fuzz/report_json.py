@@ -14,12 +14,13 @@ from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any
 
-from evald_lab.fuzz.checks import LIMIT_ESCAPES, ClassStats, Recorder
+from evald_lab.fuzz.checks import LIMIT_ESCAPES
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.hardening import HARDENING
 from evald_lab.fuzz.monitor import DaemonMonitor
 from evald_lab.fuzz.settings import FuzzSettings
 from evald_lab.fuzz.steps import CLASSES
+from evald_lab.fuzz.tally import ClassStats, Recorder
 
 __all__ = ["build_report"]
 

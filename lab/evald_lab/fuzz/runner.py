@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from evald_lab.fuzz.checks import Recorder
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.daemon_under_test import reach_daemon
 from evald_lab.fuzz.main_loop import run_main_loop
@@ -24,6 +23,7 @@ from evald_lab.fuzz.preparation import new_context, prepare
 from evald_lab.fuzz.report_json import build_report
 from evald_lab.fuzz.settings import FuzzSettings
 from evald_lab.fuzz.steps import CLASSES
+from evald_lab.fuzz.tally import Recorder
 
 __all__ = ["run_fuzz"]
 
