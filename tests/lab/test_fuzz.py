@@ -17,6 +17,8 @@ from daemon_harness import EVALD
 
 from evald_lab.fuzz import FULL, SHORT, FuzzSettings, run_fuzz, summary_markdown, write_report
 
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "evald" / "daemon" / "default_config.toml"
+
 
 @pytest.fixture(scope="module")
 def short_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -111,6 +113,15 @@ def test_evald_fuzz_is_a_subcommand_with_its_options() -> None:
         [EVALD, "fuzz", "--target", "unix:/nonexistent"], capture_output=True, text=True, timeout=60
     )
     assert wrong.returncode == 2 and "--target-config" in wrong.stderr
+
+
+def test_a_target_needs_its_config_and_both_tenants() -> None:
+    # refused before anything is sent: the checks need the target's limits and tenants
+    with pytest.raises(ValueError, match="--target-config"):
+        run_fuzz(FuzzSettings(target="unix:/nonexistent", progress=False))
+    config = DEFAULT_CONFIG  # the packaged config has one tenant, "local"
+    with pytest.raises(ValueError, match="no tenant 'victim'"):
+        run_fuzz(FuzzSettings(target="unix:/nonexistent", target_config=config, progress=False))
 
 
 @pytest.mark.slow

@@ -11,13 +11,13 @@ from evald.contract import ErrorCode, pb
 from evald_lab.fuzz.checks import (
     Canaries,
     Checker,
-    Recorder,
     TenantBounds,
     Violation,
     outcome_label,
 )
 from evald_lab.fuzz.corpus import ATTACKS, attacks_for
 from evald_lab.fuzz.generate import GrammarError, GrammarGenerator, mutate, parse_ebnf
+from evald_lab.fuzz.tally import Recorder
 from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
 
 BOUNDS = {

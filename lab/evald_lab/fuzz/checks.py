@@ -1,4 +1,4 @@
-"""The invariants a fuzz run checks on every response, and the record of what it saw.
+"""The invariants a fuzz run checks on every response.
 
 A run fails on any :class:`Violation`. The kinds:
 
@@ -26,15 +26,13 @@ A run fails on any :class:`Violation`. The kinds:
 ``fault``            a fault scenario did not end as it must (no ``unavailable`` within the
                      deadline, no recovery after restart, modules lost, a half-written store)
 
-Checks are plain functions of their inputs (the unit tests feed them crafted responses);
-:class:`Recorder` is the thread-safe tally that the report is made from.
+Checks are plain functions of their inputs (the unit tests feed them crafted responses); what
+they find goes to the run's tally (:mod:`evald_lab.fuzz.tally`), which the report is made from.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -45,12 +43,9 @@ __all__ = [
     "VIOLATION_KINDS",
     "Canaries",
     "Checker",
-    "ClassStats",
-    "Recorder",
     "TenantBounds",
     "Violation",
     "outcome_label",
-    "typed_error_count",
 ]
 
 VIOLATION_KINDS = (
@@ -160,6 +155,18 @@ def outcome_label(response: pb.EvaluateResponse) -> str:
     return "untyped"
 
 
+#: Codes that refuse a call before its input is read: an oversized input may get these instead of
+#: ``input_too_large``.
+_REFUSED_BEFORE_INPUT = frozenset(
+    {
+        ErrorCode.INPUT_TOO_LARGE.value,
+        ErrorCode.UNKNOWN_EVALUATOR.value,
+        ErrorCode.PERMISSION_DENIED.value,
+        ErrorCode.QUOTA_EXCEEDED.value,
+    }
+)
+
+
 class Checker:
     """Checks responses against the tenants' bounds, canaries and result regexes.
 
@@ -199,13 +206,29 @@ class Checker:
         request: pb.EvaluateRequest,
         response: pb.EvaluateResponse | None,
     ) -> list[Violation]:
-        """Every invariant of one evaluation's result."""
+        """Every invariant of one evaluation's result: its id and type, the tenant's limits, the
+        value's language, and no other tenant's secret."""
         sample = _sample(request.input)
         if response is None:
             return [Violation("missing_result", klass, f"no result for id {request.id!r}", sample)]
-        found: list[Violation] = []
-        bounds = self.bounds[tenant]
         label = outcome_label(response)
+        return [
+            *self._shape(klass, request, response, label, sample),
+            *self._limits(klass, tenant, request, response, label, sample),
+            *self._value_language(klass, request, response, label, sample),
+            *self._leak(klass, tenant, request, response, label, sample),
+        ]
+
+    @staticmethod
+    def _shape(
+        klass: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """The result answers its request and is a value or a typed error, never ``internal``."""
+        found: list[Violation] = []
         if response.id != request.id:
             found.append(
                 Violation(
@@ -225,6 +248,20 @@ class Checker:
             found.append(
                 Violation("internal_error", klass, f"internal: {response.error.message}", sample)
             )
+        return found
+
+    def _limits(
+        self,
+        klass: str,
+        tenant: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """Fuel, deadline (plus the margin), input and output size within the tenant's limits."""
+        found: list[Violation] = []
+        bounds = self.bounds[tenant]
         if bounds.fuel and response.fuel_used > bounds.fuel:
             found.append(
                 Violation(
@@ -245,12 +282,7 @@ class Checker:
                     sample,
                 )
             )
-        if len(request.input) > bounds.input_bytes and label not in (
-            ErrorCode.INPUT_TOO_LARGE.value,
-            ErrorCode.UNKNOWN_EVALUATOR.value,
-            ErrorCode.PERMISSION_DENIED.value,
-            ErrorCode.QUOTA_EXCEEDED.value,
-        ):
+        if len(request.input) > bounds.input_bytes and label not in _REFUSED_BEFORE_INPUT:
             found.append(
                 Violation(
                     "input_escape",
@@ -260,8 +292,7 @@ class Checker:
                 )
             )
         if label == "ok":
-            value = response.value
-            size = len(value.encode("utf-8"))
+            size = len(response.value.encode("utf-8"))
             if size > bounds.output_bytes:
                 found.append(
                     Violation(
@@ -271,30 +302,57 @@ class Checker:
                         sample,
                     )
                 )
-            pattern = self._regex.get(request.evaluator)
-            if pattern is not None and not pattern.fullmatch(value):
-                found.append(
-                    Violation(
-                        "bad_value",
-                        klass,
-                        f"{request.evaluator} value {value[:80]!r} does not match its result_regex",
-                        sample,
-                    )
-                )
+        return found
+
+    def _value_language(
+        self,
+        klass: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """A value matches its evaluator's ``result_regex`` (when Python can read it)."""
+        if label != "ok":
+            return []
+        pattern = self._regex.get(request.evaluator)
+        value = response.value
+        if pattern is None or pattern.fullmatch(value):
+            return []
+        return [
+            Violation(
+                "bad_value",
+                klass,
+                f"{request.evaluator} value {value[:80]!r} does not match its result_regex",
+                sample,
+            )
+        ]
+
+    def _leak(
+        self,
+        klass: str,
+        tenant: str,
+        request: pb.EvaluateRequest,
+        response: pb.EvaluateResponse,
+        label: str,
+        sample: str,
+    ) -> list[Violation]:
+        """Neither the value nor the error message carries another tenant's secret (the
+        tenant's own input, echoed back, does not count)."""
         text = response.value if label == "ok" else response.error.message
         leak = self.canaries.leaked(
             tenant, text, echoed=(request.evaluator, request.input.decode("utf-8", "replace"))
         )
-        if leak is not None:
-            found.append(
-                Violation(
-                    "tenant_leak",
-                    klass,
-                    f"a response to {tenant} carries another tenant's secret {leak[:24]!r}",
-                    sample,
-                )
+        if leak is None:
+            return []
+        return [
+            Violation(
+                "tenant_leak",
+                klass,
+                f"a response to {tenant} carries another tenant's secret {leak[:24]!r}",
+                sample,
             )
-        return found
+        ]
 
     def over_deadline(
         self, tenant: str, request: pb.EvaluateRequest, response: pb.EvaluateResponse
@@ -416,167 +474,3 @@ class Checker:
                 Violation("hang", klass, f"{what} took {elapsed_s:.3f} s > bound {limit:.3f} s")
             ]
         return []
-
-
-_TYPED_CODES = frozenset(code.value for code in ErrorCode)
-
-
-def typed_error_count(outcomes: Mapping[str, int]) -> int:
-    """How many outcomes are typed errors: an error code, a call refused with one
-    (``call:CODE``), or a status gRPC's transport gave before the daemon (``transport:...``).
-    Values, registrations, abandoned and parsed inputs are not errors."""
-    total = 0
-    for label, count in outcomes.items():
-        code = label.removeprefix("call:")
-        if code in _TYPED_CODES or label.startswith("transport:"):
-            total += count
-    return total
-
-
-class _Reservoir:
-    """A fixed-size uniform sample of a stream of numbers (for percentiles)."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        import random
-
-        self.size = size
-        self.values: list[float] = []
-        self.seen = 0
-        self._rng = random.Random(seed)
-
-    def add(self, value: float) -> None:
-        self.seen += 1
-        if len(self.values) < self.size:
-            self.values.append(value)
-        else:
-            index = self._rng.randrange(self.seen)
-            if index < self.size:
-                self.values[index] = value
-
-    def percentile(self, q: float) -> float:
-        if not self.values:
-            return 0.0
-        ordered = sorted(self.values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-@dataclass
-class ClassStats:
-    """What one input class sent and got back."""
-
-    inputs: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)
-    families: Counter[str] = field(default_factory=Counter)
-    violations: Counter[str] = field(default_factory=Counter)
-    max_eval_us: int = 0
-    max_call_ms: float = 0.0
-    calls: int = 0
-    step_s: float = 0.0
-    stalls: int = 0
-    max_stall_ms: float = 0.0
-    call_ms: _Reservoir = field(default_factory=lambda: _Reservoir(4096, 0))
-
-    @property
-    def typed_errors(self) -> int:
-        return typed_error_count(self.outcomes)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "inputs": self.inputs,
-            "ok": self.outcomes.get("ok", 0),
-            "typed_errors": self.typed_errors,
-            "outcomes": dict(sorted(self.outcomes.items())),
-            "families": dict(sorted(self.families.items())),
-            "violations": dict(sorted(self.violations.items())),
-            "calls": self.calls,
-            "step_s": round(self.step_s, 1),
-            "stalls": self.stalls,
-            "max_stall_ms": round(self.max_stall_ms, 1),
-            "max_eval_us": self.max_eval_us,
-            "max_call_ms": round(self.max_call_ms, 3),
-            "p50_call_ms": round(self.call_ms.percentile(0.50), 3),
-            "p99_call_ms": round(self.call_ms.percentile(0.99), 3),
-        }
-
-
-class Recorder:
-    """The thread-safe tally of a run: per-class stats and every violation (samples kept)."""
-
-    def __init__(self, classes: Iterable[str], *, keep: int = 200) -> None:
-        self._lock = threading.Lock()
-        self.classes: dict[str, ClassStats] = {name: ClassStats() for name in classes}
-        self.violations: list[Violation] = []
-        self.violation_counts: Counter[str] = Counter()
-        self._keep = keep
-        # Deadline overruns: evaluations whose eval_time exceeded their effective deadline.
-        self.overruns = 0
-        self.worst_overrun_us = 0
-        self.worst_overrun_deadline_ms = 0
-        self.worst_overrun_class = ""
-
-    def overrun(self, klass: str, eval_us: int, deadline_ms: int) -> None:
-        """One evaluation's time against its effective deadline (recorded when over it)."""
-        over = eval_us - deadline_ms * 1000
-        if over <= 0:
-            return
-        with self._lock:
-            self.overruns += 1
-            if over > self.worst_overrun_us:
-                self.worst_overrun_us = over
-                self.worst_overrun_deadline_ms = deadline_ms
-                self.worst_overrun_class = klass
-
-    def stats(self, klass: str) -> ClassStats:
-        with self._lock:
-            return self.classes.setdefault(klass, ClassStats())
-
-    def outcome(self, klass: str, label: str, *, family: str = "", eval_us: int = 0) -> None:
-        """One input sent and its outcome (``ok``, an error code, or ``call:CODE``)."""
-        with self._lock:
-            stats = self.classes.setdefault(klass, ClassStats())
-            stats.inputs += 1
-            stats.outcomes[label] += 1
-            if family:
-                stats.families[family] += 1
-            if eval_us > stats.max_eval_us:
-                stats.max_eval_us = eval_us
-
-    def call(self, klass: str, elapsed_ms: float) -> None:
-        """One RPC's wall time."""
-        with self._lock:
-            stats = self.classes.setdefault(klass, ClassStats())
-            stats.calls += 1
-            stats.call_ms.add(elapsed_ms)
-            stats.max_call_ms = max(stats.max_call_ms, elapsed_ms)
-
-    def stall(self, klass: str, milliseconds: float) -> None:
-        """A time over its bound that did not reproduce when the call was repeated: the machine
-        (not the daemon) held the thread; counted and reported, not a violation."""
-        with self._lock:
-            stats = self.classes.setdefault(klass, ClassStats())
-            stats.stalls += 1
-            stats.max_stall_ms = max(stats.max_stall_ms, milliseconds)
-
-    def step(self, klass: str, seconds: float) -> None:
-        """Wall time one main-loop step of ``klass`` took (lanes overlap)."""
-        with self._lock:
-            self.classes.setdefault(klass, ClassStats()).step_s += seconds
-
-    def add(self, violations: Iterable[Violation]) -> None:
-        with self._lock:
-            for violation in violations:
-                self.violation_counts[violation.kind] += 1
-                stats = self.classes.setdefault(violation.klass, ClassStats())
-                stats.violations[violation.kind] += 1
-                if len(self.violations) < self._keep:
-                    self.violations.append(violation)
-
-    @property
-    def inputs(self) -> int:
-        with self._lock:
-            return sum(stats.inputs for stats in self.classes.values())
-
-    @property
-    def violation_total(self) -> int:
-        with self._lock:
-            return sum(self.violation_counts.values())

@@ -41,19 +41,40 @@ def _overrun_row(latency: dict[str, Any]) -> str:
 
 
 def summary_markdown(report: dict[str, Any]) -> str:
-    """The human summary of a report."""
-    totals = report["totals"]
-    verdict = "PASS" if totals["violations"] == 0 else "FAIL"
+    """The human summary of a report: the verdict and figures, then a section each for the
+    classes, the noisy neighbour, the faults, the hardening list and the violation samples."""
     lines = [
+        *_headline(report),
+        *_figures(report),
+        *_classes(report),
+        *_noisy_neighbour(report),
+        *_faults(report),
+        *_hardening(report),
+        *_violations(report),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _headline(report: dict[str, Any]) -> list[str]:
+    verdict = "PASS" if report["totals"]["violations"] == 0 else "FAIL"
+    daemon = report["daemon"]
+    return [
         f"# evald fuzz — {report['profile']} profile: {verdict}",
         "",
         f"- seed {report['seed']}, budget {report['budget']}, {report['elapsed_s']:.0f} s "
         f"wall ({report['main_loop_s']:.0f} s main loop, "
         f"{report['inputs_per_s']:.0f} inputs/s), {report['machine']['cpus']} CPUs",
-        f"- daemon: {report['daemon']['kind']}, {report['daemon']['threads']} worker threads; "
-        f"victim limits {report['daemon']['limits']['victim']}, attacker limits "
-        f"{report['daemon']['limits']['attacker']}",
+        f"- daemon: {daemon['kind']}, {daemon['threads']} worker threads; "
+        f"victim limits {daemon['limits']['victim']}, attacker limits "
+        f"{daemon['limits']['attacker']}",
         "",
+    ]
+
+
+def _figures(report: dict[str, Any]) -> list[str]:
+    """The figures a README quotes, one table."""
+    totals, latency, rss = report["totals"], report["latency"], report["rss"]
+    lines = [
         "| figure | value |",
         "|---|---|",
         f"| inputs (all classes) | {totals['inputs']:,} |",
@@ -63,13 +84,12 @@ def summary_markdown(report: dict[str, Any]) -> str:
         f"| limit escapes | {totals['limit_escapes']} |",
         f"| tenant leaks | {totals['tenant_leaks']} |",
         f"| violations (all kinds) | {totals['violations']} |",
-        f"| max evaluation time | {report['latency']['max_eval_ms']:.1f} ms |",
-        _overrun_row(report["latency"]),
+        f"| max evaluation time | {latency['max_eval_ms']:.1f} ms |",
+        _overrun_row(latency),
         f"| stalls (over a bound once, within it when repeated) | {totals['stalls']} "
         f"(longest {totals['max_stall_ms']:.0f} ms) |",
-        f"| max call latency | {report['latency']['max_call_ms']:.1f} ms |",
-        f"| daemon RSS peak | {report['rss']['peak_mib']:.0f} MiB (bound "
-        f"{report['rss']['bound_mib']:.0f} MiB) |",
+        f"| max call latency | {latency['max_call_ms']:.1f} ms |",
+        f"| daemon RSS peak | {rss['peak_mib']:.0f} MiB (bound {rss['bound_mib']:.0f} MiB) |",
     ]
     noisy = report.get("noisy_neighbour") or {}
     if noisy:
@@ -83,7 +103,12 @@ def summary_markdown(report: dict[str, Any]) -> str:
                 f"| noisy-neighbour ratio, heavy registrations (victim p50 / p99) | "
                 f"{registration['ratio_p50']}x / {registration['ratio_p99']}x |"
             )
-    lines += [
+    return lines
+
+
+def _classes(report: dict[str, Any]) -> list[str]:
+    """Inputs per class (a table), then each class's outcomes, most frequent first."""
+    lines = [
         "",
         "## Inputs per class",
         "",
@@ -110,69 +135,93 @@ def summary_markdown(report: dict[str, Any]) -> str:
             f"{label} {count:,}" for label, count in sorted(outcomes.items(), key=lambda kv: -kv[1])
         )
         lines.append(f"- **{name}**: {shown}")
-    if noisy:
+    return lines
+
+
+def _noisy_neighbour(report: dict[str, Any]) -> list[str]:
+    noisy = report.get("noisy_neighbour") or {}
+    if not noisy:
+        return []
+    lines = [
+        "",
+        "## Noisy neighbour",
+        "",
+        f"Victim: {noisy['victim_call']}; attacker: {noisy['attacker_call']}, "
+        f"{noisy['attackers']} threads, {noisy['attacker_calls']:,} calls "
+        f"({noisy['attacker_outcomes']}); daemon worker threads: {noisy['daemon_threads']}.",
+        "",
+        "| victim latency | p50 ms | p99 ms | mean ms | max ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, key in (("alone", "alone"), ("under attack", "under_attack")):
+        stats = noisy[key]
+        lines.append(
+            f"| {label} | {stats['p50_ms']} | {stats['p99_ms']} | {stats['mean_ms']} | "
+            f"{stats['max_ms']} |"
+        )
+    lines.append(f"| ratio | {noisy['ratio_p50']}x | {noisy['ratio_p99']}x | | |")
+    fewer = noisy.get("fewer_attackers")
+    if fewer:
         lines += [
             "",
-            "## Noisy neighbour",
-            "",
-            f"Victim: {noisy['victim_call']}; attacker: {noisy['attacker_call']}, "
-            f"{noisy['attackers']} threads, {noisy['attacker_calls']:,} calls "
-            f"({noisy['attacker_outcomes']}); daemon worker threads: {noisy['daemon_threads']}.",
-            "",
-            "| victim latency | p50 ms | p99 ms | mean ms | max ms |",
-            "|---|---:|---:|---:|---:|",
+            f"With {fewer['attackers']} attacker thread(s), fewer than the daemon's "
+            f"{fewer['daemon_threads']} workers (what a tenant `max_concurrency` below "
+            f"`threads` enforces): victim p50 {fewer['alone']['p50_ms']} -> "
+            f"{fewer['under_attack']['p50_ms']} ms, p99 {fewer['alone']['p99_ms']} -> "
+            f"{fewer['under_attack']['p99_ms']} ms; ratio {fewer['ratio_p50']}x / "
+            f"{fewer['ratio_p99']}x.",
         ]
-        for label, key in (("alone", "alone"), ("under attack", "under_attack")):
-            stats = noisy[key]
-            lines.append(
-                f"| {label} | {stats['p50_ms']} | {stats['p99_ms']} | {stats['mean_ms']} | "
-                f"{stats['max_ms']} |"
-            )
-        lines.append(f"| ratio | {noisy['ratio_p50']}x | {noisy['ratio_p99']}x | | |")
-        fewer = noisy.get("fewer_attackers")
-        if fewer:
-            lines += [
-                "",
-                f"With {fewer['attackers']} attacker thread(s), fewer than the daemon's "
-                f"{fewer['daemon_threads']} workers (what a tenant `max_concurrency` below "
-                f"`threads` enforces): victim p50 {fewer['alone']['p50_ms']} -> "
-                f"{fewer['under_attack']['p50_ms']} ms, p99 {fewer['alone']['p99_ms']} -> "
-                f"{fewer['under_attack']['p99_ms']} ms; ratio {fewer['ratio_p50']}x / "
-                f"{fewer['ratio_p99']}x.",
-            ]
+    return lines
+
+
+def _faults(report: dict[str, Any]) -> list[str]:
     faults = report.get("faults") or {}
-    if faults:
-        lines += ["", "## Faults", ""]
-        kill = faults.get("kill9")
-        if kill:
-            lines.append(
-                f"- kill -9 under load ({kill['loaders']} clients, "
-                f"{kill['call_deadline_s']} s call deadline): {kill['calls_failed']} calls "
-                f"failed with {kill['failure_codes']}, the "
-                f"slowest after {kill['max_failure_latency_ms']} ms; down {kill['down_s']} s, "
-                f"restart {kill['restart_s']} s, every client recovered after "
-                f"{kill['recovered_after_ms']} ms; modules before/after "
-                f"{kill['modules_before']}/{kill['modules_after']} "
-                f"(persisted: {kill['modules_persisted']})."
-            )
-        disk = faults.get("disk_full")
-        if disk:
-            cases = "; ".join(f"{c['case']}: {c['outcome']}" for c in disk["cases"])
-            lines.append(f"- full disk ({disk['method']}): {cases}; passed: {disk['passed']}.")
-        for name, reason in (faults.get("skipped") or {}).items():
-            lines.append(f"- {name}: skipped ({reason}).")
+    if not faults:
+        return []
+    lines = ["", "## Faults", ""]
+    kill = faults.get("kill9")
+    if kill:
+        lines.append(
+            f"- kill -9 under load ({kill['loaders']} clients, "
+            f"{kill['call_deadline_s']} s call deadline): {kill['calls_failed']} calls "
+            f"failed with {kill['failure_codes']}, the "
+            f"slowest after {kill['max_failure_latency_ms']} ms; down {kill['down_s']} s, "
+            f"restart {kill['restart_s']} s, every client recovered after "
+            f"{kill['recovered_after_ms']} ms; modules before/after "
+            f"{kill['modules_before']}/{kill['modules_after']} "
+            f"(persisted: {kill['modules_persisted']})."
+        )
+    disk = faults.get("disk_full")
+    if disk:
+        cases = "; ".join(f"{c['case']}: {c['outcome']}" for c in disk["cases"])
+        lines.append(f"- full disk ({disk['method']}): {cases}; passed: {disk['passed']}.")
+    for name, reason in (faults.get("skipped") or {}).items():
+        lines.append(f"- {name}: skipped ({reason}).")
+    return lines
+
+
+def _hardening(report: dict[str, Any]) -> list[str]:
     fixes = report.get("hardening") or []
-    if fixes:
-        lines += ["", "## Hardening found by fuzzing (fixed, with regression tests)", ""]
-        lines += [f"- {fix}" for fix in fixes]
-    if report["violations"]:
-        lines += ["", "## Violations (first samples)", ""]
-        for violation in report["violations"][:50]:
-            lines.append(
-                f"- `{violation['kind']}` in {violation['class']}: {violation['detail']} "
-                f"{violation['sample']}"
-            )
-    return "\n".join(lines) + "\n"
+    if not fixes:
+        return []
+    return [
+        "",
+        "## Hardening found by fuzzing (fixed, with regression tests)",
+        "",
+        *(f"- {fix}" for fix in fixes),
+    ]
+
+
+def _violations(report: dict[str, Any]) -> list[str]:
+    if not report["violations"]:
+        return []
+    lines = ["", "## Violations (first samples)", ""]
+    for violation in report["violations"][:50]:
+        lines.append(
+            f"- `{violation['kind']}` in {violation['class']}: {violation['detail']} "
+            f"{violation['sample']}"
+        )
+    return lines
 
 
 def _plot(report: dict[str, Any], path: Path) -> bool:

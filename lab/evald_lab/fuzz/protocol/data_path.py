@@ -27,12 +27,10 @@ from evald.contract import HEADER, HELLO_MAGIC, MAX_HELLO_BYTES, ErrorCode, Kind
 from evald.daemon import send_limit
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
+from evald_lab.fuzz.protocol.holding import AMPLIFY
+from evald_lab.fuzz.protocol.raw_calls import KLASS
 
 __all__ = ["DATA_HOLD_SCENARIOS", "DATA_SCENARIOS"]
-
-_KLASS = "protocol"
-#: 6,000 characters of strop input that evaluate to a 60,002-byte value.
-_AMPLIFY = b'replace("' + b"a" * 6000 + b'", "a", "aaaaaaaaaa")'
 
 
 def _raw(target: str) -> socket.socket:
@@ -61,26 +59,26 @@ def _expect_error(
         frame = _read_frame(reader.read, MAX_HELLO_BYTES * 64)
     except OSError as exc:
         frame = None
-        ctx.recorder.add([Violation("untyped_error", _KLASS, f"{family}: {exc!r}")])
+        ctx.recorder.add([Violation("untyped_error", KLASS, f"{family}: {exc!r}")])
     finally:
         reader.close()
     if frame is None:
-        ctx.recorder.outcome(_KLASS, "closed", family=family)
+        ctx.recorder.outcome(KLASS, "closed", family=family)
         ctx.recorder.add(
-            [Violation("untyped_error", _KLASS, f"{family}: closed without an ERROR frame")]
+            [Violation("untyped_error", KLASS, f"{family}: closed without an ERROR frame")]
         )
         return
     kind, payload = frame
     if kind != Kind.ERROR:
-        ctx.recorder.outcome(_KLASS, "served", family=family)
+        ctx.recorder.outcome(KLASS, "served", family=family)
         ctx.recorder.add(
-            [Violation("tenant_leak", _KLASS, f"{family}: got a {Kind(kind).name} frame")]
+            [Violation("tenant_leak", KLASS, f"{family}: got a {Kind(kind).name} frame")]
         )
         return
     error = pb.Error.FromString(payload)
     code = ErrorCode.from_proto(error.code).value
-    ctx.recorder.outcome(_KLASS, f"call:{code}", family=family)
-    ctx.recorder.add(ctx.checker.call_error(_KLASS, code, error.message, expected=expected))
+    ctx.recorder.outcome(KLASS, f"call:{code}", family=family)
+    ctx.recorder.add(ctx.checker.call_error(KLASS, code, error.message, expected=expected))
 
 
 def data_unauthenticated_flood(ctx: FuzzContext, rng: random.Random) -> None:
@@ -114,7 +112,7 @@ def data_unauthenticated_flood(ctx: FuzzContext, rng: random.Random) -> None:
                         sock.sendall(frame)
                     _expect_error(ctx, "data_unauthenticated_flood", sock, expected)
             except OSError as exc:
-                ctx.recorder.add([Violation("unexpected", _KLASS, f"data flood: {exc!r}")])
+                ctx.recorder.add([Violation("unexpected", KLASS, f"data flood: {exc!r}")])
 
     threads = [
         threading.Thread(target=one, args=(rng.getrandbits(32),), name=f"fuzz-data-flood-{i}")
@@ -138,11 +136,11 @@ def _victim_served(ctx: FuzzContext, family: str) -> None:
             )
             message = connection.receive()
     except (DataCallError, OSError) as exc:
-        ctx.recorder.add([Violation("unexpected", _KLASS, f"{family}: the victim failed: {exc}")])
+        ctx.recorder.add([Violation("unexpected", KLASS, f"{family}: the victim failed: {exc}")])
         return
     if message is None or [r.value for r in message.results] != ["482"]:
         ctx.recorder.add(
-            [Violation("unexpected", _KLASS, f"{family}: the victim was not served beside it")]
+            [Violation("unexpected", KLASS, f"{family}: the victim was not served beside it")]
         )
 
 
@@ -161,7 +159,7 @@ def data_unread_connections(ctx: FuzzContext, rng: random.Random) -> None:
                 connection.send(
                     pb.EvaluateBatchRequest(
                         items=[
-                            pb.EvaluateRequest(id=f"{batch}.{i}", evaluator="strop", input=_AMPLIFY)
+                            pb.EvaluateRequest(id=f"{batch}.{i}", evaluator="strop", input=AMPLIFY)
                             for i in range(50)
                         ]
                     )
@@ -169,11 +167,11 @@ def data_unread_connections(ctx: FuzzContext, rng: random.Random) -> None:
         time.sleep(rng.choice((0.3, 0.8)))
         _victim_served(ctx, "data_unread_connections")
     except (DataCallError, OSError) as exc:
-        ctx.recorder.add([Violation("unexpected", _KLASS, f"data unread: {exc}")])
+        ctx.recorder.add([Violation("unexpected", KLASS, f"data unread: {exc}")])
     finally:
         for connection in connections:
             connection.close()
-    ctx.recorder.outcome(_KLASS, "ok", family="data_unread_connections")
+    ctx.recorder.outcome(KLASS, "ok", family="data_unread_connections")
 
 
 def data_oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
@@ -183,7 +181,7 @@ def data_oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
     if target is None:
         return
     count = ctx.max_message_bytes // 60_000 + rng.choice((5, 40))
-    items = [pb.EvaluateRequest(evaluator="strop", input=_AMPLIFY, id=str(i)) for i in range(count)]
+    items = [pb.EvaluateRequest(evaluator="strop", input=AMPLIFY, id=str(i)) for i in range(count)]
     limit = send_limit(ctx.max_message_bytes, ctx.max_batch_items)
     results: dict[str, pb.EvaluateResponse] = {}
     try:
@@ -195,23 +193,23 @@ def data_oversized_response(ctx: FuzzContext, rng: random.Random) -> None:
                     break
                 if message.ByteSize() > limit:
                     ctx.recorder.add(
-                        [Violation("unexpected", _KLASS, "a RESULTS frame over the send limit")]
+                        [Violation("unexpected", KLASS, "a RESULTS frame over the send limit")]
                     )
                 results.update((r.id, r) for r in message.results)
     except (DataCallError, OSError) as exc:
         ctx.recorder.add(
-            [Violation("unexpected", _KLASS, f"an oversized data-path response failed: {exc}")]
+            [Violation("unexpected", KLASS, f"an oversized data-path response failed: {exc}")]
         )
         return
     if sorted(results) != sorted(str(i) for i in range(count)):
-        ctx.recorder.add([Violation("missing_result", _KLASS, "oversized data batch lost items")])
+        ctx.recorder.add([Violation("missing_result", KLASS, "oversized data batch lost items")])
     for result in results.values():
         label = outcome_label(result)
         if label == "untyped":
             ctx.recorder.add(
-                [Violation("untyped_error", _KLASS, "an oversized data item has no code")]
+                [Violation("untyped_error", KLASS, "an oversized data item has no code")]
             )
-        ctx.recorder.outcome(_KLASS, label, family="data_oversized_response")
+        ctx.recorder.outcome(KLASS, label, family="data_oversized_response")
 
 
 def data_malformed_frames(ctx: FuzzContext, rng: random.Random) -> None:
@@ -237,13 +235,13 @@ def data_malformed_frames(ctx: FuzzContext, rng: random.Random) -> None:
             reader.close()
             if ready is None or ready[0] != Kind.READY:
                 ctx.recorder.add(
-                    [Violation("unexpected", _KLASS, "data path: no READY for a valid token")]
+                    [Violation("unexpected", KLASS, "data path: no READY for a valid token")]
                 )
                 return
             sock.sendall(frame)
             _expect_error(ctx, "data_malformed_frames", sock, ("invalid_argument",))
     except OSError as exc:
-        ctx.recorder.add([Violation("unexpected", _KLASS, f"data malformed: {exc!r}")])
+        ctx.recorder.add([Violation("unexpected", KLASS, f"data malformed: {exc!r}")])
         return
     _victim_served(ctx, "data_malformed_frames")
 
