@@ -54,6 +54,7 @@ class CallPath:
         "_max_wasm_stack_bytes",
         "_pool",
         "_pool_memory_bytes",
+        "_pooling",
     )
 
     def __init__(
@@ -65,8 +66,9 @@ class CallPath:
     ) -> None:
         self._engine = engine
         self._fresh = config.isolation == "fresh"
-        #: The pooling allocator's slot bounds every memory cap (None: no pooling allocator).
-        self._pool_memory_bytes = config.pool_memory_bytes if config.pooling else None
+        #: With the pooling allocator, its slot size bounds every memory cap.
+        self._pooling = config.pooling
+        self._pool_memory_bytes = config.pool_memory_bytes
         self._max_wasm_stack_bytes = config.max_wasm_stack_bytes
         self._deadlines = deadlines
         self._pool = pool
@@ -93,9 +95,8 @@ class CallPath:
                 f"accepts at most {module.input_cap} bytes",
             )
         memory_cap = limits.memory_bytes
-        pool_memory_bytes = self._pool_memory_bytes
-        if pool_memory_bytes is not None and memory_cap > pool_memory_bytes:
-            memory_cap = pool_memory_bytes  # as WasmHost.memory_cap, inline
+        if self._pooling and memory_cap > self._pool_memory_bytes:
+            memory_cap = self._pool_memory_bytes  # as WasmHost.memory_cap, inline
         fresh = self._fresh
         fuel = limits.fuel or _UNMETERED_FUEL
         if fresh:

@@ -40,8 +40,7 @@ class EpochDeadlines:
         if ticks is None:
             ticks = max(1, math.ceil(deadline_ms / self.tick_ms))
             self._ticks_for_ms[deadline_ms] = ticks
-        ticker = self.ticker
-        return ticks + (ticker.lag_ticks() if ticker is not None else 0)
+        return ticks + (self.ticker.lag_ticks() if self.ticker is not None else 0)
 
     def stop(self) -> None:
         """Stops the ticker thread, if any (idempotent)."""
