@@ -15,9 +15,10 @@ function of its own. What the call does, in order:
 * calls ``evald_eval`` through :mod:`evald.host._fastcall`, which releases the GIL: the daemon
   runs evaluations on worker threads, several at once;
 * reads the fuel used, takes a new memory view if the call grew the memory, and reads the
-  value, or the error payload (:func:`read_output`), from the output buffer;
-* in reuse mode zeroes what crossed the boundary (:meth:`~evald.host._instance.Instance.
-  clear_buffers`); a trap or a malformed output discards the instance instead.
+  value, or the error payload (:func:`~evald.host._guest_output.read_output`), from the
+  output buffer;
+* in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); a trap or a
+  malformed output discards the instance instead.
 
 Five foreign calls in all: fuel set and read, the epoch deadline, the guest call, the memory
 size.
@@ -31,13 +32,14 @@ import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host._deadline import EpochDeadlines
-from evald.host._instance import Instance, instantiate
+from evald.host._guest_output import read_output
+from evald.host._instance import instantiate
 from evald.host._instance_pool import InstancePool, ThreadInstances
 from evald.host._limits import HostConfig, Limits
 from evald.host._loaded_module import LoadedModule
-from evald.host._outcome import Failure, call_trap_failure, first_line, guest_error
+from evald.host._outcome import Failure, call_trap_failure, first_line
 
-__all__ = ["CallPath", "read_output"]
+__all__ = ["CallPath"]
 
 #: Fuel given to a call when ``Limits.fuel == 0`` (not metered): more than any deadline allows.
 _UNMETERED_FUEL: Final = 2**63 - 1
@@ -169,47 +171,3 @@ class CallPath:
         if not fresh:
             instance.clear_buffers(size, result)
         return value, used
-
-
-def read_output(instance: Instance, result: int, limits: Limits, fuel_used: int) -> str:
-    """The guest's value, checked: ``result`` is its length (an error payload's, negated).
-
-    Raises:
-        Failure: ``GUEST_FAULT`` for a length past the output buffer, an output outside the
-            memory or bytes that are not UTF-8; ``OUTPUT_TOO_LARGE`` past ``output_bytes``;
-            the guest's own code for an error payload (:func:`~evald.host._outcome.guest_error`).
-    """
-    name = instance.module.manifest.name
-    length = abs(result)
-    if length > instance.out_cap:
-        raise Failure(
-            ErrorCode.GUEST_FAULT,
-            f"evaluator {name} returned {result}, but its output buffer holds "
-            f"{instance.out_cap} bytes",
-            fuel_used,
-        )
-    if length > limits.output_bytes:
-        kind = "value" if result >= 0 else "error payload"
-        raise Failure(
-            ErrorCode.OUTPUT_TOO_LARGE,
-            f"evaluator {name} produced a {kind} of {length} bytes; the limit "
-            f"is {limits.output_bytes} bytes (output_bytes)",
-            fuel_used,
-        )
-    out_ptr = instance.out_ptr
-    if out_ptr + length > instance.view_size:
-        raise Failure(
-            ErrorCode.GUEST_FAULT, f"evaluator {name}'s output lies outside its memory", fuel_used
-        )
-    try:
-        text = str(instance.view[out_ptr : out_ptr + length], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise Failure(
-            ErrorCode.GUEST_FAULT,
-            f"evaluator {name} returned bytes that are not UTF-8 "
-            f"({exc.reason} at byte {exc.start})",
-            fuel_used,
-        ) from None
-    if result >= 0:
-        return text
-    raise guest_error(text, evaluator=name, fuel_used=fuel_used)

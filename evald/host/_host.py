@@ -16,9 +16,14 @@ exceptions.
 ``_instance_pool.py``      reuse mode's per-thread instances
 ``_call_path.py``          one call: fuel, deadline, input and output buffers, the result
 ``_deadline.py``           deadlines in epoch ticks, and the ticker thread
-``_outcome.py``            ``EvalOutcome``; traps and guest errors as error codes
-``_engine.py``             the engine configuration and the epoch ticker
+``_guest_output.py``       the guest's value or error payload, checked
+``_outcome.py``            ``EvalOutcome``; traps as error codes
 =========================  ===============================================================
+
+Beneath them: ``_abi.py`` (ABI v1 validation), ``_instrument.py`` (the ``memory.grow``
+rewrite), ``_module_cache.py`` (compiled code on disk), ``_compiler.py`` (validation and
+compilation in a worker process), ``_engine.py`` (the engine configuration and the epoch
+ticker), ``_fastcall.py`` (the raw ctypes calls into wasmtime).
 
 How each limit is enforced (docs/design.md §5):
 

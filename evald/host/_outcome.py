@@ -6,21 +6,20 @@ exception, so one bad input cannot take a worker thread (or the daemon) down. In
 failure travels as a :class:`Failure` exception from wherever it is found to ``evaluate``, which
 turns it into the outcome.
 
-This module is the one place that says what a failure is called and what its message tells the
-caller: a trap in a call (:func:`call_trap_failure`) or in a start function
-(:func:`start_trap_failure`), and a guest's own ``code:message`` error payload
-(:func:`guest_error`). Messages name the limit that was hit and its setting, so whoever reads
-one knows what to change.
+This module says what a trap means — in a call (:func:`call_trap_failure`) or in a start
+function (:func:`start_trap_failure`) — by its trap code, never by message text; what the guest
+itself returned, a value or its own error, is read by :mod:`evald.host._guest_output`. Messages
+name the limit that was hit and its setting, so whoever reads one knows what to change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 import wasmtime
 
-from evald.contract import GUEST_ERROR_CODES, ErrorCode
+from evald.contract import ErrorCode
 from evald.host._limits import Limits
 
 __all__ = [
@@ -28,15 +27,9 @@ __all__ = [
     "Failure",
     "call_trap_failure",
     "first_line",
-    "guest_error",
     "start_trap_failure",
     "trap_name",
 ]
-
-#: A guest's error message is cut to this many characters.
-_MAX_MESSAGE_CHARS: Final = 1000
-#: The codes a guest may return in its error payload, by their text.
-_GUEST_CODES: Final = {code.value: code for code in GUEST_ERROR_CODES}
 
 
 class EvalOutcome(NamedTuple):
@@ -166,24 +159,3 @@ def start_trap_failure(trap: wasmtime.Trap, *, evaluator: str, fuel: int) -> Fai
         ErrorCode.GUEST_FAULT,
         f"the start function of evaluator {evaluator} trapped: {trap_name(trap)}",
     )
-
-
-def guest_error(payload: str, *, evaluator: str, fuel_used: int) -> Failure:
-    """A guest's error payload (``code:message``, ABI v1) as a failure.
-
-    Only the guest error codes (``syntax``, ``domain``, …) may come from a guest: a code the
-    host reserves for itself (``permission_denied``, ``fuel_exhausted``, …) would let a module
-    impersonate the daemon, so it is a ``guest_fault`` like any unknown code.
-    """
-    code_text, _, message = payload.partition(":")
-    code = _GUEST_CODES.get(code_text)
-    if code is None:
-        shown = code_text[:40]
-        return Failure(
-            ErrorCode.GUEST_FAULT,
-            f"evaluator {evaluator} returned an error with the unknown code "
-            f"{shown!r}; guests may return only "
-            f"{', '.join(sorted(_GUEST_CODES))}",
-            fuel_used,
-        )
-    return Failure(code, message[:_MAX_MESSAGE_CHARS] or f"{evaluator}: {code.value}", fuel_used)
