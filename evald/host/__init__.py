@@ -16,8 +16,11 @@ from evald.host._abi import (
     validate_module,
 )
 from evald.host._compiler import CompiledModule, Compiler, compile_module, peek_manifest_section
-from evald.host._host import MAX_TABLE_ELEMENTS, EvalOutcome, LoadedModule, WasmHost
+from evald.host._host import WasmHost
+from evald.host._instance import MAX_TABLE_ELEMENTS
 from evald.host._limits import HostConfig, Limits
+from evald.host._loaded_module import LoadedModule
+from evald.host._outcome import EvalOutcome
 
 __all__ = [
     "MAX_CODE_BYTES",

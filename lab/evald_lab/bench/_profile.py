@@ -70,7 +70,7 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
         module = host.load(wasm_path("calc").read_bytes())
         limits = Limits()
         assert host.evaluate(module, _DATA, limits).value == "482"
-        instance = host._thread_instances()[("", module.sha256)]
+        instance = host._pool.instances()[("", module.sha256)]
         memory, context, function = instance.memory, instance.context, instance.eval
         size = len(_DATA)
         view, in_ptr, out_ptr = instance.view, instance.in_ptr, instance.out_ptr
@@ -95,14 +95,14 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
             ),
             "read fuel": _best_cpu_us(context.fuel, calls, repeats),
             "deadline in ticks (ticker lag)": _best_cpu_us(
-                lambda: host._ticks(limits.deadline_ms), calls, repeats
+                lambda: host._deadlines.ticks(limits.deadline_ms), calls, repeats
             ),
             "memory size (grown since the view?)": _best_cpu_us(memory.size, calls, repeats),
             "output read (decode from the view)": _best_cpu_us(
                 lambda: str(view[out_ptr : out_ptr + 3], "utf-8"), calls, repeats
             ),
             "zero both buffers": _best_cpu_us(
-                lambda: host._clear_buffers(instance, size, 3), calls, repeats
+                lambda: instance.clear_buffers(size, 3), calls, repeats
             ),
             "outcome object": _best_cpu_us(
                 lambda: EvalOutcome("482", None, "", 1, 1), calls, repeats

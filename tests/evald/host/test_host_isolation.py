@@ -160,7 +160,7 @@ def test_a_reused_instance_takes_a_new_memory_view_after_a_grow(host: WasmHost) 
     limits = Limits(memory_bytes=40 * PAGE)
     for pages in (1, 3, 5):
         assert host.evaluate(grow, arg(pages), limits, pool_key="view").value == "ok"
-        instance = host._thread_instances()["view", grow.sha256]
+        instance = host._pool.instances()["view", grow.sha256]
         assert instance.view_size == instance.memory.size() == len(instance.view)
     assert instance.view_size >= 10 * PAGE
     dump = host.load(guest("dump_input", 16))

@@ -90,6 +90,21 @@ def test_memory(host: WasmHost, echo: LoadedModule) -> None:
     still_serves(host, echo, grow, arg(0), "ok")
 
 
+def test_the_pool_slot_bounds_a_larger_tenant_cap() -> None:
+    # With the pooling allocator a store never gets more memory than its slot, whatever the
+    # tenant's limit says; the cap the call runs under, and reports, is the slot.
+    slot = 4 * PAGE
+    with WasmHost(HostConfig(isolation="fresh", pool_memory_bytes=slot)) as pooled:
+        grow = pooled.load(guest("grow"))
+        limits = Limits(memory_bytes=64 * PAGE)
+        assert pooled.memory_cap(limits) == slot
+        assert pooled.evaluate(grow, arg(3), limits).value == "ok"  # 1 + 3 pages: the slot
+        out = pooled.evaluate(grow, arg(4), limits)
+        assert out.error is ErrorCode.MEMORY_LIMIT
+        assert f"memory limit of {slot} bytes" in out.message
+        assert pooled.evaluate(grow, arg(0), limits).value == "ok"
+
+
 def test_memory_grown_one_page_at_a_time(host: WasmHost, echo: LoadedModule) -> None:
     grow = host.load(guest("grow_pages"))
     ok = host.evaluate(grow, arg(3), Limits(memory_bytes=4 * PAGE), pool_key="pages-ok")

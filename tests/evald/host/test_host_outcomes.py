@@ -56,6 +56,12 @@ def test_a_bare_code_gets_a_default_message(host: WasmHost) -> None:
     assert outcome.message == "probe: division_by_zero"
 
 
+def test_a_long_guest_message_is_cut(host: WasmHost) -> None:
+    module = host.load(guest("payload", (b"domain:" + b"m" * 1500, True)))
+    outcome = host.evaluate(module, b"", Limits())
+    assert (outcome.error, outcome.message) == (ErrorCode.DOMAIN, "m" * 1000)
+
+
 @pytest.mark.parametrize(
     ("payload", "expected"),
     [

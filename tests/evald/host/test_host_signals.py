@@ -20,7 +20,7 @@ SCRIPT = """
 import ctypes, signal, sys
 sys.path.insert(0, {helpers!r})
 from wat_modules import guest
-from evald.host._host import HostConfig, Limits, WasmHost
+from evald.host import HostConfig, Limits, WasmHost
 host = WasmHost(HostConfig(signals_based_traps={signals}))
 module = host.load(guest("oob"))
 ctypes.CDLL(None).signal(signal.SIGSEGV, 0)  # SIG_DFL, as a foreign handler would leave it

@@ -1,0 +1,173 @@
+"""The path of one call: instance, input, fuel and deadline, the guest call, the result.
+
+This is the product's hot path. A reused instance's call takes a few microseconds of CPU, so
+every Python call, attribute lookup and allocation in :meth:`CallPath.run` shows: the common
+case (a cached instance, a value inside the output buffer) is written inline, and everything
+rarer — a new instance, a trap, an error payload, an output to check — leaves it for a
+function of its own. What the call does, in order:
+
+* checks the input against the limit and the guest's input buffer (the guest is not called);
+* takes the thread's instance for (pool key, module) (:mod:`evald.host._instance_pool`), or
+  in ``fresh`` mode a new one that shares nothing;
+* copies the input into the guest's input buffer through the memory view (no foreign call);
+* gives the store the call's fuel (``Limits.fuel``; unmetered calls get more than any deadline
+  allows) and an epoch deadline of ``deadline_ms`` worth of ticks, read right before the call;
+* calls ``evald_eval`` through :mod:`evald.host._fastcall`, which releases the GIL: the daemon
+  runs evaluations on worker threads, several at once;
+* reads the fuel used, takes a new memory view if the call grew the memory, and reads the
+  value, or the error payload (:func:`~evald.host._guest_output.read_output`), from the
+  output buffer;
+* in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); a trap or a
+  malformed output discards the instance instead.
+
+Five foreign calls in all: fuel set and read, the epoch deadline, the guest call, the memory
+size.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import wasmtime
+
+from evald.contract import ErrorCode
+from evald.host._deadline import EpochDeadlines
+from evald.host._guest_output import read_output
+from evald.host._instance import instantiate
+from evald.host._instance_pool import InstancePool, ThreadInstances
+from evald.host._limits import HostConfig, Limits
+from evald.host._loaded_module import LoadedModule
+from evald.host._outcome import Failure, call_trap_failure, first_line
+
+__all__ = ["CallPath"]
+
+#: Fuel given to a call when ``Limits.fuel == 0`` (not metered): more than any deadline allows.
+_UNMETERED_FUEL: Final = 2**63 - 1
+
+
+class CallPath:
+    """Runs inputs through loaded modules for one host; thread-safe (per-thread instances)."""
+
+    __slots__ = (
+        "_deadlines",
+        "_engine",
+        "_fresh",
+        "_local",
+        "_max_wasm_stack_bytes",
+        "_pool",
+        "_pool_memory_bytes",
+        "_pooling",
+    )
+
+    def __init__(
+        self,
+        engine: wasmtime.Engine,
+        config: HostConfig,
+        deadlines: EpochDeadlines,
+        pool: InstancePool,
+    ) -> None:
+        self._engine = engine
+        self._fresh = config.isolation == "fresh"
+        #: With the pooling allocator, its slot size bounds every memory cap.
+        self._pooling = config.pooling
+        self._pool_memory_bytes = config.pool_memory_bytes
+        self._max_wasm_stack_bytes = config.max_wasm_stack_bytes
+        self._deadlines = deadlines
+        self._pool = pool
+        self._local = pool.local
+
+    def run(
+        self, module: LoadedModule, data: bytes, limits: Limits, pool_key: str
+    ) -> tuple[str, int]:
+        """Runs ``module`` on ``data``; returns (value, fuel used).
+
+        Raises:
+            Failure: for every guest error, trap and limit hit.
+        """
+        size = len(data)
+        if size > limits.input_bytes:
+            raise Failure(
+                ErrorCode.INPUT_TOO_LARGE,
+                f"the input is {size} bytes; the limit is {limits.input_bytes} bytes (input_bytes)",
+            )
+        if size > module.input_cap:
+            raise Failure(
+                ErrorCode.INPUT_TOO_LARGE,
+                f"the input is {size} bytes; evaluator {module.manifest.name} "
+                f"accepts at most {module.input_cap} bytes",
+            )
+        memory_cap = limits.memory_bytes
+        if self._pooling and memory_cap > self._pool_memory_bytes:
+            memory_cap = self._pool_memory_bytes  # as WasmHost.memory_cap, inline
+        fresh = self._fresh
+        fuel = limits.fuel or _UNMETERED_FUEL
+        if fresh:
+            instance = instantiate(
+                self._engine, module, memory_cap, fuel, self._deadlines.ticks(limits.deadline_ms)
+            )
+        else:
+            try:
+                instances: ThreadInstances = self._local.instances
+            except AttributeError:
+                instances = self._pool.instances()
+            key = (pool_key, module.sha256)
+            known = instances.get(key)
+            if known is not None and known.module is module and known.memory_cap == memory_cap:
+                instances.move_to_end(key)
+                instance = known
+            else:
+                instance = self._pool.instance(
+                    module, memory_cap, fuel, limits.deadline_ms, pool_key
+                )
+        context = instance.context
+        if size:
+            # in bounds: in_ptr + in_cap lies inside the memory (checked at instantiation),
+            # memories never shrink, and size <= in_cap was checked above
+            in_ptr = instance.in_ptr
+            instance.view[in_ptr : in_ptr + size] = data
+        context.set_fuel(fuel)
+        # Computed once, right before the call (the ticker's lag is read here, not earlier).
+        context.set_epoch_deadline(self._deadlines.ticks(limits.deadline_ms))
+        try:
+            result = instance.eval.call1(size)
+        except wasmtime.Trap as trap:
+            used = fuel - context.fuel()
+            self._pool.discard(instance, pool_key)
+            raise call_trap_failure(
+                trap,
+                evaluator=module.manifest.name,
+                limits=limits,
+                fuel_used=used,
+                max_wasm_stack_bytes=self._max_wasm_stack_bytes,
+                memory_cap=instance.memory_cap,
+                grow_was_refused=instance.grow_was_refused,
+            ) from None
+        except wasmtime.WasmtimeError as exc:
+            self._pool.discard(instance, pool_key)
+            raise Failure(
+                ErrorCode.INTERNAL, f"wasmtime failed the call: {first_line(exc)}"
+            ) from None
+        used = fuel - context.fuel()
+        if instance.memory.size() != instance.view_size:
+            instance.refresh_view()  # the guest grew its memory: the old view may be stale
+        value: str | None = None
+        if 0 <= result <= instance.out_cap and result <= limits.output_bytes:
+            # The common case, inline: a value inside the output buffer, which lies inside the
+            # memory (checked at instantiation). Anything else takes read_output's checks.
+            out_ptr = instance.out_ptr
+            try:
+                value = str(instance.view[out_ptr : out_ptr + result], "utf-8")
+            except UnicodeDecodeError:
+                value = None
+        if value is None:
+            try:
+                value = read_output(instance, result, limits, used)
+            except Failure as failure:
+                if failure.code is ErrorCode.GUEST_FAULT:
+                    self._pool.discard(instance, pool_key)
+                elif not fresh:
+                    instance.clear_buffers(size, result)
+                raise
+        if not fresh:
+            instance.clear_buffers(size, result)
+        return value, used

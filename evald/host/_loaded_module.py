@@ -1,0 +1,81 @@
+"""A module the host has accepted: validated, compiled and trial-instantiated once.
+
+"Compile once, instantiate many": loading (:mod:`evald.host._module_loader`) does the expensive
+and the risky work a single time and records what every later instance needs — the compiled
+code, which export to call, and where the guest's buffers lie — so a new instance
+(:mod:`evald.host._instance`) is cheap and calls no guest function but ``evald_eval``.
+"""
+
+from __future__ import annotations
+
+import wasmtime
+
+from evald.contract import Manifest
+from evald.host._abi import EVAL_EXPORT
+from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT
+
+__all__ = ["LoadedModule"]
+
+
+class LoadedModule:
+    """A validated, compiled module; cheap to instantiate, shared by all threads.
+
+    Attributes:
+        manifest: the module's manifest.
+        sha256: hex SHA-256 of the module bytes as uploaded (its identity).
+        size_bytes: size of the module as uploaded.
+        input_cap, output_cap: the guest's buffer capacities, read at trial instantiation.
+        from_cache: the compiled code came from the disk cache.
+        grow_observed: the host can tell a refused ``memory.grow`` (the module was rewritten).
+
+    The underscored attributes belong to the host's own modules (loading writes the buffer
+    addresses once, at the trial; instantiation reads them).
+    """
+
+    __slots__ = (
+        "_eval_export",
+        "_flag_export",
+        "_input_ptr",
+        "_minimum_memory_bytes",
+        "_module",
+        "_output_ptr",
+        "from_cache",
+        "grow_observed",
+        "input_cap",
+        "manifest",
+        "output_cap",
+        "sha256",
+        "size_bytes",
+    )
+
+    def __init__(
+        self,
+        *,
+        manifest: Manifest,
+        sha256: str,
+        size_bytes: int,
+        module: wasmtime.Module,
+        grow_observed: bool,
+        minimum_memory_bytes: int,
+        input_cap: int,
+        output_cap: int,
+        from_cache: bool,
+    ) -> None:
+        self.manifest = manifest
+        self.sha256 = sha256
+        self.size_bytes = size_bytes
+        self.input_cap = input_cap
+        self.output_cap = output_cap
+        self.from_cache = from_cache
+        self.grow_observed = grow_observed
+        self._module = module
+        self._eval_export = EVAL_WRAPPER_EXPORT if grow_observed else EVAL_EXPORT
+        self._flag_export = GROW_FLAG_EXPORT if grow_observed else None
+        self._minimum_memory_bytes = minimum_memory_bytes
+        self._input_ptr = self._output_ptr = 0  # set by the trial instantiation
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadedModule({self.manifest.name} {self.manifest.version}, "
+            f"sha256={self.sha256[:12]}, {self.size_bytes} bytes)"
+        )
