@@ -121,7 +121,12 @@ class DecodeLoop:
         )
 
     def _step(self, stop: Sequence[str]) -> str | None:
-        """One step; returns why decoding stops, or ``None`` to go on."""
+        """One step: mask, sample, accept, force the queued results, forward, the stop rules.
+
+        Returns:
+            Why decoding stops (``grammar``, ``eos``, ``context``, ``stop``), or ``None`` to go
+            on.
+        """
         clock = self._clock.step
         clock.start()
         with clock.mask:
