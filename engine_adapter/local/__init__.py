@@ -13,17 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from engine_adapter.local._backend import Backend, BackendError
 from engine_adapter.local._backends import BACKEND_NAMES, load_backend
-from engine_adapter.local._engine import (
-    EVALUATOR_MODES,
-    EngineError,
-    EvaluatorSetup,
-    GenerationResult,
-    LocalEngine,
-    SpanTiming,
-    StepTiming,
-    TextCallback,
-    open_evaluator,
-)
+from engine_adapter.local._engine import LocalEngine
+from engine_adapter.local._errors import EngineError
+from engine_adapter.local._evaluator_setup import EVALUATOR_MODES, EvaluatorSetup, open_evaluator
 from engine_adapter.local._model_files import (
     DEFAULT_MODEL,
     MODEL_GGUF_NAME,
@@ -36,6 +28,7 @@ from engine_adapter.local._model_files import (
     smollm2_gguf_path,
     tokenizer_dir,
 )
+from engine_adapter.local._result import GenerationResult, SpanTiming, StepTiming, TextCallback
 
 if TYPE_CHECKING:
     from engine_adapter.local._hf_backend import converted_model_dir

@@ -227,6 +227,10 @@ def test_the_three_modes(engine: Any, smollm2_tokenizer: Any) -> None:
     )
     assert written.n_forced == prefix_tokens, "only the prefix is forced"
     assert written.spans and written.spans[0].forced_text == ""
+    # Nothing was forced for it: no forced tokens, no forward carried them, nothing awaited.
+    unforced = written.spans[0]
+    assert (unforced.n_forced_tokens, unforced.forced_at, unforced.inject_forward_us) == (0, -1, 0)
+    assert unforced.wait_us == 0 and all(step.kind != "inject" for step in written.steps)
     # The grammar makes the model write a result region right after the span.
     assert f"<calc>{written.spans[0].content}</calc><result>" in written.text
 
@@ -253,6 +257,44 @@ def test_streamed_text_is_the_answer_and_marks_forced_text(engine: Any) -> None:
     assert chunks[0] == (PREFIX, True)
     forced_text = "".join(text for text, forced in chunks[1:] if forced)
     assert result.spans and forced_text.endswith(result.spans[0].forced_text[-5:])
+
+
+def test_timings_account_for_the_generation(engine: Any, smollm2_tokenizer: Any) -> None:
+    """Every forward is one step with its kind and size; the inject step's wait and forward are
+    its span's; the streaming callback's time falls in the decode but in no step's phase."""
+    callback_s = 1.0
+    slept: list[bool] = []
+
+    def slow_reader(text: str, forced: bool) -> None:
+        if not forced and not slept:  # the first sampled text: in the first decode step
+            time.sleep(callback_s)
+            slept.append(True)
+
+    result = engine.generate(
+        PROMPT, prefix=PREFIX, max_new_tokens=30, stop=("</result>",), on_text=slow_reader
+    )
+    assert result.stop_reason == "stop" and result.spans, result.text
+    n_prefix = len(smollm2_tokenizer.encode(PREFIX, add_special_tokens=False))
+    prefill, *steps = result.steps
+    assert prefill.kind == "prefill" and prefill.forward_us == result.prefill_us
+    assert prefill.n_forwarded == result.prompt_tokens + n_prefix - result.reused_cache_tokens
+    # Each sampled token and each forced one went through exactly one forward after the prefill.
+    assert result.n_forwards == len(steps) == result.n_sampled
+    assert sum(step.n_forwarded for step in steps) == len(result.token_ids) - n_prefix
+    (inject,) = [step for step in steps if step.kind == "inject"]
+    span = result.spans[0]
+    assert (inject.wait_us, inject.forward_us) == (span.wait_us, span.inject_forward_us)
+    assert inject.n_forwarded == 1 + span.n_forced_tokens
+    assert all(step.wait_us == 0 for step in steps if step.kind == "sample")
+    # The reader slept inside the decode, in step 1, but outside every timed phase.
+    first = steps[0]
+    phases_us = first.mask_us + first.sample_us + first.accept_us + first.wait_us
+    assert phases_us + first.forward_us < callback_s * 1e6
+    assert result.decode_us >= callback_s * 1e6 + sum(step.forward_us for step in steps)
+    assert result.grammar_compile_us > 0
+    assert result.total_us >= result.grammar_compile_us + result.prefill_us + result.decode_us
+    free = engine.generate(PROMPT, mode="no-grammar", max_new_tokens=3)
+    assert free.grammar_compile_us == 0 and len(free.steps) == 1 + free.n_forwards
 
 
 def test_kv_cache_reuse_gives_the_same_answer(engine: Any) -> None:

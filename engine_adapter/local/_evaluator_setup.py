@@ -1,0 +1,116 @@
+"""Where ``grammar-eval`` spans go: the evald daemon, the WASM host inside this process, or the
+Python reference implementations, with the manifests of what each can evaluate."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine_adapter.local._errors import EngineError
+
+if TYPE_CHECKING:
+    from engine_adapter._grammar import EvaluatorSpec
+    from engine_adapter._types import SpanEvaluator
+
+__all__ = ["EVALUATOR_MODES", "EvaluatorSetup", "open_evaluator"]
+
+#: Where ``grammar-eval`` spans go: the evald daemon, the WASM host inside this process, or the
+#: Python reference implementations.
+EVALUATOR_MODES = ("evald", "inprocess", "python")
+
+
+@dataclass
+class EvaluatorSetup:
+    """An evaluator plus the manifests of what it can evaluate (the grammar's evaluators)."""
+
+    kind: str
+    evaluator: SpanEvaluator
+    evaluators: list[EvaluatorSpec]
+    warning: str | None = None
+    """Set when something is degraded but usable (evald not reachable at start-up)."""
+
+    def close(self) -> None:
+        """Closes the evaluator (the engine using it never does)."""
+        close = getattr(self.evaluator, "close", None)
+        if close is not None:
+            close()
+
+
+def open_evaluator(
+    kind: str,
+    *,
+    target: str | None = None,
+    token: str | None = None,
+    names: Sequence[str] | None = None,
+    connect_timeout_s: float = 5.0,
+) -> EvaluatorSetup:
+    """Opens the evaluator behind ``grammar-eval`` and lists the evaluators it offers.
+
+    Parameters:
+        kind: ``evald`` (the daemon, over one bidirectional stream), ``inprocess`` (the same
+            WASM host inside this process) or ``python`` (the reference implementations).
+        target, token: the daemon's address and bearer token (``evald`` only).
+        names: restrict the grammar to these evaluators (default: every one offered).
+        connect_timeout_s: how long to wait for the daemon at start-up.
+
+    When the daemon cannot be reached, the standard manifests stand in for ``ListEvaluators``
+    and :attr:`EvaluatorSetup.warning` says so: generation still runs, and every span gets
+    ``<result_error>unavailable</result_error>`` until the daemon is back.
+
+    Raises:
+        EngineError: unknown ``kind``, or a requested name that is not offered.
+    """
+    from engine_adapter._client import EvaluatorClient, list_evaluators
+    from engine_adapter._grammar import standard_evaluators
+    from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+
+    warning = None
+    evaluator: Any
+    if kind == "evald":
+        evaluator = EvaluatorClient(target, token)
+        specs: list[EvaluatorSpec]
+        try:
+            specs = list_evaluators(evaluator.target, token, timeout_s=connect_timeout_s)
+            evaluator.wait_connected(connect_timeout_s)
+        except Exception as exc:  # unreachable or refused: degrade, never crash
+            specs = standard_evaluators()
+            warning = (
+                f"evald at {evaluator.target} did not answer ({exc}); spans will get "
+                "<result_error>unavailable</result_error> until it does. Start it with "
+                "`evald serve`."
+            )
+    elif kind == "inprocess":
+        from evald.contract import EvaldError
+
+        try:
+            evaluator = InProcessWasmEvaluator()
+        except (EvaldError, OSError) as exc:
+            raise EngineError(f"cannot load the standard WASM evaluators: {exc}") from exc
+        specs = standard_evaluators(evaluator.names)
+    elif kind == "python":
+        specs = [spec for spec in standard_evaluators() if _has_reference(spec.name)]
+        evaluator = ReferenceEvaluator([spec.name for spec in specs])
+    else:
+        raise EngineError(
+            f"unknown evaluator mode {kind!r}; choose one of {', '.join(EVALUATOR_MODES)}"
+        )
+    if names is not None:
+        by_name = {spec.name: spec for spec in specs}
+        missing = [name for name in names if name not in by_name]
+        if missing:
+            close = getattr(evaluator, "close", None)
+            if close is not None:
+                close()
+            raise EngineError(
+                f"evaluator(s) {', '.join(missing)} not offered by {kind}; offered: "
+                f"{', '.join(sorted(by_name))}"
+            )
+        specs = [by_name[name] for name in names]
+    return EvaluatorSetup(kind, evaluator, specs, warning)
+
+
+def _has_reference(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"evaluators_wasm.reference.{name}") is not None
