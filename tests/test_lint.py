@@ -30,3 +30,20 @@ def test_import_contracts_hold() -> None:
     """The layering of docs/design.md ("Layout"): one-way packages, public APIs, no cycles."""
     result = run(str(BIN / "lint-imports"), "--no-cache")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_adapter_core_contract_names_every_private_module() -> None:
+    """import-linter names modules, not patterns like ``_*``: the contract that keeps the adapter's
+    core private must list each of its private modules, including any added later."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    (core,) = [c for c in contracts if c.get("allowed_importers") == ["engine_adapter"]]
+    private = {
+        f"engine_adapter.{path.stem}"
+        for path in (ROOT / "engine_adapter").glob("_*.py")
+        if path.name != "__init__.py"
+    }
+    assert set(core["protected_modules"]) == private

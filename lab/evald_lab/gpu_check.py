@@ -297,8 +297,8 @@ def check_spans(texts: Sequence[str], target: str, token: str) -> dict[str, Any]
     Returns:
         ``closed``, ``right`` and up to ten ``wrong`` spans (content, forced, expected).
     """
-    from engine_adapter._client import _result_from_proto
     from evald.client import CallError, Client
+    from evald.contract import ErrorCode
 
     closed = right = 0
     wrong: list[dict[str, str]] = []
@@ -307,13 +307,14 @@ def check_spans(texts: Sequence[str], target: str, token: str) -> dict[str, Any]
             for content, value, error in _CALC_SPAN.findall(text):
                 closed += 1
                 try:
-                    answer = _result_from_proto(client.evaluate("calc", content))
+                    answer = client.evaluate("calc", content)
                 except CallError as exc:
                     expected = f"error:{exc.code.value if exc.code else 'unavailable'}"
                 else:
-                    expected = (
-                        f"error:{answer.error_code}" if answer.error_code else str(answer.value)
-                    )
+                    if answer.WhichOneof("outcome") == "error":
+                        expected = f"error:{ErrorCode.from_proto(int(answer.error.code)).value}"
+                    else:
+                        expected = str(answer.value)
                 forced = f"error:{error}" if error else value
                 if forced == expected:
                     right += 1
@@ -507,8 +508,7 @@ def _workload(
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from engine_adapter._client import list_evaluators
-    from engine_adapter._grammar import build_structural_tag, special_token_texts
+    from engine_adapter import build_structural_tag, list_evaluators, special_token_texts
     from engine_adapter.sglang.request import instruction_messages, structural_tag_for
     from evald_lab.study.run import INSTRUCTION_LEAD, TASK_PREFIX, arithmetic_items
 

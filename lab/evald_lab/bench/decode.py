@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_adapter._types import EvalResult
+from engine_adapter import EvalResult
 
 __all__ = ["PROFILES", "DecodeProfile", "run_decode"]
 
@@ -520,7 +520,7 @@ class _Sequence:
         self._restart()
 
     def _restart(self) -> None:
-        from engine_adapter._injector import Injector
+        from engine_adapter import Injector
 
         self._matcher = self._xgr.GrammarMatcher(self._compiled)
         self._injector = Injector(
@@ -711,7 +711,7 @@ def _run_stall(
     client: Any,
     bars: Any,
 ) -> dict[str, Any]:
-    from engine_adapter._injector import TokenCodec
+    from engine_adapter import TokenCodec
     from engine_adapter.local import load_backend
 
     calc_items = [item for item in items if item.evaluator == "calc"] or list(items)
@@ -809,9 +809,12 @@ def run_decode(
         RuntimeError: the daemon did not start (its log is in the message).
         engine_adapter.local._backend.BackendError: the model or llama.cpp is not installed.
     """
-    from engine_adapter._client import EvaluatorClient
-    from engine_adapter._grammar import standard_evaluators
-    from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+    from engine_adapter import (
+        EvaluatorClient,
+        InProcessWasmEvaluator,
+        ReferenceEvaluator,
+        standard_evaluators,
+    )
     from engine_adapter.local import LocalEngine, load_backend, load_tokenizer
     from evald.client import Client
     from evald_lab.bench._common import (

@@ -610,7 +610,7 @@ def run_study(
             ``strop`` and which has an evaluator (``grammar-eval`` needs one). Its
             ``system_prompt`` is set per run and restored afterwards.
     """
-    from engine_adapter._instructions import render_instructions
+    from engine_adapter import render_instructions
     from engine_adapter.local import MODEL_NAMES, model_title
 
     per_task = [
