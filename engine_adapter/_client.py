@@ -133,15 +133,16 @@ class _DataLink:
         self.connection.close()
 
 
-class _Refused(NamedTuple):
-    """Why a connection could not be opened (the spans waiting on it fail with ``code``)."""
+class _Down(NamedTuple):
+    """Why there is no connection: it could not be opened, or it ended. The spans waiting on it
+    fail with ``code`` and ``message``; named fields, so the two are never swapped."""
 
     message: str
     code: str = _UNAVAILABLE
 
 
 #: An open connection and the call that reads its results until it ends, or why there is none.
-_Opened = _Refused | tuple[_Connection | _DataLink, Callable[[], tuple[str, str]]]
+_Opened = _Down | tuple[_Connection | _DataLink, Callable[[], _Down]]
 
 
 class EvaluatorClient:
@@ -323,7 +324,7 @@ class EvaluatorClient:
         backoff = self._backoff_initial_s
         while not self._closed.is_set():
             opened = open_link()
-            if isinstance(opened, _Refused):
+            if isinstance(opened, _Down):
                 self._go_down(opened.message, opened.code)
                 self._sleep(backoff)
                 backoff = min(backoff * 2, self._backoff_max_s)
@@ -337,7 +338,7 @@ class EvaluatorClient:
                 self._connection = link
                 self.stats.connects += 1
             self.flush()  # whatever was submitted while connecting
-            code, message = read()
+            ended = read()
             with self._lock:
                 if self._connection is link:
                     self._connection = None
@@ -345,8 +346,8 @@ class EvaluatorClient:
             if self._closed.is_set():
                 return
             self.stats.disconnects += 1
-            self._go_down(message, code)
-            if code == _UNAVAILABLE:
+            self._go_down(ended.message, ended.code)
+            if ended.code == _UNAVAILABLE:
                 backoff = self._backoff_initial_s  # it was up: retry soon
             self._sleep(backoff)
             backoff = min(backoff * 2, self._backoff_max_s)
@@ -357,18 +358,18 @@ class EvaluatorClient:
         if socket_path is not None and not os.path.exists(socket_path):
             # No daemon has ever listened here (or it was removed): fail spans now rather than
             # after a connect timeout that may exceed their deadlines.
-            return _Refused(f"evald is not running: no socket at {socket_path}")
+            return _Down(f"evald is not running: no socket at {socket_path}")
         channel = self._new_channel()
         try:
             grpc.channel_ready_future(channel).result(timeout=self._connect_timeout_s)
         except (grpc.FutureTimeoutError, grpc.RpcError, ValueError):
-            return _Refused(f"cannot connect to evald at {self.target}")
+            return _Down(f"cannot connect to evald at {self.target}")
         connection = _Connection()
         stub = pb_grpc.EvaluatorStub(channel)  # type: ignore[no-untyped-call]
         try:
             connection.call = stub.EvaluateStream(connection.requests(), metadata=self._metadata)
         except grpc.RpcError:
-            return _Refused(f"cannot open a stream to evald at {self.target}")
+            return _Down(f"cannot open a stream to evald at {self.target}")
         return connection, lambda: self._read(connection)
 
     def _open_data_link(self) -> _Opened:
@@ -377,35 +378,35 @@ class EvaluatorClient:
         assert target is not None
         socket_path = unix_socket_path(target)
         if socket_path is None:
-            return _Refused(f"the data path is a unix socket (unix:PATH): {target}")
+            return _Down(f"the data path is a unix socket (unix:PATH): {target}")
         if not os.path.exists(socket_path):
-            return _Refused(f"evald's data path is not running: no socket at {target}")
+            return _Down(f"evald's data path is not running: no socket at {target}")
         try:
             link = _DataLink(
                 DataConnection.connect(target, self._token, timeout_s=self._connect_timeout_s)
             )
         except DataCallError as exc:
-            return _Refused(exc.message, exc.code.value)
+            return _Down(exc.message, exc.code.value)
         except OSError as exc:
-            return _Refused(f"cannot connect to evald at {target}: {exc}")
+            return _Down(f"cannot connect to evald at {target}: {exc}")
         return link, lambda: self._read_data(link, target)
 
-    def _read_data(self, link: _DataLink, target: str) -> tuple[str, str]:
-        """Reads data-path results until the connection ends; the code and message for the rest."""
+    def _read_data(self, link: _DataLink, target: str) -> _Down:
+        """Reads data-path results until the connection ends; why it ended."""
         try:
             while True:
                 message = link.connection.receive()
                 if message is None:
-                    return _UNAVAILABLE, f"evald at {target} closed the connection"
+                    return _Down(f"evald at {target} closed the connection")
                 for response in message.results:
                     self._complete(response.id, _result_from_proto(response))
-        except DataCallError as exc:
-            return _Refused(exc.message, exc.code.value)
+        except DataCallError as exc:  # the daemon's ERROR frame
+            return _Down(exc.message, exc.code.value)
         except (OSError, ValueError) as exc:
-            return _UNAVAILABLE, f"the connection to evald at {target} broke: {exc}"
+            return _Down(f"the connection to evald at {target} broke: {exc}")
 
-    def _read(self, connection: _Connection) -> tuple[str, str]:
-        """Reads results until the stream ends; returns the code and message for the rest."""
+    def _read(self, connection: _Connection) -> _Down:
+        """Reads results until the stream ends; why it ended."""
         try:
             for message in connection.call:
                 for response in message.results:
@@ -413,14 +414,14 @@ class EvaluatorClient:
         except grpc.RpcError as error:
             failure = decode_rpc_error(error)
             if failure.code is not None:
-                return failure.code.value, failure.details
+                return _Down(failure.details, failure.code.value)
             if failure.status in (
                 grpc.StatusCode.UNAUTHENTICATED,
                 grpc.StatusCode.PERMISSION_DENIED,
             ):
-                return ErrorCode.PERMISSION_DENIED.value, failure.details
-            return _UNAVAILABLE, f"the stream to evald at {self.target} broke: {failure.details}"
-        return _UNAVAILABLE, f"evald at {self.target} closed the stream"
+                return _Down(failure.details, ErrorCode.PERMISSION_DENIED.value)
+            return _Down(f"the stream to evald at {self.target} broke: {failure.details}")
+        return _Down(f"evald at {self.target} closed the stream")
 
     def _run_reaper(self) -> None:
         while True:

@@ -259,6 +259,28 @@ def test_hung_daemon_gives_deadline_exceeded_at_the_deadline(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_daemon_that_drains_gives_its_own_code_and_reason(tmp_path: Path, transport: str) -> None:
+    """SIGTERM: the daemon ends the connection with its reason (on the data path an ERROR frame,
+    ``unavailable``: shutting down). Spans submitted while the client waits to reconnect fail
+    with that code and that reason, each in its own field."""
+    daemon = start_daemon(tmp_path, config(tmp_path))
+    with evaluator_client(daemon, transport, backoff_initial_s=30.0, backoff_max_s=30.0) as client:
+        assert client.wait_connected(30.0)
+        warm = client.submit("calc", "1 + 1", 10_000)
+        client.flush()
+        assert warm.result(timeout=30).value == "2"
+        assert daemon.stop() == 0
+        give_up = time.monotonic() + 30
+        while client.connected and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert not client.connected
+        result = client.submit("calc", "2 + 2", 5000).result(timeout=SLACK_S)
+        assert result.error_code == "unavailable", result
+        if transport == "data":
+            assert "shutting down" in result.message, result
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_daemon_killed_mid_stream_then_restarted(tmp_path: Path, transport: str) -> None:
     daemon = start_daemon(tmp_path, config(tmp_path))
     try:
