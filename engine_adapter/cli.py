@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from evald.cli import LAB_INSTALL
+from evald.cli import lab_command_hint
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
 
@@ -169,22 +169,17 @@ def _discover_plugins(sub: Any) -> None:
     _PLUGIN_COMMANDS.update(sub.choices)
 
 
-def _missing_lab_command(argv: Sequence[str]) -> int | None:
-    """Exit status 2 with an install hint when ``argv`` asks for a lab command that is absent."""
-    name = next((arg for arg in argv if not arg.startswith("-")), None)
-    if name not in _LAB_COMMANDS or name in _PLUGIN_COMMANDS:
-        return None
-    message = f"`engine-adapter {name}` comes with the evald-lab package: {LAB_INSTALL}"
-    if name in _PLUGIN_ERRORS:
-        message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
-    return _fail(message)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    missing = _missing_lab_command(sys.argv[1:] if argv is None else argv)
-    if missing is not None:
-        return missing
+    hint = lab_command_hint(
+        "engine-adapter",
+        sys.argv[1:] if argv is None else argv,
+        _LAB_COMMANDS,
+        _PLUGIN_COMMANDS,
+        _PLUGIN_ERRORS,
+    )
+    if hint is not None:
+        return _fail(hint)
     args = parser.parse_args(argv)
     if getattr(args, "evald", None):
         args.evaluator_mode = "evald"

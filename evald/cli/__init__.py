@@ -27,19 +27,19 @@ import importlib
 import importlib.metadata
 import pkgutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_UNREACHABLE",
-    "LAB_INSTALL",
     "Command",
     "Runner",
     "add_client_options",
     "command",
     "commands",
+    "lab_command_hint",
     "main",
 ]
 
@@ -97,7 +97,7 @@ def _discover() -> None:
 #: Subcommands that come with the ``evald-lab`` distribution, for the hint when it is missing.
 _LAB_COMMANDS = ("fuzz", "bench")
 #: How to get the lab's commands (``evald`` and ``engine-adapter`` both print it).
-LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
+_LAB_INSTALL = "pip install -e ./lab (from an evald checkout; `make setup` does it)"
 #: Entry points of the ``evald.commands`` group that failed to import, with the reason.
 _PLUGIN_ERRORS: dict[str, str] = {}
 
@@ -113,16 +113,23 @@ def _discover_plugins() -> None:
             _PLUGIN_ERRORS[entry.name] = f"{entry.value}: {exc}"
 
 
-def _missing_lab_command(argv: Sequence[str]) -> int | None:
-    """Exit status 2 with an install hint when ``argv`` asks for a lab command that is absent."""
+def lab_command_hint(
+    prog: str,
+    argv: Sequence[str],
+    lab_commands: Collection[str],
+    available: Collection[str],
+    load_errors: Mapping[str, str],
+) -> str | None:
+    """The message for a command line that asks for one of ``lab_commands`` when it is not
+    ``available`` (the ``evald-lab`` package is absent, or named in ``load_errors`` because it
+    did not load); None otherwise. Both ``evald`` and ``engine-adapter`` use it."""
     name = next((arg for arg in argv if not arg.startswith("-")), None)
-    if name not in _LAB_COMMANDS or name in _COMMANDS:
+    if name is None or name not in lab_commands or name in available:
         return None
-    message = f"error: `evald {name}` comes with the evald-lab package: {LAB_INSTALL}"
-    if name in _PLUGIN_ERRORS:
-        message += f"\n(it is installed but did not load: {_PLUGIN_ERRORS[name]})"
-    print(message, file=sys.stderr)
-    return EXIT_ERROR
+    message = f"`{prog} {name}` comes with the evald-lab package: {_LAB_INSTALL}"
+    if name in load_errors:
+        message += f"\n(it is installed but did not load: {load_errors[name]})"
+    return message
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -165,9 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``evald`` console script; returns the exit status."""
     parser = build_parser()
-    missing = _missing_lab_command(sys.argv[1:] if argv is None else argv)
-    if missing is not None:
-        return missing
+    hint = lab_command_hint(
+        "evald", sys.argv[1:] if argv is None else argv, _LAB_COMMANDS, _COMMANDS, _PLUGIN_ERRORS
+    )
+    if hint is not None:
+        print(f"error: {hint}", file=sys.stderr)
+        return EXIT_ERROR
     args = parser.parse_args(argv)
     runner: Runner | None = getattr(args, "_runner", None)
     if runner is None:
