@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "BackendError"]
 
+
 class BackendError(RuntimeError):
     """A backend could not be loaded or was used outside its contract (for example, forwarding
     past its context window or truncating to a length it does not hold)."""
