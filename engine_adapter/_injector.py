@@ -429,6 +429,16 @@ class Injector:
         return self._refresh().phase is _Phase.RESULT
 
     @property
+    def result_known(self) -> bool:
+        """A span waits for its region and its result is decided (the value came back, or the
+        deadline passed): :meth:`forced_tokens` then spans the whole rest of the region, so an
+        engine can put all of it into the sequence at once (SGLang's jump forward)."""
+        if self._history[-1].phase is not _Phase.RESULT:
+            return False
+        state = self._refresh()
+        return state.phase is _Phase.RESULT and self._spans[state.span_count - 1].result is not None
+
+    @property
     def span_count(self) -> int:
         """How many spans closed in the current sequence (``len(spans)`` without the copy)."""
         return self._history[-1].span_count

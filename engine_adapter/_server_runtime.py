@@ -25,7 +25,17 @@ from engine_adapter._lowered_spans import EvaluatorsUnavailable
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import EvalResult
 
-__all__ = ["AdapterRuntime", "close_shared_clients", "shared_client"]
+__all__ = [
+    "DEFAULT_MAX_TENANTS",
+    "AdapterRuntime",
+    "TenantRuntimes",
+    "close_shared_clients",
+    "shared_client",
+]
+
+#: How many tenants (evald address and token pairs) one server process evaluates for at most:
+#: each has its own connection to evald, so a stream of made-up tokens must not open one each.
+DEFAULT_MAX_TENANTS = 256
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -64,13 +74,22 @@ class AdapterRuntime:
     """The per-backend state of the adapter.
 
     Parameters:
-        config: from :meth:`AdapterConfig.from_env`.
+        config: from :meth:`AdapterConfig.from_env`, with the tenant's target and token.
         codec: the tokenizer's codec (its bytes per token must match the grammar's vocabulary).
+        refusal: ``(code, message)`` that every span answers instead of being evaluated (a
+            request option the server refused); then nothing connects to evald.
     """
 
-    def __init__(self, config: AdapterConfig, codec: TokenCodec) -> None:
+    def __init__(
+        self,
+        config: AdapterConfig,
+        codec: TokenCodec,
+        *,
+        refusal: tuple[str, str] | None = None,
+    ) -> None:
         self.config = config
         self.codec = codec
+        self.refusal = refusal
         self._client: EvaluatorClient | None = None
         self._unflushed = False
         self._lock = threading.Lock()
@@ -94,6 +113,10 @@ class AdapterRuntime:
     def submit(
         self, evaluator: str, content: str, deadline_ms: int
     ) -> concurrent.futures.Future[EvalResult]:
+        if self.refusal is not None:
+            refused: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+            refused.set_result(EvalResult(None, *self.refusal))
+            return refused
         future = self.client.submit(evaluator, content, deadline_ms)
         self._unflushed = True
         return future
@@ -116,6 +139,8 @@ class AdapterRuntime:
             fresh = time.monotonic() - self._specs_at < self.config.evaluators_ttl_s
             if self._specs is not None and fresh and not refresh:
                 return list(self._specs)
+            if self.refusal is not None:
+                raise EvaluatorsUnavailable(self.refusal[1])
             try:
                 specs = list_evaluators(self.config.target, self.config.token or "", timeout_s=5.0)
             except Exception as exc:  # CallError, or anything the transport raises
@@ -130,8 +155,12 @@ class AdapterRuntime:
             self._specs, self._specs_at = specs, time.monotonic()
             return list(specs)
 
-    def log_span(self, record: SpanRecord, key: str | None) -> None:
-        """Appends one finished span to ``EVALD_SPAN_LOG`` (no-op when unset)."""
+    def log_span(self, record: SpanRecord, *, forwards: int | None = None) -> None:
+        """Appends one finished span to ``EVALD_SPAN_LOG`` (no-op when unset).
+
+        ``forwards``: how many forward passes carried the span's result tokens, where the
+        engine knows (SGLang: 1 when the whole region went in at once).
+        """
         if self.config.span_log is None:
             return
         line = json.dumps(
@@ -143,6 +172,7 @@ class AdapterRuntime:
                 "latency_ms": record.latency_ms,
                 "waited_ms": record.waited_s * 1000.0,
                 "eval_time_us": record.result.eval_time_us if record.result else None,
+                "forwards": forwards,
                 "at": time.time(),
             },
             ensure_ascii=False,
@@ -152,3 +182,41 @@ class AdapterRuntime:
                 self._span_log = open(self.config.span_log, "a", encoding="utf-8")
             self._span_log.write(line + "\n")
             self._span_log.flush()
+
+
+class TenantRuntimes:
+    """One :class:`AdapterRuntime` per tenant (evald address and token) in a server process.
+
+    Parameters:
+        codec: the tokenizer's codec, shared by every tenant.
+        limit: at most this many tenants; a further one gets ``None`` (its spans then answer
+            ``quota_exceeded``), so that requests with made-up tokens cannot make the
+            process open a connection each.
+
+    Thread-safe: SGLang compiles grammars on a thread pool.
+    """
+
+    def __init__(self, codec: TokenCodec, *, limit: int = DEFAULT_MAX_TENANTS) -> None:
+        self.codec = codec
+        self.limit = limit
+        self._runtimes: dict[tuple[Any, ...], AdapterRuntime] = {}
+        self._lock = threading.Lock()
+
+    def get(self, config: AdapterConfig) -> AdapterRuntime | None:
+        """The tenant's runtime (made on first use), or ``None`` past :attr:`limit`."""
+        key = (config.target, config.token)
+        with self._lock:
+            runtime = self._runtimes.get(key)
+            if runtime is None:
+                if len(self._runtimes) >= self.limit:
+                    return None
+                runtime = self._runtimes[key] = AdapterRuntime(config, self.codec)
+            return runtime
+
+    def refusing(self, config: AdapterConfig, code: str, message: str) -> AdapterRuntime:
+        """A runtime whose spans all answer ``code`` (not counted against the limit)."""
+        return AdapterRuntime(config, self.codec, refusal=(code, message))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runtimes)

@@ -6,18 +6,18 @@ order in which SGLang's scheduler calls grammar objects (``sglang==0.5.23``):
 1. ``accept_token(t)`` for every token that entered the sequence, sampled or forced, after the
    step's results are processed. The wrapped matcher advances first (SGLang aborts the request
    if it refuses the token, as for any grammar); then the :class:`~engine_adapter.Injector`
-   advances. When that closes a span, its evaluation is **submitted without blocking**; with the
-   overlap scheduler this happens while the next forward runs on the GPU.
-2. ``fill_vocab_mask(mask, row)`` for the next step (``SamplingBatchInfo.update_regex_vocab_mask``;
-   with a grammar in the batch SGLang defers sampling until step 1 is done, so the mask sees the
-   token accepted just before). The row gets the grammar's own mask; while a span's result is
-   being forced, the row is narrowed to the next queued token with SGLang's token-filter op
-   (``XGrammarGrammarBackend.set_token_filter``), so the sampler can only pick it. SGLang has no
-   jump-forward, so each forced token costs one decode step while the rest of the batch samples.
-   Only when nothing can be forced yet and the value is still pending does the call wait, bounded
-   by the span's deadline (then ``<result_error>deadline_exceeded</result_error>`` is forced).
-   The first call in a step also flushes the engine-wide client, so every span that closed in
-   step 1 travels to evald in one message.
+   advances. When that closes a span, its evaluation is **submitted without blocking**.
+2. The scheduler side (:mod:`engine_adapter.sglang._scheduling`) then takes the request out of
+   the decode batch while its value is pending (:attr:`EvaluatorGrammar.wants_out`) and brings
+   it back with the whole result region in one extend forward (:meth:`take_region`).
+3. ``fill_vocab_mask(mask, row)`` for a step the request is part of. The row gets the grammar's
+   own mask; while a span's result is being forced in a decode step (a step that was already
+   launched when the span closed, with the overlap scheduler; or with jumping off), the row is
+   narrowed to the next queued token with SGLang's token-filter op
+   (``XGrammarGrammarBackend.set_token_filter``), so the sampler can only pick it. Only when
+   nothing can be forced yet and the value is still pending does the call wait, bounded by the
+   span's deadline (then ``<result_error>deadline_exceeded</result_error>`` is forced). The
+   first call in a step also flushes the engine-wide client.
 
 Failures never abort a request: evald down, a timeout or an evaluator error become
 ``<result_error>CODE</result_error>`` in the text, and an internal fault of the adapter (logged)
@@ -83,7 +83,11 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         self._fault: str | None = None
         self._logged = 0
         self.forced_steps = 0
-        """How many steps this request spent on a forced token (statistics)."""
+        """How many decode steps this request spent on a forced token (statistics)."""
+        self.jumps = 0
+        """How many result regions went into the sequence in one extend forward."""
+        self._forwards: dict[int, int] = {}
+        """Per span (its index), the forwards that carried its result tokens (the span log)."""
 
     # ------------------------------------------------------------------ SGLang's calls
 
@@ -129,6 +133,8 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
                 vocab_mask, [token], idx, is_allowed=True, reset_vocab_mask=True
             )
             self.forced_steps += 1
+            span = injector.span_count - 1
+            self._forwards[span] = self._forwards.get(span, 0) + 1
         except Exception as exc:
             self._stop(f"fill_vocab_mask failed: {exc!r}")
 
@@ -168,6 +174,63 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     def try_jump_forward(self, tokenizer: Any) -> None:
         """SGLang 0.5.23 never jumps forward; forced tokens go through ``fill_vocab_mask``."""
         return None
+
+    # ------------------------------------------------------------------ the scheduler's calls
+
+    @property
+    def wants_out(self) -> bool:
+        """A span closed and its result region is not in the sequence yet: the request should
+        sit out decode steps (keeping its KV) until :attr:`ready_to_rejoin`."""
+        return self._fault is None and self._injector.pending
+
+    @property
+    def ready_to_rejoin(self) -> bool:
+        """The rest of the region is known (value, error or deadline), or there is nothing
+        left to force (a fault stopped evaluation): :meth:`take_region` can run."""
+        injector = self._injector
+        return self._fault is not None or not injector.pending or injector.result_known
+
+    def pending_future(self) -> Any:
+        """The evaluation the request waits for, if any (the scheduler sleeps on it when no
+        other request can run)."""
+        spans = self._injector.spans
+        if spans and spans[-1].result is None:
+            return spans[-1].future
+        return None
+
+    def take_region(self, room: int) -> list[int]:
+        """Accepts the rest of the current result region, at most ``room`` tokens, as if each had
+        been sampled, and returns them: the caller appends them to the request's output ids and
+        runs them in one extend forward.
+
+        A token the grammar refuses stops evaluation for the request (logged; the tokens before
+        it are rolled back), and nothing is returned.
+        """
+        if self._fault is not None or not self._injector.pending or room <= 0:
+            return []
+        try:
+            tokens = self._injector.forced_tokens()[:room]
+        except Exception as exc:
+            self._stop(f"forced_tokens failed: {exc!r}")
+            return []
+        span = self._injector.span_count - 1
+        accepted = 0
+        try:
+            for token in tokens:
+                self.accept_token(token)
+                if self._fault is not None:
+                    raise RuntimeError(self._fault)
+                accepted += 1
+        except Exception as exc:
+            if accepted:
+                self.rollback(accepted)
+            self._stop(f"the grammar refuses a forced token of the region ({exc!r})")
+            return []
+        if tokens:
+            self.jumps += 1
+            self._forwards[span] = self._forwards.get(span, 0) + 1
+        self._log_finished_spans()
+        return tokens
 
     # ------------------------------------------------------------------ what XGrammarGrammar has
 
@@ -225,9 +288,14 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     def _log_finished_spans(self) -> None:
         if self._runtime.config.span_log is None:
             return
-        spans = self._injector.spans
-        while self._logged < len(spans) and spans[self._logged].result is not None:
-            self._runtime.log_span(spans[self._logged], self.key_string)
+        injector = self._injector
+        spans = injector.spans
+        # A span is logged once its region is complete (the last one may still be forced).
+        done = len(spans) - (1 if injector.pending else 0)
+        while self._logged < done and spans[self._logged].result is not None:
+            self._runtime.log_span(
+                spans[self._logged], forwards=self._forwards.get(self._logged, 0)
+            )
             self._logged += 1
 
     def _stop(self, reason: str) -> None:

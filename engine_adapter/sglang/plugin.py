@@ -3,30 +3,44 @@
 SGLang calls :func:`register` in every one of its processes (``load_plugins()``: the launcher,
 the tokenizer and detokenizer managers, and each scheduler, which is started with *spawn*, so
 monkeypatches made in a parent would not carry over). It registers hooks with SGLang's
-``HookRegistry``, which applies them right after all plugins ran:
+``HookRegistry``, which applies them right after all plugins ran.
+
+The grammar layer:
 
 - AFTER ``XGrammarGrammarBackend.__init__``: builds the backend's :class:`AdapterRuntime` (the
-  tokenizer's codec from the ``TokenizerInfo`` SGLang just built, the evald address).
+  tokenizer's codec from the ``TokenizerInfo`` SGLang just built, the evald address) and its
+  per-tenant runtimes.
+- AROUND ``GrammarManager.process_req_with_grammar``: takes a request's tenant options out of
+  its ``custom_params`` and keys its grammar by tenant (:mod:`engine_adapter.sglang._tenants`).
 - AROUND ``XGrammarGrammarBackend.dispatch_structural_tag``: when the request's tag holds
   evaluated spans (``evaluated_tag`` elements, or their lowered form), compiles the lowered tag
-  and wraps the grammar in an :class:`EvaluatorGrammar`. The backend stays ``xgrammar``, so
-  SGLang's reasoning-parser wrapping and its grammar cache keep working.
+  and wraps the grammar in an :class:`EvaluatorGrammar` bound to the request's tenant. The
+  backend stays ``xgrammar``, so SGLang's reasoning-parser wrapping and its grammar cache keep
+  working.
 - AFTER ``XGrammarGrammarBackend.compile_framed_grammar``: keeps the wrapper when a reasoning
   parser frames the grammar.
-- BEFORE ``create_grammar_backend`` (in each scheduler, with the resolved server arguments) and
-  BEFORE ``ServerArgs.resolve_once`` (in the launching process, on the declared arguments):
-  refuse what v1 does not support.
+
+The scheduler (:mod:`engine_adapter.sglang._scheduling`): AROUND ``Scheduler.get_next_batch_to_run``
+(requests waiting for a value sit out the decode step), ``Scheduler.get_new_batch_prefill`` (they
+come back with the whole result region in one extend), ``Scheduler.is_fully_idle`` and
+``Scheduler.collect_inflight_reqs`` (parked requests count as running).
+
+The settings: BEFORE ``create_grammar_backend`` (in each scheduler, with the resolved server
+arguments) and BEFORE ``ServerArgs.resolve_once`` (in the launching process, on the declared
+arguments): refuse what the adapter does not support.
 
 ``HookRegistry`` only logs a hook it fails to apply, and swallows exceptions raised by a plugin,
-so the adapter checks for itself: :func:`register` resolves every target first and exits the
-process with a clear message if one is missing, and the first hook that runs in a process checks
-that every hook is in place (:func:`verify_installed`) and fails that process loudly if not.
+so the adapter checks for itself: :func:`register` resolves every target and every SGLang
+internal the hooks read (:func:`check_internals`) and exits the process with a clear message if
+one is missing, and the first hook that runs in a process checks that every hook is in place
+(:func:`verify_installed`) and fails that process loudly if not.
 
 Off unless ``EVALD_TARGET`` is set (see :class:`~engine_adapter.sglang.AdapterConfig`).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import pkgutil
@@ -38,12 +52,17 @@ from typing import Any
 from engine_adapter._server_config import AdapterConfig, ConfigError
 
 __all__ = [
+    "SCHEDULING_ENV",
+    "SCHEDULING_MODES",
     "SGLANG_VERSION",
     "PluginError",
     "UnsupportedConfiguration",
+    "check_internals",
     "check_server_args",
     "hooks",
     "register",
+    "scheduler_available",
+    "scheduling_mode",
     "verify_installed",
 ]
 
@@ -53,7 +72,41 @@ logger = logging.getLogger("engine_adapter.sglang")
 SGLANG_VERSION = "0.5.23"
 
 _BACKEND = "sglang.srt.constrained.xgrammar_backend.XGrammarGrammarBackend"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_GRAMMAR_MANAGER = "sglang.srt.constrained.grammar_manager.GrammarManager"
 _RUNTIME_ATTR = "_evald_runtime"
+_TENANTS_ATTR = "_evald_tenants"
+
+#: How the scheduler handles a request whose span is being evaluated:
+#: ``jump`` (default) — it sits out decode steps while the value is pending and comes back with
+#: the whole result region in one extend forward; ``inline`` — it stays in the batch and the
+#: region is forced one token per decode step, the step waiting when nothing can be forced yet
+#: (the adapter before it had scheduler hooks; kept for comparisons).
+SCHEDULING_ENV = "EVALD_SGLANG_SCHEDULING"
+SCHEDULING_MODES = ("jump", "inline")
+
+#: The SGLang internals the scheduler hooks read or call, checked by :func:`check_internals`.
+_INTERNALS = {
+    "sglang.srt.managers.schedule_batch.ScheduleBatch": (
+        "init_new", "prepare_for_extend", "prepare_for_decode", "filter_batch",
+        "mix_with_running", "check_decode_mem", "is_empty", "reqs", "batch_is_full",
+        "return_logprob", "decoding_reqs", "contains_last_prefill_chunk",
+        "hisparse_coordinator",
+    ),
+    "sglang.srt.managers.schedule_batch.Req": (
+        "seqlen", "finished", "refresh_fill_ids", "extend_len", "output_ids", "grammar",
+        "to_finish", "prefix_len", "extend_end", "already_computed", "kv", "sampling_params",
+        "rid",
+    ),
+    "sglang.srt.managers.schedule_batch.ReqKvInfo": ("kv_committed_len",),
+    "sglang.srt.managers.schedule_batch.NextBatchPlan": ("batch_to_run", "running_batch"),
+    "sglang.srt.managers.scheduler.Scheduler": (
+        "running_batch", "waiting_queue", "req_to_token_pool", "token_to_kv_pool_allocator",
+        "tree_cache", "model_config", "enable_overlap", "spec_algorithm", "is_mixed_chunk",
+        "result_queue",
+    ),
+    "sglang.srt.mem_cache.common": ("evict_from_tree_cache",),
+}  # fmt: skip
 
 
 class PluginError(RuntimeError):
@@ -85,7 +138,12 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     _check_version()
+    try:
+        scheduling_mode()
+    except ConfigError as exc:
+        raise SystemExit(f"evald SGLang adapter: {exc}") from None
     missing = [target for target, _, _ in hooks() if not _resolves(target)]
+    missing += check_internals()
     if missing:
         raise SystemExit(
             "evald SGLang adapter: this SGLang lacks hook targets "
@@ -95,10 +153,84 @@ def register() -> None:
     for target, hook, kind in hooks():
         HookRegistry.register(target, hook, kind)
     logger.info(
-        "evald SGLang adapter: hooks registered (spans evaluated by %s, deadline %d ms)",
+        "evald SGLang adapter: hooks registered (spans evaluated by %s, deadline %d ms, "
+        "scheduling %s)",
         config.target,
         config.deadline_ms,
+        scheduling_mode(),
     )
+
+
+def scheduling_mode(environ: Any = None) -> str:
+    """``EVALD_SGLANG_SCHEDULING`` (:data:`SCHEDULING_MODES`; default ``jump``).
+
+    Raises:
+        ConfigError: another value.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    mode = env.get(SCHEDULING_ENV, "").strip() or SCHEDULING_MODES[0]
+    if mode not in SCHEDULING_MODES:
+        raise ConfigError(
+            f"{SCHEDULING_ENV}={mode!r}: expected one of {', '.join(SCHEDULING_MODES)}"
+        )
+    return mode
+
+
+def scheduler_available() -> bool:
+    """Whether SGLang's scheduler can be imported here. Every process of a real server can; an
+    environment with SGLang's grammar layer alone (``--no-deps``, the project's CPU tests of
+    the grammar objects) cannot, and there only the grammar hooks are registered."""
+    global _SCHEDULER_AVAILABLE
+    if _SCHEDULER_AVAILABLE is None:
+        try:
+            importlib.import_module(_SCHEDULER.rpartition(".")[0])
+        except ImportError:
+            _SCHEDULER_AVAILABLE = False
+        else:
+            _SCHEDULER_AVAILABLE = True
+    return _SCHEDULER_AVAILABLE
+
+
+_SCHEDULER_AVAILABLE: bool | None = None
+
+
+def check_internals() -> list[str]:
+    """The SGLang internals the scheduler hooks rely on that this SGLang lacks (empty: all
+    there, or no scheduler in this environment). Attributes set in ``__init__`` (or the
+    ``init_*`` helpers it calls) are looked up in their code, properties and methods on the
+    class, dataclass and msgspec fields in the class's fields."""
+    if not scheduler_available():
+        return []
+    missing = []
+    for owner, names in _INTERNALS.items():
+        try:
+            found = pkgutil.resolve_name(owner)
+        except (ImportError, AttributeError, ValueError):
+            missing.append(owner)
+            continue
+        known = set(dir(found))
+        init = getattr(found, "__init__", None)
+        code = getattr(init, "__code__", None)
+        if code is not None:
+            known.update(code.co_names)
+        known.update(getattr(found, "__dataclass_fields__", {}))
+        known.update(getattr(found, "__struct_fields__", ()))
+        known.update(_assigned_in_init_helpers(found))
+        missing += [f"{owner}.{name}" for name in names if name not in known]
+    return missing
+
+
+def _assigned_in_init_helpers(cls: Any) -> set[str]:
+    """Attribute names assigned in the ``init_*`` methods ``Scheduler.__init__`` calls."""
+    names: set[str] = set()
+    for attr in dir(cls):
+        if attr.startswith("init_") or attr.startswith("_init"):
+            code = getattr(getattr(cls, attr, None), "__code__", None)
+            if code is not None:
+                names.update(code.co_names)
+    return names
 
 
 def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
@@ -106,6 +238,11 @@ def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
     from sglang.srt.plugins.hook_registry import HookType
 
     yield f"{_BACKEND}.__init__", _after_backend_init, HookType.AFTER
+    yield (
+        f"{_GRAMMAR_MANAGER}.process_req_with_grammar",
+        _around_process_req_with_grammar,
+        HookType.AROUND,
+    )
     yield f"{_BACKEND}.dispatch_structural_tag", _around_dispatch_structural_tag, HookType.AROUND
     yield f"{_BACKEND}.compile_framed_grammar", _after_compile_framed_grammar, HookType.AFTER
     yield (
@@ -116,6 +253,12 @@ def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
     # ServerArgs is a msgspec Struct, which calls the __post_init__ it was built with, so a hook
     # there never runs; launchers call resolve_once() on the declared arguments instead.
     yield "sglang.srt.server_args.ServerArgs.resolve_once", _before_resolve, HookType.BEFORE
+    if not scheduler_available():
+        return
+    yield f"{_SCHEDULER}.get_next_batch_to_run", _around_get_next_batch_to_run, HookType.AROUND
+    yield f"{_SCHEDULER}.get_new_batch_prefill", _around_get_new_batch_prefill, HookType.AROUND
+    yield f"{_SCHEDULER}.is_fully_idle", _around_is_fully_idle, HookType.AROUND
+    yield f"{_SCHEDULER}.collect_inflight_reqs", _around_collect_inflight_reqs, HookType.AROUND
 
 
 def verify_installed() -> dict[str, bool]:
@@ -202,10 +345,39 @@ def _after_backend_init(
     config = AdapterConfig.from_env()
     if config is None:
         return
-    from engine_adapter._server_runtime import AdapterRuntime
+    from engine_adapter._server_runtime import AdapterRuntime, TenantRuntimes
 
     codec = _codec(tokenizer, backend._tokenizer_info)
     setattr(backend, _RUNTIME_ATTR, AdapterRuntime(config, codec))
+    setattr(backend, _TENANTS_ATTR, TenantRuntimes(codec))
+
+
+def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> Any:
+    """Keys the request's grammar by its tenant (see :mod:`engine_adapter.sglang._tenants`)."""
+    backend = getattr(manager, "grammar_backend", None)
+    if getattr(backend, _RUNTIME_ATTR, None) is None:
+        return original(manager, req)
+    from engine_adapter.sglang._tenants import TENANT_MARK, take_options
+
+    params = req.sampling_params
+    options, rest = take_options(getattr(params, "custom_params", None))
+    tag = params.structural_tag
+    if tag is not None and TENANT_MARK in tag:
+        req.set_finish_with_abort(
+            "evald adapter: the structural tag holds text reserved for the adapter "
+            f"({TENANT_MARK.strip()!r})"
+        )
+        return False
+    if options is None:
+        return original(manager, req)
+    params.custom_params = rest  # the token leaves the request here
+    if tag is None:
+        return original(manager, req)
+    params.structural_tag = tag + TENANT_MARK + _tenant_table().fingerprint(options)
+    try:
+        return original(manager, req)
+    finally:
+        params.structural_tag = tag
 
 
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
@@ -217,9 +389,20 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     from engine_adapter._evaluated_tag import EvaluatedTagError
     from engine_adapter._lowered_spans import plan_spans
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
+    from engine_adapter.sglang._tenants import split_key
 
+    key_string, fingerprint = split_key(key_string)
+    options: dict[str, Any] | None = None
+    if fingerprint is not None:
+        options = _tenant_table().options(fingerprint)
+        if options is None:
+            return InvalidGrammarObject(
+                "evald adapter: this request's tenant options expired before its grammar was "
+                "compiled (too many tenants at once); send it again"
+            )
+    tenant = runtime if options is None else _tenant_runtime(backend, runtime, options)
     try:
-        plan = plan_spans(key_string, runtime.evaluators)
+        plan = plan_spans(key_string, tenant.evaluators)
     except EvaluatedTagError as exc:
         logger.error("evald adapter: invalid evaluated structural tag: %s", exc)
         return InvalidGrammarObject(f"evaluated structural tag: {exc}")
@@ -228,7 +411,36 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     grammar = original(backend, plan.key_string)
     if isinstance(grammar, InvalidGrammarObject):
         return grammar
-    return EvaluatorGrammar(grammar, plan.bindings, runtime)
+    bindings = plan.bindings
+    if options is not None:
+        from engine_adapter._request_options import allowed_targets, request_options
+
+        config = runtime.config
+        bindings = request_options(options, bindings, config, allowed_targets(config)).bindings
+    return EvaluatorGrammar(grammar, bindings, tenant)
+
+
+def _tenant_runtime(backend: Any, default: Any, options: dict[str, Any]) -> Any:
+    """The runtime that evaluates for the tenant ``options`` name (a refusing one for an option
+    the server does not accept, or past the tenant limit)."""
+    from engine_adapter._request_options import allowed_targets, request_options
+    from evald.contract import ErrorCode
+
+    config = default.config
+    reading = request_options(options, (), config, allowed_targets(config))
+    tenants = getattr(backend, _TENANTS_ATTR)
+    if reading.refusal is not None:
+        return tenants.refusing(reading.config, *reading.refusal)
+    if (reading.config.target, reading.config.token) == (config.target, config.token):
+        return default
+    runtime = tenants.get(reading.config)
+    if runtime is None:
+        return tenants.refusing(
+            reading.config,
+            ErrorCode.QUOTA_EXCEEDED,
+            f"this server already evaluates spans for {tenants.limit} tenants",
+        )
+    return runtime
 
 
 def _after_compile_framed_grammar(
@@ -247,7 +459,84 @@ def _after_compile_framed_grammar(
     return None
 
 
+def _around_get_next_batch_to_run(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    state = _span_scheduler(scheduler)
+    if state is None:
+        return original(scheduler, *args, **kwargs)
+    running = kwargs.get("running_batch", args[0] if args else scheduler.running_batch)
+    try:
+        state.sit_out(scheduler, running)
+    except Exception:  # the adapter must never take the scheduler down
+        logger.exception("evald adapter: taking waiting requests out of the batch failed")
+    plan = original(scheduler, *args, **kwargs)
+    if plan.batch_to_run is None:
+        try:
+            state.wait_if_idle(scheduler, plan.running_batch)
+        except Exception:
+            logger.exception("evald adapter: waiting for pending evaluations failed")
+    return plan
+
+
+def _around_get_new_batch_prefill(original: Any, scheduler: Any, running_batch: Any) -> Any:
+    state = _span_scheduler(scheduler)
+    if state is not None:
+        try:
+            rejoin = state.rejoin_batch(scheduler, running_batch)
+        except Exception:
+            logger.exception("evald adapter: bringing requests back failed")
+            rejoin = None
+        if rejoin is not None:
+            from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+            batch, running_batch = rejoin
+            return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
+    return original(scheduler, running_batch)
+
+
+def _around_is_fully_idle(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    idle = original(scheduler, *args, **kwargs)
+    state = _span_scheduler(scheduler)
+    if idle and state is not None and state.parked:
+        return False  # parked requests hold KV rows: not idle, no leak check
+    return idle
+
+
+def _around_collect_inflight_reqs(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    reqs = original(scheduler, *args, **kwargs)
+    state = _span_scheduler(scheduler)
+    if state is not None and state.parked:
+        reqs = {*reqs, *state.parked}
+    return reqs
+
+
 # ---------------------------------------------------------------------- helpers
+
+_TENANT_TABLE: Any = None
+_SCHEDULING: str | None = None
+
+
+def _tenant_table() -> Any:
+    global _TENANT_TABLE
+    if _TENANT_TABLE is None:
+        from engine_adapter.sglang._tenants import TenantTable
+
+        _TENANT_TABLE = TenantTable()
+    return _TENANT_TABLE
+
+
+def _span_scheduler(scheduler: Any) -> Any:
+    """The scheduler's :class:`SpanScheduler`, or ``None`` when the adapter is off or runs
+    ``inline`` (checked on first use in each scheduler process)."""
+    global _SCHEDULING
+    if _SCHEDULING is None:
+        _verify_once()
+        _SCHEDULING = scheduling_mode() if AdapterConfig.from_env() is not None else "off"
+    if _SCHEDULING != "jump":
+        return None
+    from engine_adapter.sglang._scheduling import scheduler_state
+
+    return scheduler_state(scheduler)
+
 
 _VERIFIED = False
 _VERIFY_LOCK = threading.Lock()

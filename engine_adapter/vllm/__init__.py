@@ -11,7 +11,7 @@ Importing this package imports neither vLLM nor torch (the request helper runs o
 
 from __future__ import annotations
 
-from engine_adapter.vllm._options import (
+from engine_adapter._request_options import (
     EXTRA_ARG_EVALUATORS,
     EXTRA_ARG_TARGET,
     EXTRA_ARG_TOKEN,

@@ -3,67 +3,22 @@
 A request is evaluated when its structural tag (``structured_outputs.structural_tag``, or the
 OpenAI ``response_format``) holds spans in the lowered form that
 :func:`engine_adapter.build_structural_tag` and :func:`engine_adapter.lower_evaluated_tags` emit.
-The tenant comes from ``SamplingParams.extra_args`` (over HTTP ``vllm_xargs``, flat values only):
-
-- ``evald_token``: the tenant's bearer token (default: the server's ``EVALD_TOKEN``);
-- ``evald_target``: evald's address (default: the server's ``EVALD_TARGET``); it must be that
-  address or one listed in ``EVALD_ALLOWED_TARGETS``, so that a request cannot point the server
-  at an arbitrary host;
-- ``evald_evaluators``: ``TAG=NAME`` pairs separated by commas, for evaluators whose tag differs
-  from their name (the request helper fills it in; without it a span is sent to the evaluator
-  named like its opener, ``<calc>`` → ``calc``).
-
-A bad option never fails the request: its spans answer ``<result_error>CODE</result_error>``.
+Its tenant comes from ``SamplingParams.extra_args`` (over HTTP ``vllm_xargs``), read as
+:mod:`engine_adapter._request_options` says.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_adapter._lowered_spans import find_lowered_spans
+from engine_adapter._request_options import RequestOptions
+from engine_adapter._request_options import request_options as _options_of
 from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import SpanBinding
-from evald.contract import ErrorCode
 
-__all__ = [
-    "EXTRA_ARG_EVALUATORS",
-    "EXTRA_ARG_TARGET",
-    "EXTRA_ARG_TOKEN",
-    "RequestOptions",
-    "allowed_targets",
-    "request_options",
-]
-
-EXTRA_ARG_TARGET = "evald_target"
-EXTRA_ARG_TOKEN = "evald_token"
-EXTRA_ARG_EVALUATORS = "evald_evaluators"
-
-_PAIR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*=\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*")
-
-
-@dataclass(frozen=True)
-class RequestOptions:
-    """The adapter's reading of one request."""
-
-    bindings: tuple[SpanBinding, ...]
-    config: AdapterConfig
-    """The server's settings with this request's target and token."""
-    refusal: tuple[str, str] | None = None
-    """``(code, message)`` every span of the request answers with, for an unusable option."""
-
-
-def allowed_targets(
-    config: AdapterConfig, environ: Mapping[str, str] | None = None
-) -> frozenset[str]:
-    """``EVALD_TARGET`` plus the comma-separated ``EVALD_ALLOWED_TARGETS``."""
-    env = os.environ if environ is None else environ
-    extra = (t.strip() for t in env.get("EVALD_ALLOWED_TARGETS", "").split(","))
-    return frozenset({config.target, *(t for t in extra if t)})
+__all__ = ["request_options"]
 
 
 def request_options(
@@ -74,7 +29,7 @@ def request_options(
     Parameters:
         sampling_params: the request's ``vllm.SamplingParams``.
         config: the server's settings (:meth:`AdapterConfig.from_env`).
-        allowed: the targets a request may name (:func:`allowed_targets`).
+        allowed: the targets a request may name (``allowed_targets``).
     """
     structured = getattr(sampling_params, "structured_outputs", None)
     raw_tag = getattr(structured, "structural_tag", None) if structured is not None else None
@@ -93,48 +48,4 @@ def request_options(
     if not bindings:
         return None
     extra = getattr(sampling_params, "extra_args", None) or {}
-    refusal: tuple[str, str] | None = None
-    target = extra.get(EXTRA_ARG_TARGET, config.target)
-    token = extra.get(EXTRA_ARG_TOKEN, config.token)
-    names = extra.get(EXTRA_ARG_EVALUATORS)
-    if not isinstance(target, str) or target.strip() not in allowed:
-        refusal = (
-            ErrorCode.PERMISSION_DENIED,
-            f"{EXTRA_ARG_TARGET}={target!r} is not an evald address this server may use "
-            f"(EVALD_TARGET or EVALD_ALLOWED_TARGETS: {', '.join(sorted(allowed))})",
-        )
-        target = config.target
-    if token is not None and not isinstance(token, str):
-        refusal = refusal or (ErrorCode.INVALID_ARGUMENT, f"{EXTRA_ARG_TOKEN} must be a string")
-        token = config.token
-    if names is not None:
-        renamed = _rename(bindings, names)
-        if renamed is None:
-            refusal = refusal or (
-                ErrorCode.INVALID_ARGUMENT,
-                f"{EXTRA_ARG_EVALUATORS}={names!r}: expected TAG=NAME pairs separated by commas",
-            )
-        else:
-            bindings = renamed
-    token_value = token.strip() or None if isinstance(token, str) else None
-    return RequestOptions(
-        bindings=bindings,
-        config=replace(config, target=str(target).strip(), token=token_value),
-        refusal=refusal,
-    )
-
-
-def _rename(bindings: tuple[SpanBinding, ...], names: Any) -> tuple[SpanBinding, ...] | None:
-    if not isinstance(names, str):
-        return None
-    mapping: dict[str, str] = {}
-    for part in names.split(","):
-        if not part.strip():
-            continue
-        match = _PAIR.fullmatch(part)
-        if match is None:
-            return None
-        mapping[f"<{match.group(1)}>"] = match.group(2)
-    return tuple(
-        replace(b, evaluator=mapping[b.begin]) if b.begin in mapping else b for b in bindings
-    )
+    return _options_of(extra, bindings, config, allowed)

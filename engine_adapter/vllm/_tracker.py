@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter._injector import Injector, TokenCodec
+from engine_adapter._request_options import RequestOptions, allowed_targets
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._server_runtime import AdapterRuntime
 from engine_adapter._types import EvalResult
-from engine_adapter.vllm._options import RequestOptions, allowed_targets, request_options
+from engine_adapter.vllm._options import request_options
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
 
@@ -329,7 +330,7 @@ class SpanTracker:
         if runtime is not None and runtime.config.span_log is not None:
             for record in spans:
                 if record.result is not None:
-                    runtime.log_span(record, request_id)
+                    runtime.log_span(record)
 
     def _stop(self, state: TrackedRequest, reason: str) -> None:
         state.fault = reason

@@ -27,7 +27,11 @@ from engine_adapter._client import list_evaluators
 from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
 from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
 from engine_adapter._instructions import render_instructions
-from engine_adapter.vllm._options import EXTRA_ARG_EVALUATORS, EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN
+from engine_adapter._request_options import (
+    EXTRA_ARG_EVALUATORS,
+    EXTRA_ARG_TARGET,
+    EXTRA_ARG_TOKEN,
+)
 
 __all__ = ["EvaluatedRequest", "evaluated_request", "lower_for_vllm"]
 

@@ -271,6 +271,7 @@ def child_enabled(results: Any) -> None:
 
         load_plugins()
         report["hooks"] = plugin.verify_installed()
+        report["scheduler_available"] = plugin.scheduler_available()
         from sglang.srt.server_args import ServerArgs
 
         refusals = {}

@@ -10,7 +10,8 @@ import pytest
 
 from engine_adapter import build_structural_tag, standard_evaluators
 from engine_adapter._server_config import AdapterConfig
-from engine_adapter.vllm._options import allowed_targets, request_options
+from engine_adapter._request_options import allowed_targets
+from engine_adapter.vllm._options import request_options
 
 CONFIG = AdapterConfig(target="unix:/run/evald/evald.sock", token="server-token")
 ALLOWED = allowed_targets(CONFIG, {"EVALD_ALLOWED_TARGETS": " 10.0.0.5:7000 , ,unix:/other.sock"})

@@ -1,0 +1,137 @@
+"""What one server request asks of the adapter besides its spans: its tenant (token, evald
+address) and the evaluators its span tags name. One reading for both server plugins.
+
+The options travel with the request, as flat string values:
+
+- vLLM: ``SamplingParams.extra_args`` (over HTTP ``vllm_xargs``);
+- SGLang: ``SamplingParams.custom_params`` (over HTTP the request's ``custom_params``, in
+  ``/generate``'s ``sampling_params`` or at the top level of the OpenAI-compatible API).
+
+The keys:
+
+- ``evald_token``: the tenant's bearer token (default: the server's ``EVALD_TOKEN``);
+- ``evald_target``: evald's address (default: the server's ``EVALD_TARGET``); it must be that
+  address or one listed in ``EVALD_ALLOWED_TARGETS``, so that a request cannot point the server
+  at an arbitrary host;
+- ``evald_evaluators``: ``TAG=NAME`` pairs separated by commas, for evaluators whose tag differs
+  from their name (the request helpers fill it in; without it a span is sent to the evaluator
+  named like its opener, ``<calc>`` → ``calc``).
+
+A bad option never fails the request: its spans answer ``<result_error>CODE</result_error>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine_adapter._server_config import AdapterConfig
+from engine_adapter._types import SpanBinding
+from evald.contract import ErrorCode
+
+__all__ = [
+    "EXTRA_ARG_EVALUATORS",
+    "EXTRA_ARG_TARGET",
+    "EXTRA_ARG_TOKEN",
+    "RequestOptions",
+    "allowed_targets",
+    "has_request_options",
+    "request_options",
+]
+
+EXTRA_ARG_TARGET = "evald_target"
+EXTRA_ARG_TOKEN = "evald_token"
+EXTRA_ARG_EVALUATORS = "evald_evaluators"
+EXTRA_ARGS = (EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN, EXTRA_ARG_EVALUATORS)
+
+_PAIR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*=\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*")
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """The adapter's reading of one request."""
+
+    bindings: tuple[SpanBinding, ...]
+    config: AdapterConfig
+    """The server's settings with this request's target and token."""
+    refusal: tuple[str, str] | None = None
+    """``(code, message)`` every span of the request answers with, for an unusable option."""
+
+
+def allowed_targets(
+    config: AdapterConfig, environ: Mapping[str, str] | None = None
+) -> frozenset[str]:
+    """``EVALD_TARGET`` plus the comma-separated ``EVALD_ALLOWED_TARGETS``."""
+    env = os.environ if environ is None else environ
+    extra = (t.strip() for t in env.get("EVALD_ALLOWED_TARGETS", "").split(","))
+    return frozenset({config.target, *(t for t in extra if t)})
+
+
+def request_options(
+    extra: Mapping[str, Any] | None,
+    bindings: tuple[SpanBinding, ...],
+    config: AdapterConfig,
+    allowed: frozenset[str],
+) -> RequestOptions:
+    """The options of a request whose spans are ``bindings``.
+
+    Parameters:
+        extra: the request's per-request values (``extra_args`` / ``custom_params``), if any.
+        bindings: the spans its structural tag holds.
+        config: the server's settings (:meth:`AdapterConfig.from_env`).
+        allowed: the targets a request may name (:func:`allowed_targets`).
+    """
+    extra = extra if isinstance(extra, Mapping) else {}
+    refusal: tuple[str, str] | None = None
+    target = extra.get(EXTRA_ARG_TARGET, config.target)
+    token = extra.get(EXTRA_ARG_TOKEN, config.token)
+    names = extra.get(EXTRA_ARG_EVALUATORS)
+    if not isinstance(target, str) or target.strip() not in allowed:
+        refusal = (
+            ErrorCode.PERMISSION_DENIED,
+            f"{EXTRA_ARG_TARGET}={target!r} is not an evald address this server may use "
+            f"(EVALD_TARGET or EVALD_ALLOWED_TARGETS: {', '.join(sorted(allowed))})",
+        )
+        target = config.target
+    if token is not None and not isinstance(token, str):
+        refusal = refusal or (ErrorCode.INVALID_ARGUMENT, f"{EXTRA_ARG_TOKEN} must be a string")
+        token = config.token
+    if names is not None:
+        renamed = _rename(bindings, names)
+        if renamed is None:
+            refusal = refusal or (
+                ErrorCode.INVALID_ARGUMENT,
+                f"{EXTRA_ARG_EVALUATORS}={names!r}: expected TAG=NAME pairs separated by commas",
+            )
+        else:
+            bindings = renamed
+    token_value = token.strip() or None if isinstance(token, str) else None
+    return RequestOptions(
+        bindings=bindings,
+        config=replace(config, target=str(target).strip(), token=token_value),
+        refusal=refusal,
+    )
+
+
+def has_request_options(extra: Mapping[str, Any] | None) -> bool:
+    """Whether ``extra`` sets any of the adapter's keys."""
+    return isinstance(extra, Mapping) and any(key in extra for key in EXTRA_ARGS)
+
+
+def _rename(bindings: tuple[SpanBinding, ...], names: Any) -> tuple[SpanBinding, ...] | None:
+    if not isinstance(names, str):
+        return None
+    mapping: dict[str, str] = {}
+    for part in names.split(","):
+        if not part.strip():
+            continue
+        match = _PAIR.fullmatch(part)
+        if match is None:
+            return None
+        mapping[f"<{match.group(1)}>"] = match.group(2)
+    return tuple(
+        replace(b, evaluator=mapping[b.begin]) if b.begin in mapping else b for b in bindings
+    )
