@@ -17,7 +17,12 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF '-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup run test lint proto wasm full-test clean vllm-venv vllm-test
+# The real SGLang 0.5.23 server on the CPU: its own venv, its CPU kernel built from the source in
+# deploy/sglang-cpu/ (once per machine kind; the wheel is cached), the adapter installed editable.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+
+.PHONY: setup run test lint proto wasm full-test clean vllm-venv vllm-test sglang-venv sglang-test
 
 setup: $(STAMP)
 
@@ -51,6 +56,19 @@ $(VLLM_STAMP): pyproject.toml
 vllm-test: setup vllm-venv
 	$(BIN)/python -m pytest -m vllm tests/engine_adapter/vllm
 
+sglang-venv: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): pyproject.toml deploy/sglang-cpu/install.sh deploy/sglang-cpu/patch_sglang.py deploy/sglang-cpu/requirements-runtime.txt deploy/sglang-cpu/sgl-kernel-cpu-src.tar.gz
+	bash deploy/sglang-cpu/install.sh $(SGLANG_VENV) .
+	touch $(SGLANG_STAMP)
+
+# The SGLang adapter against real SGLang CPU servers (both schedulers, one server each). On a CPU
+# that cannot run SGLang's kernel (install.sh exits 3 and says why) the tests skip with the reason.
+sglang-test: setup
+	@status=0; $(MAKE) --no-print-directory sglang-venv || status=$$?; \
+	if [ $$status -ne 0 ] && ! grep -q . $(SGLANG_VENV)/.unsupported 2>/dev/null; then exit $$status; fi
+	$(BIN)/python -m pytest -m sglang_server tests/engine_adapter/sglang
+
 run: setup
 	$(BIN)/python -m evald_lab.demo
 
@@ -72,4 +90,4 @@ wasm: setup
 	$(PY) -m evaluators_wasm.build
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

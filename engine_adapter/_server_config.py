@@ -36,6 +36,10 @@ class AdapterConfig:
     - ``EVALD_TLS_CA``, ``EVALD_TLS_CERT``, ``EVALD_TLS_KEY``: PEM files for TLS over TCP.
     - ``EVALD_SPAN_LOG``: a file to which every evaluated span is appended as one JSON line
       (evaluator, content, outcome, latency, stall); off by default.
+    - ``EVALD_INPROCESS=1``: spans are evaluated inside the server process by the same WASM
+      host evald runs, with this package's standard evaluators, instead of by evald (which still
+      answers ``ListEvaluators``). No tenant isolation and no process boundary: for measuring
+      what isolation costs, never for serving tenants.
     """
 
     target: str
@@ -45,6 +49,7 @@ class AdapterConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     span_log: str | None = None
+    inprocess: bool = False
     evaluators_ttl_s: float = 60.0
     """How long a ``ListEvaluators`` answer is reused when lowering ``evaluated_tag``s."""
 
@@ -88,4 +93,14 @@ class AdapterConfig:
             tls_cert=tls["cert"],
             tls_key=tls["key"],
             span_log=env.get("EVALD_SPAN_LOG", "").strip() or None,
+            inprocess=_flag(env, "EVALD_INPROCESS"),
         )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{name}={raw!r}: expected 1 or 0")

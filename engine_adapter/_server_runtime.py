@@ -61,6 +61,24 @@ def shared_client(config: AdapterConfig) -> EvaluatorClient:
         return client
 
 
+_INPROCESS: Any = None
+
+
+def _inprocess_evaluator() -> Any:
+    """One in-process WASM host per process (``EVALD_INPROCESS=1``): the standard evaluators."""
+    global _INPROCESS
+    with _CLIENTS_LOCK:
+        if _INPROCESS is None:
+            from engine_adapter._inprocess import InProcessWasmEvaluator
+
+            _INPROCESS = InProcessWasmEvaluator(threads=2)
+            logger.warning(
+                "evald adapter: EVALD_INPROCESS=1, spans are evaluated inside this process "
+                "(no tenant isolation; for measurements only)"
+            )
+        return _INPROCESS
+
+
 def close_shared_clients() -> None:
     """Closes every shared client (tests, interpreter shutdown); the next use reconnects."""
     with _CLIENTS_LOCK:
@@ -99,10 +117,13 @@ class AdapterRuntime:
 
     @property
     def client(self) -> EvaluatorClient:
-        """The process-wide evald client (created, and connected, on first use)."""
+        """The process-wide evald client (created, and connected, on first use); with
+        ``EVALD_INPROCESS=1`` the process's in-process WASM host instead."""
         client = self._client
         if client is None:
-            client = self._client = shared_client(self.config)
+            client = self._client = (
+                _inprocess_evaluator() if self.config.inprocess else shared_client(self.config)
+            )
         return client
 
     # The runtime is the injectors' SpanEvaluator: it forwards to the shared client and

@@ -1,7 +1,11 @@
-"""Fixtures for the SGLang adapter tests: a real evald daemon, SGLang's real grammar backend.
+"""Fixtures for the SGLang adapter tests: a real evald daemon, SGLang's real grammar backend, and
+real SGLang CPU servers.
 
 ``daemon_harness`` (tests/evald) starts the daemon; ``sglang_harness`` (next to this file) plays
-SGLang's decode loop. Both folders are put on ``sys.path`` so test modules import them by name.
+SGLang's decode loop on SGLang's grammar layer; ``sglang_server`` starts the real server from
+``.venv-sglang`` (``make sglang-venv``), one per scheduler for the session (the ``sglang_server``
+marker; ``make sglang-test``). The folders are put on ``sys.path`` so test modules import them by
+name.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
+import sglang_server  # noqa: E402
 from daemon_harness import Daemon, start_daemon  # noqa: E402
 from sglang_harness import CONFIG, TOKEN, environment  # noqa: E402
 
@@ -76,3 +82,83 @@ def backend(plugins_loaded: None, adapter_env: dict[str, str], tokenizer: Any) -
         return XGrammarGrammarBackend(
             tokenizer, vocab_size=len(tokenizer), model_eos_token_ids=[tokenizer.eos_token_id]
         )
+
+
+# ---------------------------------------------------------------------- real servers
+
+
+@pytest.fixture(scope="session")
+def sglang_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Unix socket paths are limited to 107 bytes: keep the folder short.
+    return tmp_path_factory.mktemp("sgl")
+
+
+@pytest.fixture(scope="session")
+def server_daemon(sglang_root: Path) -> Iterator[Daemon]:
+    """The evald the servers evaluate with (the harness's tenants, their tokens)."""
+    handle = start_daemon(sglang_root / "evald", sglang_server.CONFIG)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def fault_socket(sglang_root: Path) -> Path:
+    """Where the fault tests' own evald listens (allowed on the servers, started per test)."""
+    return sglang_root / "fault" / "evald.sock"
+
+
+@pytest.fixture
+def fault_daemon(sglang_root: Path, fault_socket: Path) -> Iterator[Daemon]:
+    """A fresh evald at :func:`fault_socket` for one test (stopped, or killed, by the test)."""
+    fault_socket.unlink(missing_ok=True)
+    handle = start_daemon(sglang_root / "fault", sglang_server.CONFIG, socket_path=fault_socket)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session", params=sglang_server.SCHEDULERS)
+def server(
+    request: pytest.FixtureRequest, server_daemon: Daemon, fault_socket: Path, sglang_root: Path
+) -> Iterator[sglang_server.SglangServer]:
+    """A real SGLang server with the adapter, once per scheduler (``normal``, ``overlap``)."""
+    python = sglang_server.sglang_python()
+    if python is None:
+        reason = sglang_server.unsupported_reason()
+        pytest.skip(
+            f"SGLang cannot run on this CPU: {reason}"
+            if reason
+            else "the SGLang venv is absent (.venv-sglang; build it with `make sglang-venv`, or "
+            "point EVALD_SGLANG_PYTHON at a Python with SGLang 0.5.23 and this repository)"
+        )
+    scheduler = request.param
+    env = {
+        "EVALD_TARGET": server_daemon.target,
+        "EVALD_TOKEN": sglang_server.TOKEN,
+        "EVALD_DEADLINE_MS": str(sglang_server.DEADLINE_MS),
+        "EVALD_ALLOWED_TARGETS": f"unix:{fault_socket}",
+        "EVALD_SPAN_LOG": str(sglang_root / f"spans-{scheduler}.jsonl"),
+    }
+    handle = sglang_server.start_server(
+        python, env, sglang_root / f"sglang-{scheduler}.log", scheduler=scheduler
+    )
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        print(f"SGLang log ({scheduler}): {handle.log_path}")
+
+
+@pytest.fixture
+def span_log(server: sglang_server.SglangServer, sglang_root: Path) -> Path:
+    return sglang_root / f"spans-{server.scheduler}.jsonl"
+
+
+@pytest.fixture(scope="session")
+def server_specs(server_daemon: Daemon) -> dict[str, Any]:
+    from engine_adapter import list_evaluators
+
+    return {spec.name: spec for spec in list_evaluators(server_daemon.target, sglang_server.TOKEN)}

@@ -35,3 +35,20 @@ def test_tls_files_are_checked(tmp_path: Path) -> None:
     (tmp_path / "c.pem").write_text("x")
     with pytest.raises(ConfigError, match="together"):
         AdapterConfig.from_env({"EVALD_TARGET": "h:1", "EVALD_TLS_CERT": str(tmp_path / "c.pem")})
+
+
+def test_inprocess_flag() -> None:
+    on = AdapterConfig.from_env({"EVALD_TARGET": "h:1", "EVALD_INPROCESS": "1"})
+    off = AdapterConfig.from_env({"EVALD_TARGET": "h:1"})
+    assert on is not None and on.inprocess and off is not None and not off.inprocess
+    with pytest.raises(ConfigError, match="EVALD_INPROCESS"):
+        AdapterConfig.from_env({"EVALD_TARGET": "h:1", "EVALD_INPROCESS": "maybe"})
+
+
+def test_scheduling_mode() -> None:
+    from engine_adapter.sglang.plugin import scheduling_mode
+
+    assert scheduling_mode({}) == "jump"
+    assert scheduling_mode({"EVALD_SGLANG_SCHEDULING": "inline"}) == "inline"
+    with pytest.raises(ConfigError, match="EVALD_SGLANG_SCHEDULING='later'"):
+        scheduling_mode({"EVALD_SGLANG_SCHEDULING": "later"})

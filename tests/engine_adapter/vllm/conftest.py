@@ -16,6 +16,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
 from daemon_harness import Daemon, start_daemon  # noqa: E402

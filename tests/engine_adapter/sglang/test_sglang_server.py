@@ -1,0 +1,393 @@
+"""The adapter in real SGLang CPU servers: values, errors, tenants, faults, untouched requests, no
+stall, and a whole result in one forward — under both of SGLang's schedulers.
+
+One server per scheduler for the session (``conftest.server``, ``normal`` then ``overlap``),
+launched as a user launches it; at least eight requests run concurrently in each test. Span
+contents are fixed by the request's structural tag (the model writes them, the grammar allowing
+nothing else); every injected value is checked against evald's own answer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import Daemon
+from server_harness import fixed_tag, spans_in, stopped
+from sglang_server import DEADLINE_MS, OTHER_TOKEN, SPIN_TOKEN, TOKEN, SglangServer
+
+from evald.client import Client
+
+pytestmark = pytest.mark.sglang_server
+
+CONCURRENCY = 8
+PLAIN_PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "Three reasons to learn Python are",
+]
+
+
+def evald_answer(
+    daemon: Daemon, evaluator: str, content: str, token: str = TOKEN
+) -> tuple[str | None, str | None]:
+    from evald.contract import ErrorCode
+
+    with Client(daemon.target, token) as client:
+        response = client.evaluate(evaluator, content)
+    if response.WhichOneof("outcome") == "value":
+        return response.value, None
+    return None, ErrorCode.from_proto(response.error.code).value
+
+
+def run_all(calls: list[Any]) -> list[Any]:
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
+def tenant(token: str, **more: str) -> dict[str, str]:
+    """The request's ``custom_params`` naming its tenant."""
+    return {"evald_token": token, **more}
+
+
+def finished_by_stop(answer: dict[str, Any]) -> bool:
+    return bool(answer["meta_info"]["finish_reason"]["type"] == "stop")
+
+
+def test_values_and_errors_match_evald(
+    server: SglangServer, server_daemon: Daemon, server_specs: Any
+) -> None:
+    calc = server_specs["calc"].binding()
+    contents = [f"{17 + i} * {23 + i} + {91 * i}" for i in range(CONCURRENCY - 2)]
+    contents += ["1 / 0", "99999999999999999999 * 99999999999999999999"]
+    calls = [
+        (lambda c=c: server.generate(
+            "Compute:", max_new_tokens=160,
+            structural_tag=fixed_tag("So ", (calc, c), " and ", (calc, "2 + 2"), "."),
+        ))
+        for c in contents
+    ]  # fmt: skip
+    errors = set()
+    for content, answer in zip(contents, run_all(calls), strict=True):
+        text = answer["text"]
+        found = spans_in(text)
+        assert [f[1] for f in found] == [content, "2 + 2"], text
+        for tag, span_content, value, error in found:
+            assert (value, error) == evald_answer(server_daemon, tag, span_content), text
+            if error:
+                errors.add(error)
+        assert finished_by_stop(answer), answer["meta_info"]
+    assert "division_by_zero" in errors
+
+
+def test_openai_chat_api_with_a_request_tenant(server: SglangServer, server_specs: Any) -> None:
+    """The lowered tag through ``response_format``, the tenant through ``custom_params``; an
+    opener that no evaluator has answers ``unknown_evaluator`` in band."""
+    from dataclasses import replace
+
+    calc = server_specs["calc"].binding()
+    nope = replace(calc, evaluator="nope", begin="<nope>", end="</nope>")
+    tag = fixed_tag("So ", (calc, "6 * 7"), " and ", (nope, "1 + 1"), ".")
+    calls = [
+        (lambda: server.chat(
+            [{"role": "user", "content": "Compute 6 * 7."}], max_tokens=120,
+            response_format=tag, custom_params=tenant(TOKEN),
+        ))
+    ] * CONCURRENCY  # fmt: skip
+    for answer in run_all(calls):
+        text = answer["choices"][0]["message"]["content"]
+        assert spans_in(text) == [
+            ("calc", "6 * 7", "42", None),
+            ("nope", "1 + 1", None, "unknown_evaluator"),
+        ], text
+
+
+def test_untouched_requests_are_unchanged(server: SglangServer, server_specs: Any) -> None:
+    """Requests without spans write what they write alone, next to evaluated requests."""
+    alone = [server.generate(p, max_new_tokens=24)["text"] for p in PLAIN_PROMPTS]
+    calc = server_specs["calc"].binding()
+    evaluated = [
+        (lambda i=i: server.generate(
+            "Compute:", max_new_tokens=120,
+            structural_tag=fixed_tag("So ", (calc, f"{i} * 7"), " then ", (calc, f"{i} + 1"), "."),
+        ))
+        for i in range(CONCURRENCY - len(PLAIN_PROMPTS))
+    ]  # fmt: skip
+    plain = [(lambda p=p: server.generate(p, max_new_tokens=24)) for p in PLAIN_PROMPTS]
+    answers = run_all(plain + evaluated)
+    assert [a["text"] for a in answers[: len(PLAIN_PROMPTS)]] == alone
+    for i, answer in enumerate(answers[len(PLAIN_PROMPTS) :]):
+        assert f"<result>{i * 7}</result>" in answer["text"], answer["text"]
+        assert f"<result>{i + 1}</result>" in answer["text"], answer["text"]
+
+
+def test_evaluated_tags_are_lowered_with_the_requests_tenant(
+    server: SglangServer, server_daemon: Daemon
+) -> None:
+    """A tenant's own evaluator: its requests reach it, another tenant's same request does not,
+    whether the tag is lowered by the client or by the server, and a bad token or a foreign
+    evald address is refused in band. No token reaches the server's log or its metrics."""
+    from engine_adapter import list_evaluators
+
+    secret = register_secret(server_daemon).binding()
+    assert "secret" not in {s.name for s in list_evaluators(server_daemon.target, OTHER_TOKEN)}
+    lowered = fixed_tag("X ", (secret, "abc"), ".")
+    unlowered = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "X "},
+        {"type": "evaluated_tag", "begin": "<secret>", "end": "</secret>", "evaluator": "secret",
+         "content": {"type": "const_string", "value": "abc"},
+         "result": {"begin": "<result>", "end": "</result>"}},
+        {"type": "const_string", "value": "."}]}}  # fmt: skip
+    bad = "not-a-tenant-token-0123456789abcdef"
+
+    def ask(tag: dict[str, Any], params: dict[str, str] | None) -> dict[str, Any] | str:
+        try:
+            return server.generate(
+                "Say:", max_new_tokens=40, structural_tag=tag, custom_params=params
+            )
+        except AssertionError as exc:  # an HTTP error: the grammar could not be made
+            return str(exc)
+
+    calls = [
+        lambda: ask(lowered, tenant(TOKEN)),
+        lambda: ask(lowered, tenant(OTHER_TOKEN)),
+        lambda: ask(lowered, tenant(bad)),
+        lambda: ask(unlowered, tenant(TOKEN)),
+        lambda: ask(unlowered, tenant(OTHER_TOKEN)),
+        lambda: ask(lowered, None),  # the server's own token (the owner's)
+        lambda: ask(lowered, tenant(TOKEN, evald_target="127.0.0.1:1")),
+        lambda: ask(lowered, tenant(OTHER_TOKEN)),
+    ]
+    answers = run_all(calls)
+    own, other, refused, own_lowered_here, other_lowered_here, default, far, other_again = answers
+    expected = "X <secret>abc</secret><result>abc</result>."
+    assert isinstance(own, dict) and own["text"] == expected, own
+    assert isinstance(own_lowered_here, dict) and own_lowered_here["text"] == expected
+    assert isinstance(default, dict) and default["text"] == expected
+    for answer in (other, other_again):  # the same tag text: never the owner's grammar object
+        assert isinstance(answer, dict)
+        assert spans_in(answer["text"])[0][3] == "unknown_evaluator", answer["text"]
+    assert isinstance(refused, dict)
+    assert spans_in(refused["text"])[0][3] == "permission_denied", refused["text"]
+    assert isinstance(far, dict) and spans_in(far["text"])[0][3] == "permission_denied", far
+    assert isinstance(other_lowered_here, str)  # lowered with the other tenant's evaluators
+    assert "unknown evaluator 'secret'" in other_lowered_here, other_lowered_here
+    metrics = json.dumps(server.metrics())
+    log = server.log()
+    for token in (TOKEN, OTHER_TOKEN, bad):
+        assert token not in log and token not in metrics
+
+
+def test_hung_evald_ends_every_span_without_stalling_others(
+    server: SglangServer, server_specs: Any, fault_daemon: Daemon
+) -> None:
+    """evald stopped (SIGSTOP) mid-run: every span ends at its deadline with
+    ``deadline_exceeded``, every request finishes, and a plain request's tokens keep coming."""
+    calc = server_specs["calc"].binding()
+    tag = fixed_tag("So ", (calc, "3 * 3"), " and ", (calc, "4 * 4"), ".")
+    params = tenant(TOKEN, evald_target=fault_daemon.target)
+    evaluated = [
+        (lambda: server.generate(
+            "Compute:", max_new_tokens=120, structural_tag=tag, custom_params=params))
+    ] * (CONCURRENCY - 2)  # fmt: skip
+    streamed = [
+        (lambda p=p: server.stream(p, max_new_tokens=48, ignore_eos=True))
+        for p in PLAIN_PROMPTS[:2]
+    ]
+    warm = server.generate("Compute:", max_new_tokens=120, structural_tag=tag, custom_params=params)
+    assert [f[2] for f in spans_in(warm["text"])] == ["9", "16"]  # the stream to this evald is up
+    with stopped(fault_daemon.pid):
+        started = time.monotonic()
+        answers = run_all(evaluated + streamed)
+        elapsed = time.monotonic() - started
+    for answer in answers[: len(evaluated)]:
+        found = spans_in(answer["text"])
+        assert [f[3] for f in found] == ["deadline_exceeded"] * 2, answer["text"]
+        assert finished_by_stop(answer)
+    assert elapsed >= 2 * DEADLINE_MS / 1000.0  # two spans, one after the other, each timed out
+    assert elapsed < 2 * DEADLINE_MS / 1000.0 + 60.0
+    for text, times in answers[len(evaluated) :]:
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert text and gaps
+        # Waiting requests sit out: a plain request never waits for a span's deadline.
+        assert max(gaps) < 0.5 * DEADLINE_MS / 1000.0, gaps
+
+
+def test_killed_evald_answers_unavailable(
+    server: SglangServer, server_specs: Any, fault_daemon: Daemon
+) -> None:
+    calc = server_specs["calc"].binding()
+    params = tenant(TOKEN, evald_target=fault_daemon.target)
+    tag = fixed_tag("So ", (calc, "5 * 5"), ".")
+    first = server.generate("Compute:", max_new_tokens=80, structural_tag=tag, custom_params=params)
+    assert spans_in(first["text"])[0][2] == "25"
+    fault_daemon.process.send_signal(signal.SIGKILL)
+    fault_daemon.process.wait(timeout=10)
+    calls = [
+        (lambda: server.generate(
+            "Compute:", max_new_tokens=80, structural_tag=tag, custom_params=params))
+    ] * CONCURRENCY  # fmt: skip
+    for answer in run_all(calls):
+        assert spans_in(answer["text"])[0][3] == "unavailable", answer["text"]
+        assert finished_by_stop(answer)
+
+
+def test_requests_aborted_while_their_span_waits_finish_and_free_their_kv(
+    server: SglangServer, server_daemon: Daemon, server_specs: Any
+) -> None:
+    """``/abort_request`` for requests that sit out the batch while their evaluator spins: they
+    end at once (aborted), the server keeps serving, and their KV is freed (SGLang's idle-time
+    leak check stops the scheduler otherwise)."""
+    from server_harness import post
+
+    spin = register_spinner(server_daemon).binding()
+    tag = fixed_tag("So ", (spin, "x"), ".")
+    half = CONCURRENCY // 2
+
+    def parked(i: int) -> tuple[dict[str, Any], float]:
+        answer = post(f"{server.url}/generate", {
+            "text": "Compute:", "rid": f"parked-{server.scheduler}-{i}",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 60,
+                                "structural_tag": json.dumps(tag),
+                                "custom_params": tenant(SPIN_TOKEN)},
+        }, 120.0)  # fmt: skip
+        return answer, time.monotonic()
+
+    with concurrent.futures.ThreadPoolExecutor(half) as pool:
+        futures = [pool.submit(parked, i) for i in range(half)]
+        time.sleep(1.5)  # the spans close and wait for the spinning evaluator
+        aborted_at = time.monotonic()
+        for i in range(half):
+            server.abort(f"parked-{server.scheduler}-{i}")
+        results = [f.result() for f in futures]
+    for answer, ended_at in results:
+        assert answer["meta_info"]["finish_reason"]["type"] == "abort", answer["meta_info"]
+        assert ended_at - aborted_at < 0.8 * DEADLINE_MS / 1000.0  # not at the span's deadline
+    time.sleep(1.0)  # the scheduler goes idle: its leak check runs
+    calc = server_specs["calc"].binding()
+    calls = [
+        (lambda i=i: server.generate(
+            "Compute:", max_new_tokens=60,
+            structural_tag=fixed_tag("So ", (calc, f"{i} * 2"), ".")))
+        for i in range(CONCURRENCY)
+    ]  # fmt: skip
+    for i, answer in enumerate(run_all(calls)):
+        assert spans_in(answer["text"])[0][2] == str(i * 2)
+    log = server.log()
+    assert "leak" not in log.lower() and "Traceback" not in log, log[-3000:]
+
+
+def test_a_whole_result_in_one_forward(server: SglangServer, server_specs: Any) -> None:
+    """The server's own forward counters (``sglang:cuda_graph_passes_total``): a request's
+    result regions do not cost a forward per token. Alone on the server, each region goes in
+    with one extend (with the overlap scheduler, after one decode step that was already
+    launched when the span closed)."""
+    from engine_adapter.local import load_tokenizer
+
+    calc = server_specs["calc"].binding()
+    tag = fixed_tag("So ", (calc, "17 * 23 + 91"), " and ", (calc, "1 / 0"), ".")
+    # What a request without spans costs beyond one forward per token, ending the same way
+    # (the overlap scheduler launches one more step before it sees the end of the grammar).
+    before = server.forward_passes()
+    plain = server.generate(
+        "Compute:", max_new_tokens=120, structural_tag=fixed_tag("So 482 and an error.")
+    )
+    after = server.forward_passes()
+    assert plain["text"] == "So 482 and an error." and finished_by_stop(plain)
+    extra = sum(after.values()) - sum(before.values()) - plain["meta_info"]["completion_tokens"]
+    before = server.forward_passes()
+    answer = server.generate("Compute:", max_new_tokens=120, structural_tag=tag)
+    after = server.forward_passes()
+    text = answer["text"]
+    regions = ["<result>482</result>", "<result_error>division_by_zero</result_error>"]
+    assert spans_in(text) == [
+        ("calc", "17 * 23 + 91", "482", None), ("calc", "1 / 0", None, "division_by_zero")
+    ]  # fmt: skip
+    tokenizer = load_tokenizer()
+    region_tokens = sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in regions)
+    completion = int(answer["meta_info"]["completion_tokens"])
+    forwards = sum(after.values()) - sum(before.values())
+    launched_before_close = len(regions) if server.scheduler == "overlap" else 0
+    # Per token: 1 prefill + one forward per further token. Here each region's tokens (but for
+    # the one forced in a step already launched) ride in one extend with the closing token.
+    assert forwards == completion - region_tokens + launched_before_close + extra, (
+        before, after, extra,
+    )  # fmt: skip
+    assert after["prefill"] - before["prefill"] == 1 + len(regions)
+
+
+def test_span_log_records_every_span(
+    server: SglangServer, span_log: Path, server_specs: Any
+) -> None:
+    """``EVALD_SPAN_LOG``: one JSON line per finished span, with the forwards its region took
+    (one extend; with the overlap scheduler one forced decode step before it at most), and no
+    scheduler wait: waiting requests sit out."""
+    calc = server_specs["calc"].binding()
+    contents = [f"{i} * 7 + {i}" for i in range(100, 100 + CONCURRENCY)]
+    calls = [
+        (lambda c=c: server.generate(
+            "Compute:", max_new_tokens=60, structural_tag=fixed_tag("So ", (calc, c), ".")))
+        for c in contents
+    ]  # fmt: skip
+    run_all(calls)
+    deadline = time.monotonic() + 10
+    lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        if span_log.exists():
+            lines = [json.loads(line) for line in span_log.read_text().splitlines()]
+            if {c for c in contents} <= {line["content"] for line in lines}:
+                break
+        time.sleep(0.2)
+    mine = {line["content"]: line for line in lines if line["content"] in contents}
+    assert set(mine) == set(contents), lines
+    for content, line in mine.items():
+        i = int(content.split()[0])
+        assert line["value"] == str(i * 7 + i) and line["waited_ms"] == 0, line
+        most = 2 if server.scheduler == "overlap" else 1
+        assert 1 <= line["forwards"] <= most, line
+
+
+def test_stall_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
+    """The stall benchmark's measurement on the session server (its numbers are not checked)."""
+    from bench_sglang_stall import measure_stall
+
+    result = measure_stall(
+        server, server_daemon.target, rounds=1, plain=4, evaluated=4, max_tokens=12
+    )
+    assert set(result["median_gap_ms"]) == {"spinning", "fast", "alone"}
+    assert result["stall_ratio_median"] > 0
+    spinning = result["sample_texts"]["spinning"][0]
+    assert spinning.count("<result_error>deadline_exceeded</result_error>") == 2, spinning
+    assert "<result>42</result>" in result["sample_texts"]["fast"][0]
+
+
+# ---------------------------------------------------------------------- tenant evaluators
+
+
+def register_secret(daemon: Daemon) -> Any:
+    """Registers, for the sglang tenant only, an evaluator ``secret`` that echoes its input;
+    returns its spec (as that tenant lists it)."""
+    from engine_adapter import list_evaluators
+    from evald_lab.wat_corpus import guest, manifest_bytes
+
+    module = guest(
+        "echo",
+        manifest=manifest_bytes(name="secret", tag="secret", semantics_version="secret/1"),
+    )
+    with Client(daemon.target, TOKEN) as client:
+        client.register(module, replace=True)
+    return {s.name: s for s in list_evaluators(daemon.target, TOKEN)}["secret"]
+
+
+def register_spinner(daemon: Daemon) -> Any:
+    """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
+    from bench_sglang_stall import register_spinner as register
+
+    return register(daemon.target)
