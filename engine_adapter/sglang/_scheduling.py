@@ -199,13 +199,17 @@ class SpanScheduler:
             )
         tokens: list[int] = []
         grammar = req.grammar
-        if req.to_finish is None and isinstance(grammar, _grammar_type()):
-            room = int(req.sampling_params.max_new_tokens) - len(req.output_ids) - 1
-            if not _kv_room(scheduler, req.seqlen - committed + max(room, 0)):
-                return False
-            tokens = grammar.take_region(room)
-        elif not _kv_room(scheduler, req.seqlen - committed):
+        if req.to_finish is not None:
+            # Aborted while it sat out: one forward finishes it through SGLang's own path; its
+            # grammar goes, as in SGLang's own aborts (its sampled token is thrown away), so
+            # that sampling never waits for the span it no longer needs.
+            req.grammar = grammar = None
+        room = int(req.sampling_params.max_new_tokens) - len(req.output_ids) - 1
+        jumping = isinstance(grammar, _grammar_type())
+        if not _kv_room(scheduler, req.seqlen - committed + (max(room, 0) if jumping else 0)):
             return False
+        if jumping:
+            tokens = grammar.take_region(room)
         req.output_ids.extend(tokens)
         self.stats.forced_tokens += len(tokens)
         req.refresh_fill_ids()

@@ -13,7 +13,9 @@ import concurrent.futures
 import itertools
 import json
 import signal
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -243,34 +245,56 @@ def test_requests_aborted_while_their_span_waits_finish_and_free_their_kv(
     server: SglangServer, server_daemon: Daemon, server_specs: Any
 ) -> None:
     """``/abort_request`` for requests that sit out the batch while their evaluator spins: they
-    end at once (aborted), the server keeps serving, and their KV is freed (SGLang's idle-time
-    leak check stops the scheduler otherwise)."""
-    from server_harness import post
-
+    end aborted and the scheduler drops them (they never decode on), the server keeps serving,
+    and their KV is freed (SGLang's idle-time leak check stops the scheduler otherwise)."""
     spin = register_spinner(server_daemon).binding()
-    tag = fixed_tag("So ", (spin, "x"), ".")
+    # A long constant after the span: a request the scheduler kept would decode it.
+    tail = " and after that the model goes on writing one token at a time for quite a while."
+    tag = fixed_tag("So ", (spin, "x"), tail * 2)
     half = CONCURRENCY // 2
 
-    def parked(i: int) -> tuple[dict[str, Any], float]:
-        answer = post(f"{server.url}/generate", {
-            "text": "Compute:", "rid": f"parked-{server.scheduler}-{i}",
-            "sampling_params": {"temperature": 0, "max_new_tokens": 60,
+    closed = [threading.Event() for _ in range(half)]
+
+    def parked(i: int) -> dict[str, Any]:
+        """Streams request ``i``, flags when its span has closed, returns its last chunk."""
+        body = {
+            "text": "Compute:", "rid": f"parked-{server.scheduler}-{i}", "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 120,
                                 "structural_tag": json.dumps(tag),
                                 "custom_params": tenant(SPIN_TOKEN)},
-        }, 120.0)  # fmt: skip
-        return answer, time.monotonic()
+        }  # fmt: skip
+        request = urllib.request.Request(
+            f"{server.url}/generate", data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        last: dict[str, Any] = {}
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    last = json.loads(line[5:])
+                    if "</spin>" in last.get("text", ""):
+                        closed[i].set()
+        return last
 
     with concurrent.futures.ThreadPoolExecutor(half) as pool:
         futures = [pool.submit(parked, i) for i in range(half)]
-        time.sleep(1.5)  # the spans close and wait for the spinning evaluator
-        aborted_at = time.monotonic()
+        for event in closed:  # every span has closed: the requests sit out, waiting
+            assert event.wait(timeout=120)
+        time.sleep(0.3)
+        passes = server.forward_passes()
         for i in range(half):
             server.abort(f"parked-{server.scheduler}-{i}")
         results = [f.result() for f in futures]
-    for answer, ended_at in results:
+    for answer in results:
         assert answer["meta_info"]["finish_reason"]["type"] == "abort", answer["meta_info"]
-        assert ended_at - aborted_at < 0.8 * DEADLINE_MS / 1000.0  # not at the span's deadline
-    time.sleep(1.0)  # the scheduler goes idle: its leak check runs
+        # It never got its region (with the overlap scheduler, the steps already launched when
+        # its span closed forced the shared "<result" prefix).
+        assert "<result>" not in answer["text"] and "<result_error>" not in answer["text"]
+    # The scheduler really dropped them: they do not decode on once their spans time out.
+    time.sleep(DEADLINE_MS / 1000.0 + 2.0)
+    after = server.forward_passes()
+    assert after["decode"] - passes["decode"] < 10, (passes, after)
     calc = server_specs["calc"].binding()
     calls = [
         (lambda i=i: server.generate(
