@@ -58,7 +58,7 @@ vllm-test: setup vllm-venv
 
 sglang-venv: $(SGLANG_STAMP)
 
-$(SGLANG_STAMP): pyproject.toml deploy/sglang-cpu/install.sh deploy/sglang-cpu/patch_sglang.py deploy/sglang-cpu/requirements-runtime.txt deploy/sglang-cpu/sgl-kernel-cpu-src.tar.gz
+$(SGLANG_STAMP): pyproject.toml deploy/sglang-cpu/install.sh deploy/sglang-cpu/patch_sglang.py deploy/sglang-cpu/requirements-runtime.txt deploy/sglang-cpu/sgl_kernel_compat.py deploy/sglang-cpu/sgl-kernel-cpu-src.tar.gz
 	bash deploy/sglang-cpu/install.sh $(SGLANG_VENV) .
 	touch $(SGLANG_STAMP)
 

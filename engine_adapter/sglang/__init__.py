@@ -18,6 +18,7 @@ from engine_adapter.sglang.request import (
     generate_sampling_params,
     instruction_messages,
     structural_tag_for,
+    tenant_params,
 )
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "generate_sampling_params",
     "instruction_messages",
     "structural_tag_for",
+    "tenant_params",
 ]
 
 

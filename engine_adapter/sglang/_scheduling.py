@@ -205,7 +205,10 @@ class SpanScheduler:
             # that sampling never waits for the span it no longer needs.
             req.grammar = grammar = None
         room = int(req.sampling_params.max_new_tokens) - len(req.output_ids) - 1
-        jumping = isinstance(grammar, _grammar_type())
+        # With logprobs asked for, each forced token must be sampled in a decode step of its
+        # own to get its output logprob: the request rejoins and its region (known by now, so
+        # nothing waits) is forced one token per step.
+        jumping = isinstance(grammar, _grammar_type()) and not req.return_logprob
         if not _kv_room(scheduler, req.seqlen - committed + (max(room, 0) if jumping else 0)):
             return False
         if jumping:

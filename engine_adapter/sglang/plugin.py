@@ -96,7 +96,7 @@ _INTERNALS = {
     "sglang.srt.managers.schedule_batch.Req": (
         "seqlen", "finished", "refresh_fill_ids", "extend_len", "output_ids", "grammar",
         "to_finish", "prefix_len", "extend_end", "already_computed", "kv", "sampling_params",
-        "rid",
+        "rid", "return_logprob",
     ),
     "sglang.srt.managers.schedule_batch.ReqKvInfo": ("kv_committed_len",),
     "sglang.srt.managers.schedule_batch.NextBatchPlan": ("batch_to_run", "running_batch"),

@@ -12,6 +12,9 @@ Needs only the evald client (no SGLang, no torch)::
     # opt-in: tell the model how to write spans (a system message rendered from the manifests)
     messages = [*instruction_messages("unix:/run/evald/evald.sock", token, ["calc"]), *messages]
 
+    # the request's tenant (a server may serve many): its token travels in custom_params
+    client.chat.completions.create(..., extra_body={"custom_params": tenant_params(token)})
+
 The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter._lowered_spans``), so
 it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
 """
@@ -19,14 +22,25 @@ it passes the OpenAI layer's schema validation; the server recognises its evalua
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from engine_adapter._client import list_evaluators
-from engine_adapter._grammar import build_structural_tag, choose_evaluators
+from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
 from engine_adapter._instructions import render_instructions
+from engine_adapter._request_options import (
+    EXTRA_ARG_EVALUATORS,
+    EXTRA_ARG_TARGET,
+    EXTRA_ARG_TOKEN,
+)
 
-__all__ = ["generate_sampling_params", "instruction_messages", "structural_tag_for"]
+__all__ = [
+    "generate_sampling_params",
+    "instruction_messages",
+    "structural_tag_for",
+    "tenant_params",
+]
 
 
 def structural_tag_for(
@@ -100,6 +114,46 @@ def instruction_messages(
     return [{"role": "system", "content": text}]
 
 
-def generate_sampling_params(tag: dict[str, Any], **sampling: Any) -> dict[str, Any]:
-    """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag``."""
-    return {**sampling, "structural_tag": json.dumps(tag, ensure_ascii=False)}
+def tenant_params(
+    token: str | None = None,
+    target: str | None = None,
+    *,
+    evaluators: Sequence[EvaluatorSpec] = (),
+) -> dict[str, str]:
+    """``custom_params`` that name a request's tenant, so the server's adapter evaluates its spans
+    under that tenant's token (and lowers its ``evaluated_tag`` elements with that tenant's
+    evaluators) instead of the server's ``EVALD_TOKEN``.
+
+    Parameters:
+        token: the tenant's token; default ``$EVALD_TOKEN``.
+        target: evald's address, only if the server should use another evald than its own
+            (it must be one of the server's ``EVALD_ALLOWED_TARGETS``).
+        evaluators: the tenant's evaluators; those whose tag differs from their name are
+            named (``evald_evaluators``), so their spans reach them.
+
+    Returns:
+        For ``sampling_params["custom_params"]`` (``/generate``) or the OpenAI API's
+        ``custom_params`` (``extra_body``). A bad token or address is answered in band,
+        ``<result_error>permission_denied</result_error>``.
+    """
+    params: dict[str, str] = {}
+    token = token if token is not None else os.environ.get("EVALD_TOKEN")
+    if token:
+        params[EXTRA_ARG_TOKEN] = token
+    if target:
+        params[EXTRA_ARG_TARGET] = target
+    renamed = [f"{spec.tag}={spec.name}" for spec in evaluators if spec.tag != spec.name]
+    if renamed:
+        params[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
+    return params
+
+
+def generate_sampling_params(
+    tag: dict[str, Any], *, custom_params: dict[str, Any] | None = None, **sampling: Any
+) -> dict[str, Any]:
+    """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag`` (and the
+    request's tenant, :func:`tenant_params`)."""
+    params = {**sampling, "structural_tag": json.dumps(tag, ensure_ascii=False)}
+    if custom_params:
+        params["custom_params"] = dict(custom_params)
+    return params

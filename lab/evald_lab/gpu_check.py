@@ -18,10 +18,11 @@
    it as JSON under ``reports/gpu/``.
 
 The per-span added latency has two parts: the scheduler's wait for a value it must force
-(``waited_ms`` in the span log: the only time the batch stands still because of evald) and the
-evaluation's round trip (``latency_ms``: submit → value known). Forced tokens take one decode
-step each, exactly as the sampled tokens of ``grammar-no-eval`` do; their cost is in the
-tokens/s comparison.
+(``waited_ms`` in the span log: the only time the batch stands still because of evald; zero
+while waiting requests sit out the batch) and the evaluation's round trip (``latency_ms``:
+submit → value known). The report also gives the forwards each result region took
+(``forwards``: 1 when the whole region went in one extend, 2 with the overlap scheduler, which
+SGLang runs by default on GPUs); their cost is in the tokens/s comparison.
 
 Exit status: 0 when every grammar-eval answer with a correct extraction is correct and nothing
 failed, 1 otherwise.
@@ -359,6 +360,9 @@ def _span_log(path: Path) -> dict[str, Any]:
         "eval_time_us": _percentiles(
             [float(s["eval_time_us"]) for s in spans if s.get("eval_time_us")]
         ),
+        "forwards": _percentiles(
+            [float(s["forwards"]) for s in spans if s.get("forwards") is not None]
+        ),
     }
 
 
@@ -574,6 +578,7 @@ def _workload(
     print(
         f"[gpu-check] spans {spans['spans']}  stall per span p50 {spans['waited_ms']['p50']} ms "
         f"max {spans['waited_ms']['max']} ms  round trip p50 {spans['latency_ms']['p50']} ms  "
+        f"forwards per result p50 {spans['forwards']['p50']}  "
         f"eval tok/s ÷ no-eval tok/s = {ratio if ratio is None else round(ratio, 3)}  "
         f"OpenAI {smoke['with_result_region']}/{smoke['requests']}  "
         f"{'PASS' if passed else 'FAIL'}",

@@ -149,10 +149,11 @@ def headline_rows(
         for policy in stall.get("policies", []):
             ratio = policy.get("stall_ratio")
             slow = policy.get("slow", {})
+            skip = policy["policy"] == "skip"
             engine = (
                 "a pending sequence sits out the step"
-                if policy["policy"] == "skip"
-                else "the step waits for the slow result (SGLang plugin today)"
+                if skip
+                else "the step waits for the slow result (the baseline sitting out avoids)"
             )
             rows.append(
                 {
@@ -163,8 +164,8 @@ def headline_rows(
                         f"deadline {stall.get('slow_deadline_ms')} ms; longest stall "
                         f"{slow.get('blocked_ms_max', 0):.0f} ms)"
                     ),
-                    "target": "≤ 1.02",
-                    "met": _met(ratio, 1.02, at_least=False),
+                    "target": "≤ 1.02" if skip else "— (baseline)",
+                    "met": _met(ratio, 1.02, at_least=False) if skip else "—",
                 }
             )
     throughput = head.get("evald_batched_throughput")

@@ -20,6 +20,7 @@ Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang s
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import statistics
 import sys
@@ -89,7 +90,7 @@ def timed_stream(server: SglangServer, tag: dict[str, Any]) -> dict[str, Any]:
     return {"text": text, "spans": spans, "completion_tokens": meta.get("completion_tokens")}
 
 
-def measure(server: SglangServer, target: str, *, alone: int, concurrent: int) -> dict[str, Any]:
+def measure(server: SglangServer, target: str, *, alone: int, at_once: int) -> dict[str, Any]:
     """Forwards and latencies on ``server`` (whose adapter uses evald at ``target``)."""
     from engine_adapter import list_evaluators
 
@@ -107,8 +108,8 @@ def measure(server: SglangServer, target: str, *, alone: int, concurrent: int) -
             (after["prefill"] - before["prefill"]) + (after["decode"] - before["decode"])
         )
         alone_spans.extend(result["spans"])
-    with concurrent.futures.ThreadPoolExecutor(concurrent) as pool:
-        batch = list(pool.map(lambda _: timed_stream(server, tag), range(concurrent)))
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        batch = list(pool.map(lambda _: timed_stream(server, tag), range(at_once)))
     batch_spans = [span for result in batch for span in result["spans"]]
 
     def summary(spans: list[dict[str, Any]], index: int | None = None) -> dict[str, float]:
@@ -127,7 +128,7 @@ def measure(server: SglangServer, target: str, *, alone: int, concurrent: int) -
             "error": summary(alone_spans, 1),
         },
         "concurrent": {
-            "requests": concurrent,
+            "requests": at_once,
             "value": summary(batch_spans, 0),
             "error": summary(batch_spans, 1),
         },
@@ -165,7 +166,7 @@ def main() -> None:
                     )
                     try:
                         result = measure(
-                            server, daemon.target, alone=args.alone, concurrent=args.concurrent
+                            server, daemon.target, alone=args.alone, at_once=args.concurrent
                         )
                     finally:
                         server.stop()

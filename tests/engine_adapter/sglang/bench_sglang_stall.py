@@ -11,6 +11,11 @@ until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` 
 ratio of the plain requests' median gap between tokens, spinning ÷ fast, is the stall ratio
 (target <= 1.02). Prints it, writes ``reports/sglang/stall.json`` and a plot.
 
+A spinning evaluator burns a core for its whole deadline: on a 2-core machine, eight of them
+take the CPU the model's forward needs (torch's threads then wait on each other), which stalls
+every request whatever the scheduler does. ``--evald-nice`` (default 19) runs evald at a lower
+CPU priority, so that what is measured is the scheduling; ``--evald-nice 0`` measures both.
+
     python tests/engine_adapter/sglang/bench_sglang_stall.py [--rounds 3]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
@@ -148,6 +153,7 @@ def main() -> None:
     parser.add_argument("--evaluated", type=int, default=4)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--modes", nargs="+", default=list(MODES))
+    parser.add_argument("--evald-nice", type=int, default=19)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
     args = parser.parse_args()
     python = sglang_python()
@@ -158,7 +164,8 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
-        daemon = start_daemon(root / "evald", CONFIG)
+        nice = ["nice", "-n", str(args.evald_nice)] if args.evald_nice else []
+        daemon = start_daemon(root / "evald", CONFIG, prefix=nice)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:
@@ -179,6 +186,7 @@ def main() -> None:
                     finally:
                         server.stop()
                     result["mode"] = mode
+                    result["evald_nice"] = args.evald_nice
                     results[f"{scheduler}/{mode}"] = result
                     print(
                         f"{scheduler:8} {mode:6}: plain requests' median gap "
@@ -195,8 +203,9 @@ def main() -> None:
             daemon.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
-    (args.out / "stall.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, args.out / "stall.png")
+    name = "stall" if args.evald_nice else "stall-evald-not-niced"
+    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(results, args.out / f"{name}.png")
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:

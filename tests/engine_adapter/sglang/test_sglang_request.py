@@ -53,3 +53,26 @@ def test_instruction_messages_render_the_tenants_manifests_from_list_evaluators(
     assert "So <calc>17 * 23 + 91</calc><result>482</result>" in message["content"]
     with pytest.raises(ValueError, match="not available"):
         instruction_messages(daemon.target, CALC_ONLY_TOKEN, ["strop"])
+
+
+def test_tenant_params_name_the_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import dataclass
+
+    from engine_adapter.sglang import tenant_params
+
+    @dataclass
+    class Spec:
+        name: str
+        tag: str
+
+    monkeypatch.setenv("EVALD_TOKEN", "from-env")
+    assert tenant_params() == {"evald_token": "from-env"}
+    specs = [Spec("calc", "calc"), Spec("u2", "units")]
+    assert tenant_params("t", "unix:/x", evaluators=specs) == {
+        "evald_token": "t", "evald_target": "unix:/x", "evald_evaluators": "units=u2",
+    }  # fmt: skip
+    monkeypatch.delenv("EVALD_TOKEN")
+    assert tenant_params() == {}
+    params = generate_sampling_params({"type": "structural_tag"}, custom_params={"x": "t"})
+    assert params["custom_params"] == {"x": "t"}
+    assert json.loads(params["structural_tag"]) == {"type": "structural_tag"}

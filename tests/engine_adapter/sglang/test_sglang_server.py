@@ -415,3 +415,26 @@ def register_spinner(daemon: Daemon) -> Any:
     from bench_sglang_stall import register_spinner as register
 
     return register(daemon.target)
+
+
+def test_jump_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
+    """The forwards-and-latency benchmark's measurement on the session server (numbers not
+    checked, but the stream must show each region arriving)."""
+    from bench_sglang_jump import measure
+
+    result = measure(server, server_daemon.target, alone=1, at_once=2)
+    assert result["alone"]["value"]["forwards_median"] >= 1
+    assert result["concurrent"]["error"]["latency_ms_median"] > 0
+
+
+def test_cost_benchmark_rounds_run(server: SglangServer, server_specs: Any) -> None:
+    """The cost benchmark's two kinds of round on the session server (numbers not checked)."""
+    from bench_sglang_cost import plain_round, span_round
+
+    assert plain_round(server, 2, 8) > 0
+    calc = server_specs["calc"].binding()
+    parts: list[Any] = ["So "]
+    for i in range(4):
+        parts += [(calc, f"{i} + {i}"), ", "]
+    result = span_round(server, fixed_tag(*parts[:-1], "."), 1)
+    assert result["latency_ms"] > 0 and result["requests_per_s"] > 0
