@@ -80,7 +80,7 @@ def span_round(server: SglangServer, tag: dict[str, Any], requests: int) -> dict
 
     def evaluated(_: int) -> float:
         begin = time.monotonic()
-        answer = server.generate("Compute:", max_new_tokens=200, structural_tag=tag)
+        answer = server.generate("Compute:", max_new_tokens=120, structural_tag=tag)
         assert len(spans_in(answer["text"])) == 4, answer["text"]
         return time.monotonic() - begin
 
@@ -98,6 +98,22 @@ def span_round(server: SglangServer, tag: dict[str, Any], requests: int) -> dict
     }
 
 
+def ratio_interval(
+    numerator: list[float], denominator: list[float], *, draws: int = 2000
+) -> tuple[float, float]:
+    """A bootstrap 95 % interval of median(numerator) ÷ median(denominator): how far the
+    machine's round-to-round noise leaves the ratio open."""
+    import random
+
+    rng = random.Random(0)
+    ratios = sorted(
+        statistics.median(rng.choices(numerator, k=len(numerator)))
+        / statistics.median(rng.choices(denominator, k=len(denominator)))
+        for _ in range(draws)
+    )
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def alternate(rounds: int, pair: dict[str, Any]) -> dict[str, list[Any]]:
     """Runs ``pair``'s two measurements in turns (A B B A …) so both see the same machine."""
     names = list(pair)
@@ -111,9 +127,9 @@ def alternate(rounds: int, pair: dict[str, Any]) -> dict[str, list[Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--scheduler", default="normal")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
     args = parser.parse_args()
@@ -158,10 +174,12 @@ def main() -> None:
             result["plain_on_over_off"] = (
                 result["plain_tokens_per_s"]["on"] / result["plain_tokens_per_s"]["off"]
             )
+            result["plain_on_over_off_95"] = ratio_interval(samples["on"], samples["off"])
+            low, high = result["plain_on_over_off_95"]
             print(
                 f"plain requests: {result['plain_tokens_per_s']['on']:.1f} tok/s with the adapter "
                 f"loaded, {result['plain_tokens_per_s']['off']:.1f} without: "
-                f"{result['plain_on_over_off']:.3f}",
+                f"{result['plain_on_over_off']:.3f} (95 % interval {low:.3f} to {high:.3f})",
                 flush=True,
             )
             calc = {s.name: s for s in list_evaluators(daemon.target, TOKEN)}["calc"].binding()
@@ -202,6 +220,9 @@ def main() -> None:
         for name, values in spans.items()
     }
     result["span_samples"] = spans
+    result["spans_latency_95"] = ratio_interval(
+        [x["latency_ms"] for x in spans["evald"]], [x["latency_ms"] for x in spans["inprocess"]]
+    )
     result["spans_evald_over_inprocess"] = {
         "latency": result["spans"]["evald"]["latency_ms"]
         / result["spans"]["inprocess"]["latency_ms"],
@@ -212,7 +233,9 @@ def main() -> None:
         "requests with four spans: median latency "
         f"{result['spans']['evald']['latency_ms']:.0f} ms through evald's data path, "
         f"{result['spans']['inprocess']['latency_ms']:.0f} ms in-process "
-        f"({result['spans_evald_over_inprocess']['latency']:.3f}); throughput ratio "
+        f"({result['spans_evald_over_inprocess']['latency']:.3f}, 95 % interval "
+        f"{result['spans_latency_95'][0]:.3f} to {result['spans_latency_95'][1]:.3f}); throughput "
+        "ratio "
         f"{result['spans_evald_over_inprocess']['throughput']:.3f}",
         flush=True,
     )

@@ -11,10 +11,12 @@ until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` 
 ratio of the plain requests' median gap between tokens, spinning ÷ fast, is the stall ratio
 (target <= 1.02). Prints it, writes ``reports/sglang/stall.json`` and a plot.
 
-A spinning evaluator burns a core for its whole deadline: on a 2-core machine, eight of them
-take the CPU the model's forward needs (torch's threads then wait on each other), which stalls
-every request whatever the scheduler does. ``--evald-nice`` (default 19) runs evald at a lower
-CPU priority, so that what is measured is the scheduling; ``--evald-nice 0`` measures both.
+A spinning evaluator burns a core for its whole deadline. On a 2-core machine that takes the CPU
+the model's forward needs (torch's threads then wait on each other, even with evald at nice
+19), and every request slows down whatever the scheduler does. ``--isolation cores`` (the
+default) gives each its own core, as a deployment would: SGLang with one torch thread on core 0,
+evald on core 1, so that what is measured is the scheduling; ``--isolation none`` shares the
+cores (both effects, ``stall-shared-cores.json``).
 
     python tests/engine_adapter/sglang/bench_sglang_stall.py [--rounds 3]
 
@@ -153,7 +155,7 @@ def main() -> None:
     parser.add_argument("--evaluated", type=int, default=4)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--modes", nargs="+", default=list(MODES))
-    parser.add_argument("--evald-nice", type=int, default=19)
+    parser.add_argument("--isolation", choices=("cores", "none"), default="cores")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
     args = parser.parse_args()
     python = sglang_python()
@@ -164,8 +166,9 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
-        nice = ["nice", "-n", str(args.evald_nice)] if args.evald_nice else []
-        daemon = start_daemon(root / "evald", CONFIG, prefix=nice)
+        cores = args.isolation == "cores"
+        pin = ["taskset", "-c", "1"] if cores else []
+        daemon = start_daemon(root / "evald", CONFIG, prefix=pin)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:
@@ -174,10 +177,12 @@ def main() -> None:
                         "EVALD_TOKEN": TOKEN,
                         "EVALD_DEADLINE_MS": str(DEADLINE_MS),
                         "EVALD_SGLANG_SCHEDULING": mode,
+                        **({"OMP_NUM_THREADS": "1"} if cores else {}),
                     }
                     server = start_server(
-                        python, env, root / f"sglang-{scheduler}-{mode}.log", scheduler=scheduler
-                    )
+                        python, env, root / f"sglang-{scheduler}-{mode}.log",
+                        scheduler=scheduler, prefix=["taskset", "-c", "0"] if cores else (),
+                    )  # fmt: skip
                     try:
                         result = measure_stall(
                             server, daemon.target, rounds=args.rounds, plain=args.plain,
@@ -186,7 +191,7 @@ def main() -> None:
                     finally:
                         server.stop()
                     result["mode"] = mode
-                    result["evald_nice"] = args.evald_nice
+                    result["isolation"] = args.isolation
                     results[f"{scheduler}/{mode}"] = result
                     print(
                         f"{scheduler:8} {mode:6}: plain requests' median gap "
@@ -203,7 +208,7 @@ def main() -> None:
             daemon.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
-    name = "stall" if args.evald_nice else "stall-evald-not-niced"
+    name = "stall" if cores else "stall-shared-cores"
     (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(results, args.out / f"{name}.png")
 

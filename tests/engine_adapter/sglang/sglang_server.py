@@ -213,20 +213,21 @@ def start_server(
     *,
     scheduler: str = "normal",
     extra_args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
 ) -> SglangServer:
     """Starts the server with ``env`` added to this environment and waits for ``/health``.
 
     ``--sleep-on-idle``: an idle SGLang scheduler otherwise spins a whole core, which on a small
     machine takes the CPU the tests and evald need. The dtype is float32 without AMX (SGLang's
     torch_native path; texts then compare across batch sizes) and bfloat16 with it (the CPU
-    kernel has no fp32 paths).
+    kernel has no fp32 paths). ``prefix`` runs the server under another command (``taskset``).
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
     folder = model_folder()
     port = free_port()
     command = [
-        str(python), "-m", "sglang.launch_server",
+        *prefix, str(python), "-m", "sglang.launch_server",
         "--model-path", str(folder), "--served-model-name", SERVED_MODEL,
         "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", "1",
         "--host", "127.0.0.1", "--port", str(port),
