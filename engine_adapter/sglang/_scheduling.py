@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
 
-__all__ = ["IDLE_WAIT_S", "SchedulerStats", "SpanScheduler", "scheduler_state"]
+__all__ = ["COST_LOG_STEPS", "IDLE_WAIT_S", "SchedulerStats", "SpanScheduler", "scheduler_state"]
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -73,6 +73,15 @@ class SchedulerStats:
     """Region tokens that went into sequences through jumps."""
     idle_waits: int = 0
     faults: int = 0
+    steps: int = 0
+    """Steps the hooks ran in (``get_next_batch_to_run`` calls)."""
+    hook_ns: int = 0
+    """Time spent in the adapter's scheduler hooks, sleeps on evaluations excluded."""
+
+
+#: Every this many steps the scheduler logs what its hooks cost per step (the server's own
+#: measure of the adapter's overhead on requests without spans).
+COST_LOG_STEPS = 256
 
 
 def scheduler_state(scheduler: Any) -> SpanScheduler:
@@ -92,6 +101,18 @@ class SpanScheduler:
         self._parked: dict[int, Any] = {}  # id(req) -> req, in the order they left
 
     # ------------------------------------------------------------------ SGLang's calls
+
+    def count_step(self, elapsed_ns: int) -> None:
+        """Adds one step's hook time; logs the average every :data:`COST_LOG_STEPS` steps."""
+        stats = self.stats
+        stats.steps += 1
+        stats.hook_ns += elapsed_ns
+        if stats.steps % COST_LOG_STEPS == 0:
+            logger.info(
+                "evald adapter: scheduler hooks %.1f us per step (%d steps)",
+                stats.hook_ns / stats.steps / 1000.0,
+                stats.steps,
+            )
 
     @property
     def parked(self) -> list[Any]:

@@ -45,6 +45,7 @@ import importlib.metadata
 import logging
 import pkgutil
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -464,11 +465,14 @@ def _around_get_next_batch_to_run(original: Any, scheduler: Any, *args: Any, **k
     if state is None:
         return original(scheduler, *args, **kwargs)
     running = kwargs.get("running_batch", args[0] if args else scheduler.running_batch)
+    started = time.perf_counter_ns()
     try:
         state.sit_out(scheduler, running)
     except Exception:  # the adapter must never take the scheduler down
         logger.exception("evald adapter: taking waiting requests out of the batch failed")
-    plan = original(scheduler, *args, **kwargs)
+    spent = time.perf_counter_ns() - started
+    plan = original(scheduler, *args, **kwargs)  # its prefill hook adds its own time
+    state.count_step(spent)
     if plan.batch_to_run is None:
         try:
             state.wait_if_idle(scheduler, plan.running_batch)
@@ -480,11 +484,13 @@ def _around_get_next_batch_to_run(original: Any, scheduler: Any, *args: Any, **k
 def _around_get_new_batch_prefill(original: Any, scheduler: Any, running_batch: Any) -> Any:
     state = _span_scheduler(scheduler)
     if state is not None:
+        started = time.perf_counter_ns()
         try:
             rejoin = state.rejoin_batch(scheduler, running_batch)
         except Exception:
             logger.exception("evald adapter: bringing requests back failed")
             rejoin = None
+        state.stats.hook_ns += time.perf_counter_ns() - started
         if rejoin is not None:
             from sglang.srt.managers.schedule_batch import NextBatchPlan
 

@@ -3,7 +3,8 @@ on two servers that run at once and take turns (``--sleep-on-idle``: the idle on
 
 1. **Requests without spans**: the same plain requests on a server with the adapter loaded
    (``EVALD_TARGET`` set: every hook installed) and on one without it. Aggregate decode
-   throughput, loaded ÷ not (target >= 0.99).
+   throughput, loaded ÷ not (target >= 0.99), with a bootstrap interval of the machine's
+   noise; and the time the hooks take per step, as the loaded server logs it.
 2. **A mix with spans**: the same evaluated requests (four calc spans each, next to plain ones)
    with spans evaluated by evald over its data path (a separate, sandboxed process) and by the
    same WASM host inside the server process (``EVALD_INPROCESS=1``, no isolation). Request
@@ -80,7 +81,7 @@ def span_round(server: SglangServer, tag: dict[str, Any], requests: int) -> dict
 
     def evaluated(_: int) -> float:
         begin = time.monotonic()
-        answer = server.generate("Compute:", max_new_tokens=120, structural_tag=tag)
+        answer = server.generate("Compute:", max_new_tokens=200, structural_tag=tag)
         assert len(spans_in(answer["text"])) == 4, answer["text"]
         return time.monotonic() - begin
 
@@ -96,6 +97,14 @@ def span_round(server: SglangServer, tag: dict[str, Any], requests: int) -> dict
         "latency_ms": statistics.median(latencies) * 1e3,
         "requests_per_s": 2 * requests / (time.monotonic() - started),
     }
+
+
+def hook_cost_us(server: SglangServer) -> float | None:
+    """What the adapter's scheduler hooks cost per step, as the server last logged it."""
+    import re
+
+    found = re.findall(r"scheduler hooks ([0-9.]+) us per step", server.log())
+    return float(found[-1]) if found else None
 
 
 def ratio_interval(
@@ -166,10 +175,14 @@ def main() -> None:
                         for name, s in servers.items()
                     },
                 )
+                hooks = hook_cost_us(servers["on"])
             finally:
                 for server in servers.values():
                     server.stop()
+            result["hook_us_per_step"] = hooks
             result["plain_tokens_per_s"] = {n: statistics.median(v) for n, v in samples.items()}
+            step_us = args.requests / result["plain_tokens_per_s"]["on"] * 1e6
+            result["hook_share_of_step"] = hooks / step_us if hooks is not None else None
             result["plain_samples"] = samples
             result["plain_on_over_off"] = (
                 result["plain_tokens_per_s"]["on"] / result["plain_tokens_per_s"]["off"]
@@ -179,7 +192,9 @@ def main() -> None:
             print(
                 f"plain requests: {result['plain_tokens_per_s']['on']:.1f} tok/s with the adapter "
                 f"loaded, {result['plain_tokens_per_s']['off']:.1f} without: "
-                f"{result['plain_on_over_off']:.3f} (95 % interval {low:.3f} to {high:.3f})",
+                f"{result['plain_on_over_off']:.3f} (95 % interval {low:.3f} to {high:.3f}); "
+                f"the server's own count: the adapter's hooks {hooks} us per step, "
+                f"{(result['hook_share_of_step'] or 0) * 100:.4f} % of a decode step",
                 flush=True,
             )
             calc = {s.name: s for s in list_evaluators(daemon.target, TOKEN)}["calc"].binding()
