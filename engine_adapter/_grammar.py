@@ -190,12 +190,12 @@ def standard_evaluators(
     Raises:
         FileNotFoundError: a named evaluator has no manifest there.
     """
-    from evaluators_wasm.toolchain import load_manifest_source
+    from evald.contract import load_manifest_source
 
     if source_dir is None:
         import evaluators_wasm
 
-        source_dir = Path(evaluators_wasm.__file__).parent / "src"
+        source_dir = evaluators_wasm.SOURCE_DIR
     root = Path(source_dir)
     if names is None:
         folders = sorted(p.parent for p in root.glob("*/manifest.json"))

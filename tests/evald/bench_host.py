@@ -23,10 +23,9 @@ import wasmtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from wat_modules import arg, guest
-
 from evald.host import HostConfig, Limits, WasmHost
 from evald.host import _fastcall as fast
+from evald.testing import arg, guest
 from evaluators_wasm import wasm_path
 
 EXPRESSION = b"17 * 23 + 91 - (48 / 6) ** 2 % 7"  # 31 bytes of calc input

@@ -27,10 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_harness import TOKENS, Daemon, start_daemon, tenant_block
+from evaluators_wasm.toolchain import append_custom_section
 
 from evald.client import Client
 from evald_lab.fuzz.noisy import heavy_module
-from evaluators_wasm.toolchain import append_custom_section
 
 #: Runs ``evald`` with registration compiling on the daemon's control thread (the old path).
 _IN_PROCESS = (

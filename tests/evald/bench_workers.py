@@ -23,9 +23,9 @@ from typing import Any
 
 from evald.client import DataConnection
 from evald.contract import pb
+from evald.testing import start_daemon
 from evald_lab.bench._common import cpu_seconds_of
 from evald_lab.bench._overhead import bench_daemon_config
-from evald_lab.harness import start_daemon
 
 _MESSAGE = pb.EvaluateBatchRequest(
     items=[

