@@ -26,7 +26,16 @@ import wasmtime
 
 from evald.contract import ABI_VERSION, MANIFEST_SECTION, append_custom_section
 
-__all__ = ["IN_PTR", "MANIFEST", "PAGE", "arg", "guest", "manifest_bytes", "wat_text"]
+__all__ = [
+    "IN_PTR",
+    "MANIFEST",
+    "PAGE",
+    "arg",
+    "guest",
+    "manifest_bytes",
+    "named_guest",
+    "wat_text",
+]
 
 IN_PTR = 1024
 PAGE = 65536
@@ -315,3 +324,13 @@ def guest(
     for _ in range(manifests):
         wasm = append_custom_section(wasm, MANIFEST_SECTION, payload)
     return wasm
+
+
+def named_guest(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
+    """A :func:`guest` whose manifest name and tag are ``name`` (a module to register)."""
+    return guest(
+        kind,
+        param,
+        manifest=manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1"),
+        **options,
+    )

@@ -1,6 +1,6 @@
 """Overhead of the wasm host's call paths (a measurement script, not a test).
 
-    python tests/evald/bench_host.py [--json FILE] [--quick]
+    evald bench host [--json FILE] [--quick]
 
 Prints the best-of-N mean per call, in microseconds, for: wasmtime-py's ``Func.__call__``; the
 raw ctypes path; one evaluation through ``WasmHost.evaluate`` (reused instance, fresh instance
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -21,9 +20,9 @@ from pathlib import Path
 
 import wasmtime
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from evald.host import HostConfig, Limits, WasmHost
+
+# The raw ctypes call path is what part 1 times against wasmtime-py's, below the host's API.
 from evald.host import _fastcall as fast
 from evald.testing import arg, guest
 from evaluators_wasm import wasm_path
@@ -43,11 +42,14 @@ def best_us(run: Callable[[], object], calls: int, repeats: int) -> float:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench host``."""
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    options = parser.parse_args()
+
+
+def main(options: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     calls, repeats = (500, 3) if options.quick else (3000, 7)
     results: dict[str, float] = {}
 
@@ -156,7 +158,4 @@ def main() -> None:
 
     if options.json:
         options.json.write_text(json.dumps(results, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

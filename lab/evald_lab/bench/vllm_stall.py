@@ -8,7 +8,7 @@ until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` 
 Rounds alternate, so both see the same machine. The ratio of the plain requests' median gap
 between tokens is the stall ratio (target <= 1.02). Prints it, writes JSON and a plot.
 
-    python tests/engine_adapter/vllm/bench_vllm_stall.py [--rounds 4]
+    engine-adapter bench vllm-stall [--rounds 4]
 
 Needs ``.venv-vllm`` (``make vllm-venv``); starts its own evald and vLLM server.
 """
@@ -26,12 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-from vllm_harness import (  # noqa: E402
+from engine_adapter.testing.vllm import (
     CONFIG,
     DEADLINE_MS,
     SPIN_TOKEN,
@@ -43,7 +38,8 @@ from vllm_harness import (  # noqa: E402
     vllm_python,
 )
 
-REPORT_DIR = HERE.parents[2] / "reports" / "vllm"
+#: Relative to the checkout the command runs in, like every benchmark\'s results.
+REPORT_DIR = Path("reports") / "vllm"
 PLAIN_PROMPTS = [
     "The capital of France is",
     "Here is a short poem about the sea:",
@@ -133,17 +129,24 @@ def measure_stall(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench vllm-stall``."""
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--plain", type=int, default=4)
     parser.add_argument("--evaluated", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     python = vllm_python()
     if python is None:
-        raise SystemExit("the vLLM venv is absent: run `make vllm-venv` first")
-    from daemon_harness import start_daemon
+        print(
+            "error: unavailable: the vLLM venv is absent: run `make vllm-venv` first",
+            file=sys.stderr,
+        )
+        return 2
+    from evald.testing import start_daemon
 
     with tempfile.TemporaryDirectory(prefix="evald-vllm-") as tmp:
         root = Path(tmp)
@@ -192,7 +195,4 @@ def main() -> None:
     axis.set_title(f"stall ratio {result['stall_ratio_median']:.3f} (median gap)")
     figure.tight_layout()
     figure.savefig(args.out / "stall.png", dpi=120)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

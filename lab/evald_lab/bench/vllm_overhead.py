@@ -13,7 +13,7 @@ The request objects carry only what the hooks read from vLLM's ``Request`` (id, 
 list, finished flag, ``next_decode_eligible_step``); the tracker, injectors and codec are the
 real ones. Prints the numbers and writes JSON and a plot.
 
-    python tests/engine_adapter/vllm/bench_vllm_overhead.py [--rows 256] [--steps 300]
+    engine-adapter bench vllm-overhead [--rows 256] [--steps 300]
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter._injector import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import EvalResult
+from engine_adapter import EvalResult, TokenCodec, build_structural_tag, standard_evaluators
 from engine_adapter.local import load_tokenizer
+from engine_adapter.sglang import AdapterConfig
+
+# The tracker is what this benchmark times, below the plugin's API: the one private reach.
 from engine_adapter.vllm._tracker import SpanTracker
 
-REPORT_DIR = Path(__file__).resolve().parents[3] / "reports" / "vllm"
+#: Relative to the checkout the command runs in, like every benchmark's results.
+REPORT_DIR = Path("reports") / "vllm"
 FREE_TEXT = (
     "The committee met on Tuesday to review the budget and the plans for the new library, "
     "which the town has wanted for years; most members agreed that the reading rooms should "
@@ -142,12 +143,15 @@ def measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench vllm-overhead``."""
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     codec = TokenCodec.from_tokenizer(load_tokenizer())
     grammar = build_structural_tag(standard_evaluators(["calc"]), "grammar-eval")
     assert grammar.structural_tag is not None
@@ -179,7 +183,4 @@ def main() -> None:
     axis.legend()
     figure.tight_layout()
     figure.savefig(args.out / "overhead.png", dpi=120)
-
-
-if __name__ == "__main__":
-    main()
+    return 0
