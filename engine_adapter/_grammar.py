@@ -64,7 +64,8 @@ DEFAULT_SPECIAL_EXCLUDES: tuple[str, ...] = ("<|",)
 
 
 class Mode(enum.StrEnum):
-    """The three decoding modes of the accuracy study."""
+    """The three decoding modes: the local engine's ``--mode``, :func:`build_structural_tag`'s
+    ``mode``; the accuracy study and the GPU check compare them. The one list of their names."""
 
     NO_GRAMMAR = "no-grammar"
     """Free text, no structural tag; spans, if any, are neither constrained nor evaluated."""
