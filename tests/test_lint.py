@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-CHECKED = ("evald", "engine_adapter", "lab/evald_lab")
+CHECKED = ("evald", "engine_adapter", "lab/evald_lab", "tools")
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:

@@ -20,13 +20,16 @@ from pathlib import Path
 
 from evald.client import Client
 from evald.contract import pb
-from evald.testing import named_guest, start_daemon, tenant_table
+from evald.testing import DaemonProcess, named_guest, start_daemon, tenant_table
 from evaluators_wasm import wasm_path
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
     ordered = sorted(samples_s)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6  # noqa: E731
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
     return {"p50_us": pick(0.5), "p90_us": pick(0.9), "p99_us": pick(0.99)}
 
 
@@ -43,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
         "local", evaluators=["*"], allow_register=True
     )
     with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
-        daemon = start_daemon(Path(tmp), config)
+        daemon: DaemonProcess = start_daemon(Path(tmp), config)
         try:
             client = Client(daemon.target)
             if wasm_path("calc").exists():

@@ -11,6 +11,7 @@ cached load; and two threads against one. Numbers are machine-dependent: compare
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import threading
@@ -65,9 +66,11 @@ def main(options: argparse.Namespace) -> int:
         store.set_epoch_deadline(2**40)
         module = wasmtime.Module(
             engine,
-            wasmtime.wat2wasm(
-                '(module (func (export "f") (param i32) (result i32) '
-                "(i32.add (local.get 0) (i32.const 1))))"
+            bytes(
+                wasmtime.wat2wasm(
+                    '(module (func (export "f") (param i32) (result i32) '
+                    "(i32.add (local.get 0) (i32.const 1))))"
+                )
             ),
         )
         instance = wasmtime.Instance(store, module, [])
@@ -103,20 +106,20 @@ def main(options: argparse.Namespace) -> int:
             echo = host.load(echo_wasm)
             record(
                 f"eval echo 31 B, {label}, us",
-                best_us(lambda h=host, m=echo: h.evaluate(m, EXPRESSION, limits), n, repeats),
+                best_us(functools.partial(host.evaluate, echo, EXPRESSION, limits), n, repeats),
             )
             if calc_wasm is not None:
                 calc = host.load(calc_wasm)
                 assert host.evaluate(calc, EXPRESSION, limits).ok
                 record(
                     f"eval calc 31 B, {label}, us",
-                    best_us(lambda h=host, m=calc: h.evaluate(m, EXPRESSION, limits), n, repeats),
+                    best_us(functools.partial(host.evaluate, calc, EXPRESSION, limits), n, repeats),
                 )
                 heavy = b"2 ** 3000 / 7 + 1"
                 record(
                     f"eval calc 2**3000/7 (guest-heavy), {label}, us",
                     best_us(
-                        lambda h=host, m=calc, x=heavy: h.evaluate(m, x, limits), n // 10, repeats
+                        functools.partial(host.evaluate, calc, heavy, limits), n // 10, repeats
                     ),
                 )
 

@@ -189,7 +189,7 @@ def run(seconds: float, rounds: int, out: Path) -> dict[str, Any]:
             ("in-process", [sys.executable, "-c", _IN_PROCESS]),
             ("worker-process", []),
         ):
-            daemon = start_daemon(Path(tmp) / variant, _config(), prefix=prefix)
+            daemon: DaemonProcess = start_daemon(Path(tmp) / variant, _config(), prefix=prefix)
             try:
                 result["variants"][variant] = _neighbour(daemon, seconds, heavy)
                 if variant == "worker-process":

@@ -149,14 +149,14 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     from engine_adapter import list_evaluators
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     result: dict[str, Any] = {"scheduler": args.scheduler, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         data_socket = root / "evald-data.sock"
         config = CONFIG.replace("[server]\n", f'[server]\ndata_listen = "unix:{data_socket}"\n', 1)
-        daemon = start_daemon(root / "evald", config)
+        daemon: DaemonProcess = start_daemon(root / "evald", config)
         base = {
             "EVALD_TARGET": daemon.target,
             "EVALD_TOKEN": TOKEN,

@@ -149,12 +149,12 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
-        daemon = start_daemon(root / "evald", CONFIG)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:

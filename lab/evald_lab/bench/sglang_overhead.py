@@ -56,12 +56,12 @@ def run(rows: int, steps: int, out: Path | None) -> dict[str, Any]:
     from engine_adapter.local import load_tokenizer
     from engine_adapter.sglang import EvaluatorGrammar, structural_tag_for
     from engine_adapter.testing.sglang import CONFIG, TOKEN
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     tokenizer = load_tokenizer()
     ids = [int(t) for t in tokenizer.encode(FREE_TEXT * (1 + steps // 40))][:steps]
     with tempfile.TemporaryDirectory(prefix="evald-sglang-bench-") as tmp:
-        daemon = start_daemon(Path(tmp), CONFIG)
+        daemon: DaemonProcess = start_daemon(Path(tmp), CONFIG)
         try:
             env = {"EVALD_TARGET": daemon.target, "EVALD_TOKEN": TOKEN}
             with unittest.mock.patch.dict(os.environ, env):

@@ -108,7 +108,7 @@ def measure_stall(
             for name, sampling in requests.items():
                 started = time.monotonic()
                 evaluated_calls = [
-                    pool.submit(server.generate, "Compute:", max_new_tokens=120, **sampling)
+                    pool.submit(server.generate, "Compute:", max_new_tokens=120, **(sampling or {}))
                     for _ in range(evaluated if sampling is not None else 0)
                 ]
                 streams = [
@@ -117,8 +117,8 @@ def measure_stall(
                     )
                     for _ in range(plain)
                 ]
-                for call in streams:
-                    _, times = call.result()
+                for stream in streams:
+                    _, times = stream.result()
                     gaps[name].extend(b - a for a, b in itertools.pairwise(times))
                 for call in evaluated_calls:
                     texts[name].append(call.result()["text"])
@@ -164,14 +164,14 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         cores = args.isolation == "cores"
         pin = ["taskset", "-c", "1"] if cores else []
-        daemon = start_daemon(root / "evald", CONFIG, prefix=pin)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, prefix=pin)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:

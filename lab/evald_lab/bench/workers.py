@@ -22,7 +22,7 @@ from typing import Any
 
 from evald.client import DataConnection
 from evald.contract import pb
-from evald.testing import start_daemon
+from evald.testing import DaemonProcess, start_daemon
 from evald_lab.bench._common import cpu_seconds_of
 from evald_lab.bench._overhead import bench_daemon_config
 
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="evald-workers-") as tmp:
         roots = [Path(tmp) / f"d{i}" for i in range(2)]
-        daemons = [
+        daemons: list[DaemonProcess] = [
             start_daemon(root, bench_daemon_config(data_listen=f"unix:{root}/data.sock"))
             for root in roots
         ]
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
             targets = [f"unix:{root}/data.sock" for root in roots]
             for round_index in range(args.rounds):
                 for callers in (2, 8):
-                    rates = {}
+                    rates: dict[int, float] = {}
                     for processes in (1, 2):
                         before = [cpu_seconds_of(d.pid) or 0.0 for d in daemons]
                         rate = _drive(targets[:processes], callers, args.seconds)
