@@ -19,22 +19,17 @@ real ones. Prints the numbers and writes JSON and a plot.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine_adapter import EvalResult, TokenCodec, build_structural_tag, standard_evaluators
+from engine_adapter import TokenCodec, build_structural_tag, standard_evaluators
 from engine_adapter.local import load_tokenizer
-from engine_adapter.sglang import AdapterConfig
-
-# The tracker is what this benchmark times, below the plugin's API: the one private reach.
-from engine_adapter.vllm._tracker import SpanTracker
+from engine_adapter.testing.vllm import GrammarOutput, tracker_rows
 
 #: Relative to the checkout the command runs in, like every benchmark's results.
 REPORT_DIR = Path("reports") / "vllm"
@@ -46,80 +41,19 @@ FREE_TEXT = (
 SPAN_TEXT = "So the total is <calc>17 * 23 + 91</calc><result>482</result> items, as counted. "
 
 
-class _Evaluator:
-    """Answers every span at once (the benchmark measures the adapter, not evald)."""
-
-    def __init__(self) -> None:
-        self.unflushed = False
-
-    def submit(
-        self, evaluator: str, content: str, deadline_ms: int
-    ) -> concurrent.futures.Future[EvalResult]:
-        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
-        future.set_result(EvalResult("482"))
-        self.unflushed = True
-        return future
-
-    def flush(self) -> None:
-        self.unflushed = False
-
-
-@dataclass
-class _Request:
-    request_id: str
-    sampling_params: Any
-    output_token_ids: list[int] = field(default_factory=list)
-    next_decode_eligible_step: int = 0
-
-    def is_finished(self) -> bool:
-        return False
-
-
-@dataclass
-class _Scheduler:
-    requests: dict[str, _Request]
-    running: list[_Request]
-    waiting: list[_Request] = field(default_factory=list)
-    current_step: int = 0
-
-
-@dataclass
-class _GrammarOutput:
-    structured_output_request_ids: list[str]
-    grammar_bitmask: Any
-
-
-def _setup(codec: TokenCodec, rows: int, tag: dict[str, Any]) -> tuple[SpanTracker, _Scheduler]:
-    from types import SimpleNamespace
-
-    evaluator = _Evaluator()
-    tracker = SpanTracker(
-        AdapterConfig(target="unix:/bench.sock"),
-        codec,
-        runtime_factory=lambda cfg: evaluator,  # type: ignore[arg-type,return-value]
-    )
-    params = SimpleNamespace(
-        structured_outputs=SimpleNamespace(structural_tag=json.dumps(tag)), extra_args=None
-    )
-    requests = {f"r{i}": _Request(f"r{i}", params) for i in range(rows)}
-    for request in requests.values():
-        tracker.add(request)
-    return tracker, _Scheduler(requests, list(requests.values()))
-
-
 def measure(
     codec: TokenCodec, text: str, rows: int, steps: int, tag: dict[str, Any]
 ) -> dict[str, Any]:
     ids = codec.encode_continuation((text * (steps // 10 + 2)).encode())[:steps]
-    tracker, scheduler = _setup(codec, rows, tag)
-    _, bare = _setup(codec, rows, tag)
+    tracker, scheduler = tracker_rows(codec, rows, tag)
+    _, bare = tracker_rows(codec, rows, tag)
     words = (codec.vocab_size + 31) // 32
     order = list(scheduler.requests)
     adapter_s: list[float] = []
     bare_s: list[float] = []
     for step, token in enumerate(ids):
         bitmask = np.full((rows, words), -1, dtype=np.int32)
-        grammar_output = _GrammarOutput(order, bitmask)
+        grammar_output = GrammarOutput(order, bitmask)
         started = time.perf_counter()
         for request in bare.running:
             request.output_token_ids.append(token)

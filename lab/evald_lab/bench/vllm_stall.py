@@ -37,6 +37,7 @@ from engine_adapter.testing.vllm import (
     tag_body,
     vllm_python,
 )
+from evald_lab.bench._servers import register_spinner
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "vllm"
@@ -48,20 +49,6 @@ PLAIN_PROMPTS = [
     "Once upon a time, in a small village,",
     "The best way to cook rice is",
 ]
-
-
-def register_spinner(target: str) -> Any:
-    """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
-    from engine_adapter import list_evaluators
-    from evald.client import Client
-    from evald.testing import guest, manifest_bytes
-
-    module = guest(
-        "loop", manifest=manifest_bytes(name="spin", tag="spin", semantics_version="spin/1")
-    )
-    with Client(target, SPIN_TOKEN) as client:
-        client.register(module, replace=True)
-    return {spec.name: spec for spec in list_evaluators(target, SPIN_TOKEN)}["spin"]
 
 
 def measure_stall(
@@ -76,7 +63,7 @@ def measure_stall(
     """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``)."""
     from engine_adapter import list_evaluators
 
-    spin = register_spinner(target).binding()
+    spin = register_spinner(target, SPIN_TOKEN).binding()
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
     bodies: dict[str, dict[str, Any] | None] = {
         "spinning": tag_body(
