@@ -6,8 +6,9 @@ serves the evald and lab tests; the real SmolLM2-135M-Instruct model (``llama_ba
 under a second on llama.cpp and a few seconds on transformers once the GGUF has been converted
 and cached; tests that use it are marked ``model``.
 
-The harness modules of ``tests/evald`` (``daemon_harness``, ``wat_modules``) are put on
-``sys.path``, so test modules anywhere import them by name whatever the pytest import mode.
+The harness module of ``tests/evald`` (``daemon_harness``: the session config, its tenants and
+their tokens, over the product's :mod:`evald.testing`) is put on ``sys.path``, so test modules
+anywhere import it by name whatever the pytest import mode.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from typing import Any
 
 import wasmtime
 
-from evald.contract import ErrorCode, EvaldError
-from evald.host._abi import EVAL_EXPORT, MANIFEST_SECTION, WASM_PAGE_BYTES, Manifest, inspect_module
+from evald.contract import EVAL_EXPORT, MANIFEST_SECTION, ErrorCode, EvaldError, Manifest
+from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._instrument import GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
 from evald.host._wasm_binary import MAGIC, VERSION_1, Reader, WasmFormatError

@@ -2,10 +2,10 @@
 real SGLang CPU servers.
 
 ``daemon_harness`` (tests/evald) starts the daemon; ``sglang_harness`` (next to this file) plays
-SGLang's decode loop on SGLang's grammar layer; ``sglang_server`` starts the real server from
-``.venv-sglang`` (``make sglang-venv``), one per scheduler for the session (the ``sglang_server``
-marker; ``make sglang-test``). The folders are put on ``sys.path`` so test modules import them by
-name.
+SGLang's decode loop on SGLang's grammar layer; :mod:`engine_adapter.testing.sglang` starts the
+real server from ``.venv-sglang`` (``make sglang-venv``), one per scheduler for the session (the
+``sglang_server`` marker; ``make sglang-test``). The folders are put on ``sys.path`` so test
+modules import the harnesses by name.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
-import sglang_server  # noqa: E402
 from daemon_harness import Daemon, start_daemon  # noqa: E402
 from sglang_harness import CONFIG, TOKEN, environment  # noqa: E402
+
+from engine_adapter.testing import sglang as sglang_server  # noqa: E402
+
+ROOT = HERE.parents[2]
 
 
 def sglang_available() -> bool:
@@ -125,9 +128,9 @@ def server(
     request: pytest.FixtureRequest, server_daemon: Daemon, fault_socket: Path, sglang_root: Path
 ) -> Iterator[sglang_server.SglangServer]:
     """A real SGLang server with the adapter, once per scheduler (``normal``, ``overlap``)."""
-    python = sglang_server.sglang_python()
+    python = sglang_server.sglang_python(ROOT)
     if python is None:
-        reason = sglang_server.unsupported_reason()
+        reason = sglang_server.unsupported_reason(ROOT)
         pytest.skip(
             f"SGLang cannot run on this CPU: {reason}"
             if reason

