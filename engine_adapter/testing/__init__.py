@@ -16,6 +16,7 @@ package; importing it imports neither SGLang nor vLLM.
 from __future__ import annotations
 
 from engine_adapter.testing._common import (
+    PLAIN_PROMPTS,
     SPAN,
     fixed_tag,
     free_port,
@@ -27,6 +28,7 @@ from engine_adapter.testing._common import (
 )
 
 __all__ = [
+    "PLAIN_PROMPTS",
     "SPAN",
     "fixed_tag",
     "free_port",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PLAIN_PROMPTS",
     "SPAN",
     "fixed_tag",
     "free_port",
@@ -31,6 +32,19 @@ __all__ = [
     "spans_in",
     "stopped",
 ]
+
+#: Prompts of requests without spans, for the untouched-request checks and the benchmarks'
+#: plain load (each takes as many as it needs, from the start).
+PLAIN_PROMPTS = (
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "Three reasons to learn Python are",
+    "Once upon a time, in a small village,",
+    "The best way to cook rice is",
+    "A good night's sleep helps because",
+    "The history of the bicycle began",
+)
 
 #: A span and its result region, as the adapters write them: ``(tag, content, value, error)``.
 SPAN = re.compile(

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
 from engine_adapter.testing import fixed_tag, spans_in
 from engine_adapter.testing.sglang import (
     CONFIG,
@@ -41,16 +42,7 @@ from engine_adapter.testing.sglang import (
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-    "Once upon a time, in a small village,",
-    "The best way to cook rice is",
-    "A good night's sleep helps because",
-    "The history of the bicycle began",
-]
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:8]
 
 
 def plain_round(server: SglangServer, requests: int, max_tokens: int) -> float:

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
 from engine_adapter.testing import fixed_tag
 from engine_adapter.testing.sglang import (
     CONFIG,
@@ -52,14 +53,7 @@ from evald_lab.bench._servers import register_spinner
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-    "Once upon a time, in a small village,",
-    "The best way to cook rice is",
-]
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:6]
 
 
 def measure_stall(

@@ -10,6 +10,7 @@ modules import the harnesses by name.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ sys.path.insert(0, str(HERE.parents[1] / "evald"))
 from daemon_harness import Daemon, start_daemon  # noqa: E402
 from sglang_harness import CONFIG, TOKEN, environment  # noqa: E402
 
+from engine_adapter.testing import PLAIN_PROMPTS  # noqa: E402
 from engine_adapter.testing import sglang as sglang_server  # noqa: E402
 
 ROOT = HERE.parents[2]
@@ -153,6 +155,27 @@ def server(
     finally:
         handle.stop()
         print(f"SGLang log ({scheduler}): {handle.log_path}")
+
+
+@pytest.fixture(scope="session")
+def plugin_off_texts(sglang_root: Path) -> dict[str, str]:
+    """What a server *without* the adapter writes for each plain prompt, alone (greedy, 24
+    tokens): the reference that requests without spans must match on the adapter's servers.
+
+    The server is started with no ``EVALD_*`` in its environment, so SGLang loads the plugin's
+    entry point and the plugin stays inert, as for a user who has not enabled it."""
+    python = sglang_server.sglang_python()
+    if python is None:
+        pytest.skip("the SGLang venv is absent (.venv-sglang; `make sglang-venv`)")
+    with environment(**{key: None for key in os.environ if key.startswith("EVALD_")}):
+        handle = sglang_server.start_server(python, {}, sglang_root / "sglang-plugin-off.log")
+    try:
+        return {
+            prompt: handle.generate(prompt, max_new_tokens=24)["text"]
+            for prompt in PLAIN_PROMPTS
+        }
+    finally:
+        handle.stop()
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from daemon_harness import Daemon
 
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
 from engine_adapter.testing import fixed_tag, spans_in, stopped
 from engine_adapter.testing.sglang import (
     DEADLINE_MS,
@@ -38,12 +39,7 @@ LAB_NEEDED = "the benchmarks come with the lab (pip install -e ./lab)"
 pytestmark = pytest.mark.sglang_server
 
 CONCURRENCY = 8
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-]
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:4]
 
 
 def evald_answer(
@@ -120,9 +116,14 @@ def test_openai_chat_api_with_a_request_tenant(server: SglangServer, server_spec
         ], text
 
 
-def test_untouched_requests_are_unchanged(server: SglangServer, server_specs: Any) -> None:
-    """Requests without spans write what they write alone, next to evaluated requests."""
+@pytest.mark.timeout(900)  # the plugin-off server starts inside it (once per session)
+def test_untouched_requests_are_unchanged(
+    server: SglangServer, server_specs: Any, plugin_off_texts: dict[str, str]
+) -> None:
+    """Requests without spans write what a server without the adapter writes, alone and next to
+    evaluated requests."""
     alone = [server.generate(p, max_new_tokens=24)["text"] for p in PLAIN_PROMPTS]
+    assert alone == [plugin_off_texts[p] for p in PLAIN_PROMPTS]
     calc = server_specs["calc"].binding()
     evaluated = [
         (lambda i=i: server.generate(
