@@ -3,9 +3,9 @@
 Why one module: every transport (gRPC calls, the gRPC gatekeeper before a body is read, the data
 path's connections) must apply the same rules, and each rule must be written once. So:
 
-* :meth:`Admission.tenant_for` / :meth:`Admission.authenticate` map a bearer token (hashed,
+* :meth:`Admission.tenant_for` maps a bearer token (hashed,
   compared in constant time with every tenant's) or a tokenless unix-socket call to its tenant;
-* :class:`_TenantState` holds a tenant's live quota counters: evaluations in flight and its rate
+* :class:`Tenant` holds a tenant's live quota counters: evaluations in flight and its rate
   bucket (``max_concurrency``, ``rate_per_s``), calls in flight (``max_calls``: unary calls,
   streams and data connections alike) and its unread output bytes (``unread_bytes``, shared by
   its streams and data connections, with the waiters woken when room is freed);
@@ -29,13 +29,13 @@ from evald.contract import ErrorCode, EvaldError, pb
 from evald.daemon._config import Config, TenantConfig, TenantLimits
 from evald.daemon._gatekeeping import error_response
 from evald.daemon._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
-from evald.daemon._scheduler import TenantQueue, _Work
+from evald.daemon._scheduler import TenantQueue, Work
 from evald.host import Limits
 
 if TYPE_CHECKING:
     from evald.daemon._registry import Registry
 
-__all__ = ["Admission", "UnreadWaiter", "host_limits"]
+__all__ = ["Admission", "Tenant", "UnreadWaiter", "host_limits"]
 
 
 def host_limits(limits: TenantLimits) -> Limits:
@@ -60,7 +60,7 @@ class UnreadWaiter(Protocol):
     def wake(self) -> None: ...
 
 
-class _TenantState(TenantQueue):
+class Tenant(TenantQueue):
     """A tenant's live state: its config, host limits and quota counters (thread-safe).
 
     It is the tenant's :class:`~evald.daemon._scheduler.TenantQueue` too, so the scheduler reaches
@@ -193,7 +193,7 @@ class Admission:
         #: The evaluators; set once they are loaded (:meth:`prepare` needs them).
         self.registry: Registry | None = None
         self.tenants = {
-            tenant.name: _TenantState(tenant, metrics, threads, shared=len(config.tenants) > 1)
+            tenant.name: Tenant(tenant, metrics, threads, shared=len(config.tenants) > 1)
             for tenant in config.tenants
         }
         self._tokened = [
@@ -205,21 +205,12 @@ class Admission:
             (state for state in self.tenants.values() if state.config.tokenless), None
         )
 
-    def authenticate(self, context: Any) -> _TenantState:
-        """The tenant a call belongs to.
+    def tenant_for(self, metadata: Any, *, over_unix: bool) -> Tenant:
+        """The tenant a call belongs to, from its metadata alone (what an interceptor sees
+        before gRPC reads the request body).
 
         A bearer token is hashed and compared in constant time with every tenant's hash; a call
         without one is the tokenless tenant's only when it arrives over the unix socket.
-
-        Raises:
-            EvaldError: ``permission_denied`` with what to fix.
-        """
-        over_unix = str(context.peer()).startswith("unix:")
-        return self.tenant_for(context.invocation_metadata(), over_unix=over_unix)
-
-    def tenant_for(self, metadata: Any, *, over_unix: bool) -> _TenantState:
-        """:meth:`authenticate` from the call's metadata alone (what an interceptor sees before
-        gRPC reads the request body).
 
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
@@ -245,7 +236,7 @@ class Admission:
                 "malformed authorization metadata: expected `Bearer TOKEN`",
             )
         digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
-        found: _TenantState | None = None
+        found: Tenant | None = None
         for expected, state in self._tokened:
             if hmac.compare_digest(digest, expected):
                 found = state
@@ -268,8 +259,8 @@ class Admission:
             )
 
     def prepare(
-        self, tenant: _TenantState, request: pb.EvaluateRequest, index: int
-    ) -> _Work | pb.EvaluateResponse:
+        self, tenant: Tenant, request: pb.EvaluateRequest, index: int
+    ) -> Work | pb.EvaluateResponse:
         """Resolves and admits one evaluation, or answers it at once with the refusal."""
         registry = self.registry
         assert registry is not None, "the evaluators are not loaded yet"
@@ -286,7 +277,7 @@ class Admission:
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
             return error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
-        return _Work(
+        return Work(
             index=index,
             request_id=request.id,
             evaluator=evaluator,

@@ -7,13 +7,15 @@ So ``[server] data_listen`` opens a unix socket that carries exactly the message
 ``EvaluateStream`` in the frames of :mod:`evald.contract._frames`; gRPC stays the control plane
 (listing, registration, health) and the only TCP/TLS transport.
 
-It is the same daemon behind another door, not a second implementation. A connection is
-authenticated by :meth:`EvaldServer.authenticate` (its first frame, a HELLO of at most
+It is the same daemon behind another door, not a second implementation: this module sees the
+daemon as the :class:`~evald.daemon._transport.Core` the gRPC service sees, and admits a
+message's items with the same :class:`~evald.daemon._transport.Intake`. A connection is
+authenticated by :meth:`Core.authenticate` (its first frame, a HELLO of at most
 :data:`~evald.contract.MAX_HELLO_BYTES`, carries the bearer token; it is read straight from
 the socket, so nothing past it is buffered before it passes, and it must come within
 :data:`HELLO_TIMEOUT_S`); each item goes through
-:meth:`EvaldServer.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
-(:meth:`EvaldServer.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
+:meth:`Core.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
+(:meth:`Core.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
 as gRPC calls, on the same worker threads); evaluation errors are the same ``EvaluateResponse``
 values, call-level errors the same codes (an ERROR frame, then the connection closes).
 
@@ -24,11 +26,11 @@ non-blocking send: the common case costs no thread hand-off); results that finis
 items of their message still run are sent by the flusher within :data:`COALESCE_S`, so one
 slow item never holds back the fast ones. Results go out in frames of at most
 ``max_message_bytes`` of values (:func:`~evald.daemon._gatekeeping.pack_responses`, as on the gRPC
-stream). Backpressure is in bytes (see :class:`_Connection`): past ``stream_unread_bytes`` for
-the connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
-reading, so a client that sends without reading stalls itself (the socket buffer fills) and
-nobody else, and one that reads nothing for ``stream_stall_s`` is cut off. A connection is one
-call of its tenant's ``max_calls``.
+stream). Backpressure is in bytes (:class:`~evald.daemon._transport.OutputBudget`): past
+``stream_unread_bytes`` for the connection or the tenant's ``unread_bytes`` (shared with its gRPC
+streams) the reader stops reading, so a client that sends without reading stalls itself (the
+socket buffer fills) and nobody else, and one that reads nothing for ``stream_stall_s`` is cut
+off. A connection is one call of its tenant's ``max_calls``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 
@@ -59,14 +61,11 @@ from evald.contract import (
     read_frame,
 )
 from evald.contract import unix_socket_path as socket_file
-from evald.daemon._gatekeeping import pack_responses, reservation
+from evald.daemon._admission import Tenant
+from evald.daemon._gatekeeping import pack_responses
 from evald.daemon._lifecycle import check_unix_socket
-from evald.daemon._scheduler import _Batch
-
-if TYPE_CHECKING:
-    from evald.daemon._admission import _TenantState
-    from evald.daemon._scheduler import _Work
-    from evald.daemon._server import EvaldServer
+from evald.daemon._scheduler import Batch, Work
+from evald.daemon._transport import Core, Intake, OutputBudget, shutting_down
 
 __all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
 
@@ -93,20 +92,6 @@ def unix_socket_path(target: str) -> Path:
     return path
 
 
-class _HelloContext:
-    """What :meth:`EvaldServer.authenticate` asks of a call, answered from a HELLO frame."""
-
-    def __init__(self, token: str, peer: str) -> None:
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._peer = peer
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    def peer(self) -> str:
-        return self._peer
-
-
 def _error_frame(code: ErrorCode, message: str) -> bytes:
     error = pb.Error(code=code.proto_value, message=message)  # type: ignore[arg-type]
     return encode_frame(Kind.ERROR, error.SerializeToString())
@@ -116,16 +101,15 @@ class _Connection:
     """One data-path connection: its reader thread's loop and the results it owes.
 
     Backpressure is in bytes, as on a gRPC stream: every admitted item reserves the most its
-    response can take (:func:`~evald.daemon._gatekeeping.reservation`) from the connection's
-    ``stream_unread_bytes`` and the tenant's ``unread_bytes`` (the budget its gRPC streams
-    share), until the frame carrying its result is in the socket buffer. At either bound the
-    reader stops reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
+    response can take from the connection's :class:`~evald.daemon._transport.OutputBudget`
+    until the frame carrying its result is in the socket buffer. At the bound the reader stops
+    reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
     """
 
     def __init__(self, server: DataServer, sock: socket.socket, number: int) -> None:
         self._server = server
-        self._daemon = server.daemon
-        settings = self._daemon.config.server
+        self._core = server.core
+        settings = self._core.settings
         self._sock = sock
         self._name = f"evald-data-{number}"
         self._reader: Any = None  # buffered, made only once the connection has authenticated
@@ -140,9 +124,8 @@ class _Connection:
         self._changed = threading.Condition(self._lock)  # room freed, or closed
         self._flush_wake = threading.Condition(self._lock)
         self._results: list[tuple[pb.EvaluateResponse, int]] = []
-        self._reserved = 0  # output bytes reserved for results not yet in the socket buffer
-        self._tenant: _TenantState | None = None
-        self._live: dict[int, _Batch] = {}  # batches with items not yet answered, by id()
+        self._budget: OutputBudget | None = None  # once authenticated
+        self._live: dict[int, Batch] = {}  # batches with items not yet answered, by id()
         self._flusher: threading.Thread | None = None
         self._closed = False
         self._aborted = False  # the daemon's grace ran out: stop waiting for results
@@ -154,24 +137,23 @@ class _Connection:
     # -- the reader thread ---------------------------------------------------------------
 
     def _serve(self) -> None:
-        daemon = self._daemon
+        core = self._core
         tenant_label = "unauthenticated"
         code = "ok"
         failure: tuple[ErrorCode, str] | None = None
         authenticated = False
-        entered: _TenantState | None = None
+        entered: Tenant | None = None
         try:
             tenant = self._hello()
             tenant_label = tenant.name
             tenant.enter_call()  # a connection is one call of its tenant's max_calls
             entered = tenant
-            self._tenant = tenant
-            tenant.add_waiter(self)
+            budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
             self._sock.settimeout(None)
             self._reader = self._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
-            while not daemon.stopping:
+            while not core.stopping:
                 if self._writer.failed is not None:
                     raise self._writer.failed  # the peer is gone: what it sent is moot
                 frame = read_frame(self._reader.read, self._max_frame)
@@ -183,12 +165,9 @@ class _Connection:
                         ErrorCode.INVALID_ARGUMENT,
                         f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
                     )
-                self._submit(tenant, payload)
-            if daemon.stopping:
-                failure = (
-                    ErrorCode.UNAVAILABLE,
-                    "the daemon is shutting down; reconnect to another",
-                )
+                self._submit(tenant, budget, payload)
+            if core.stopping:
+                raise shutting_down()
         except (FrameError, EvaldError) as exc:
             failure = (exc.code, exc.message)
         except TimeoutError:
@@ -206,7 +185,7 @@ class _Connection:
             if isinstance(self._writer.failed, WriterStalled):
                 _log.info(
                     "data connection cut off: its client stopped reading",
-                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._reserved}},
+                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._unread()}},
                 )
                 failure = (
                     ErrorCode.QUOTA_EXCEEDED,
@@ -229,12 +208,11 @@ class _Connection:
                 )
             self._finish(failure, authenticated)
             if entered is not None:
-                entered.remove_waiter(self)
                 entered.leave_call()
-            daemon.metrics.observe_rpc(METHOD, tenant_label, code)
+            core.observe_call(METHOD, tenant_label, code)
             self._server.forget(self)
 
-    def _hello(self) -> _TenantState:
+    def _hello(self) -> Tenant:
         """Reads the HELLO straight from the socket: at most MAX_HELLO_BYTES are ever taken
         from an unauthenticated peer (no buffered reader yet), all within one deadline (a
         client sending a byte every few seconds does not hold the connection open)."""
@@ -267,40 +245,16 @@ class _Connection:
             token = payload[len(HELLO_MAGIC) :].decode("utf-8").strip()
         except UnicodeDecodeError:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
-        return self._daemon.authenticate(_HelloContext(token, f"unix:{self._server.path}"))
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return self._core.authenticate(metadata, over_unix=True)
 
-    def _reserve(self, tenant: _TenantState, size: int) -> None:
-        """Reserves one item's output bytes, waiting (the reader stops reading) while neither
-        this connection's nor the tenant's budget has room.
-
-        Raises:
-            OSError: the writer failed (the peer left, or stopped reading too long).
-            EvaldError: ``unavailable`` when the daemon stops meanwhile.
-        """
-        daemon = self._daemon
-        with self._lock:
-            while True:
-                if self._writer.failed is not None:
-                    raise self._writer.failed
-                if daemon.stopping:
-                    raise EvaldError(
-                        ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
-                    )
-                if (not self._reserved or self._reserved + size <= self._bound) and (
-                    tenant.reserve_unread(size)
-                ):
-                    self._reserved += size
-                    return
-                self._changed.wait(0.5)
+    def _unread(self) -> int:
+        return self._budget.reserved if self._budget is not None else 0
 
     def _release(self, credit: int) -> None:
-        """Results of ``credit`` reserved bytes left (any thread): back to both budgets."""
-        with self._lock:
-            credit = min(credit, self._reserved)  # what _finish already returned is not twice
-            self._reserved -= credit
-            self._changed.notify_all()
-        if credit and self._tenant is not None:
-            self._tenant.free_unread(credit)
+        """Results of ``credit`` reserved bytes are in the socket buffer (the writer thread)."""
+        if self._budget is not None:
+            self._budget.release(credit)
 
     def wake(self) -> None:
         """The tenant freed output bytes (any thread): a reader waiting for room looks again."""
@@ -311,8 +265,7 @@ class _Connection:
         self.wake()
         self.shut_reading()  # a reader blocked on the socket sees the end
 
-    def _submit(self, tenant: _TenantState, payload: bytes) -> None:
-        daemon = self._daemon
+    def _submit(self, tenant: Tenant, budget: OutputBudget, payload: bytes) -> None:
         try:
             message = pb.EvaluateBatchRequest.FromString(payload)
         except DecodeError:
@@ -321,38 +274,32 @@ class _Connection:
                 "a BATCH frame is not a valid evald.v1.EvaluateBatchRequest (corrupt protobuf, "
                 "or a string field that is not UTF-8)",
             ) from None
-        items = message.items
-        daemon.check_batch_size(len(items))
-        output_bytes = tenant.limits.output_bytes
-        queue: collections.deque[_Work] = collections.deque()
-        refused: list[tuple[pb.EvaluateResponse, int]] = []
-        try:
-            for index, item in enumerate(items):
-                size = reservation(output_bytes, item.id)
-                if queue or refused:
-                    with self._lock:
-                        fits = not self._reserved or self._reserved + size <= self._bound
-                    if not (fits and tenant.reserve_unread(size)):
-                        # No room: what is admitted runs first, so its results free some.
-                        self._dispatch(queue, refused)
-                        queue, refused = collections.deque(), []
-                        self._reserve(tenant, size)
-                    else:
-                        with self._lock:
-                            self._reserved += size
-                else:
-                    self._reserve(tenant, size)
-                prepared = daemon.prepare(tenant, item, index)
-                if isinstance(prepared, pb.EvaluateResponse):
-                    refused.append((prepared, size))
-                else:
-                    prepared.reserved = size
-                    queue.append(prepared)
-        finally:
-            self._dispatch(queue, refused)
+        intake = Intake(self._core, tenant, budget, message.items)
+        while True:
+            admitted = intake.advance()
+            self._dispatch(admitted.queue, admitted.refused)
+            if not admitted.blocked:
+                return
+            # No room: what is admitted runs first, so its results free some.
+            self._wait_for_room(budget, admitted.seen)
+
+    def _wait_for_room(self, budget: OutputBudget, seen: int) -> None:
+        """Waits (the reader stops reading) until room may have been freed since ``seen``.
+
+        Raises:
+            OSError: the writer failed (the peer left, or stopped reading too long).
+            EvaldError: ``unavailable`` when the daemon stops meanwhile.
+        """
+        with self._lock:
+            while budget.freed == seen:
+                if self._writer.failed is not None:
+                    raise self._writer.failed
+                if self._core.stopping:
+                    raise shutting_down()
+                self._changed.wait(0.5)
 
     def _dispatch(
-        self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
+        self, queue: collections.deque[Work], refused: list[tuple[pb.EvaluateResponse, int]]
     ) -> None:
         """Answers the refused items and schedules the admitted ones."""
         if refused:
@@ -368,7 +315,7 @@ class _Connection:
             return
         left = [len(queue)]
 
-        def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+        def deliver(work: Work, response: pb.EvaluateResponse) -> None:
             with self._lock:
                 if self._closed:
                     return
@@ -385,12 +332,12 @@ class _Connection:
                     return
             self._send(results)
 
-        batch = _Batch(None, queue, deliver)
+        batch = Batch(None, queue, deliver)
         with self._lock:
             self._live[id(queue)] = batch
-        added, scheduled = self._daemon.enqueue(batch)
+        added, scheduled = self._core.enqueue(batch)
         if not scheduled:
-            self._daemon.abandon(batch, added)
+            self._core.abandon(batch, added)
 
     # -- results ------------------------------------------------------------------------
 
@@ -435,22 +382,20 @@ class _Connection:
 
     def _finish(self, failure: tuple[ErrorCode, str] | None, authenticated: bool) -> None:
         """Answers what was admitted (unless the peer left), sends the error, closes."""
-        daemon = self._daemon
         if authenticated:  # every admitted item ends within its deadline
             with self._lock:
-                while self._reserved > 0 and self._writer.failed is None and not self._aborted:
+                while self._unread() > 0 and self._writer.failed is None and not self._aborted:
                     self._changed.wait(0.5)
         with self._lock:
             self._closed = True
             live = list(self._live.values())
             self._live.clear()
-            unsent, self._reserved = self._reserved, 0
             self._flush_wake.notify_all()
             self._changed.notify_all()
-        if unsent and self._tenant is not None:
-            self._tenant.free_unread(unsent)  # results that will never be sent
+        if self._budget is not None:
+            self._budget.close()  # results that will never be sent
         for batch in live:
-            daemon.abandon(batch, True)
+            self._core.abandon(batch, True)
         if failure is not None:
             with contextlib.suppress(ConnectionError):
                 self._writer.send(_error_frame(*failure))
@@ -480,12 +425,12 @@ class _Connection:
 
 
 class DataServer:
-    """The data path's listener and connections, for one :class:`EvaldServer`."""
+    """The data path's listener and connections, for one daemon."""
 
-    def __init__(self, daemon: EvaldServer, target: str) -> None:
-        self.daemon = daemon
+    def __init__(self, core: Core, target: str) -> None:
+        self.core = core
         self.path = unix_socket_path(target)
-        self._max_connections = daemon.config.server.data_max_connections
+        self._max_connections = core.settings.data_max_connections
         self._listener: socket.socket | None = None
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
@@ -505,7 +450,7 @@ class DataServer:
         """
         check_unix_socket(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mode = self.daemon.config.server.socket_mode
+        mode = self.core.settings.socket_mode
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         previous = os.umask(0o777 & ~mode)  # no window in which others may connect
         try:
@@ -556,9 +501,7 @@ class DataServer:
                         socket.MSG_DONTWAIT,
                     )
                 sock.close()
-                self.daemon.metrics.observe_rpc(
-                    METHOD, "unauthenticated", ErrorCode.UNAVAILABLE.value
-                )
+                self.core.observe_call(METHOD, "unauthenticated", ErrorCode.UNAVAILABLE.value)
                 continue
             connection.thread.start()
 

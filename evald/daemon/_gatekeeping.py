@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import Any, Protocol, cast
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_reflection.v1alpha import reflection
 
 from evald.contract import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError, pb
@@ -27,8 +28,10 @@ __all__ = [
     "RESPONSE_OVERHEAD",
     "SERVICE_NAME",
     "Gatekeeper",
+    "Malformed",
     "ResponseBudget",
     "error_response",
+    "lenient",
     "pack_responses",
     "receive_limit",
     "refusal",
@@ -41,13 +44,11 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Evaluator"].full_name
 
 
 class _Authenticator(Protocol):
-    """What the gatekeeper needs of the daemon."""
+    """What the gatekeeper needs of the daemon (a part of ``_transport.Core``)."""
 
-    listen: str
+    def authenticate(self, metadata: Any, *, over_unix: bool) -> Any: ...
 
-    def tenant_for(self, metadata: Any, *, over_unix: bool) -> Any: ...
-
-    def observe_refusal(self, method: str, code: str) -> None: ...
+    def observe_call(self, method: str, tenant: str, code: str) -> None: ...
 
 
 #: evald's codes as the protobuf enum (the stubs type the field as ``pb.ErrorCode``).
@@ -148,6 +149,37 @@ def pack_responses(
         yield batch, credit
 
 
+class Malformed:
+    """A request whose bytes do not parse as the method's message.
+
+    grpc answers a deserializer that raises with an untyped ``UNKNOWN`` status (and a stream
+    reader with an exception); the lenient deserializers (:func:`lenient`) return this instead,
+    so the handler refuses the call with ``invalid_argument`` like any other bad request.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def lenient(message_type: type[Message]) -> Callable[[bytes], Any]:
+    """A deserializer for ``message_type`` that returns a :class:`Malformed` instead of raising."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return Malformed(
+                f"the request is not a valid {name} message (corrupt protobuf, or a string "
+                "field that is not UTF-8); send the evald.v1 messages of proto/evald/v1"
+            )
+
+    return parse
+
+
+
 class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses calls without a valid token from their metadata, before gRPC reads the body.
 
@@ -159,13 +191,13 @@ class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     authenticates again with the peer in hand (the tokenless tenant needs the unix socket).
     """
 
-    def __init__(self, daemon: _Authenticator) -> None:
+    def __init__(self, daemon: _Authenticator, *, over_unix: bool) -> None:
         self._daemon = daemon
         self._prefix = f"/{SERVICE_NAME}/"
         # Reflection is a stream of requests of any size: only for callers with a token (or
         # the tokenless tenant on the socket). Health stays open (probes carry no token).
         self._guarded = (self._prefix, f"/{reflection.SERVICE_NAME}/")
-        self._over_unix = daemon.listen.startswith("unix:")
+        self._over_unix = over_unix
 
     async def intercept_service(
         self,
@@ -175,11 +207,13 @@ class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = str(handler_call_details.method)
         if method.startswith(self._guarded):
             try:
-                self._daemon.tenant_for(
+                self._daemon.authenticate(
                     handler_call_details.invocation_metadata, over_unix=self._over_unix
                 )
             except EvaldError as exc:
-                self._daemon.observe_refusal(method.rpartition("/")[2], exc.code.value)
+                self._daemon.observe_call(
+                    method.rpartition("/")[2], "unauthenticated", exc.code.value
+                )
                 return refusal(exc)
         return await continuation(handler_call_details)
 

@@ -24,7 +24,7 @@ import signal
 import socket
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -33,14 +33,12 @@ from grpc_reflection.v1alpha import reflection
 
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon import _sdnotify
-from evald.daemon._config import ServerSettings
+from evald.daemon._config import Config, ServerSettings
 from evald.daemon._gatekeeping import SERVICE_NAME, Gatekeeper, receive_limit, send_limit
-from evald.daemon._service import add_service
+from evald.daemon._service import ControlPlane, add_service
+from evald.daemon._transport import Core
 
-if TYPE_CHECKING:
-    from evald.daemon._server import EvaldServer
-
-__all__ = ["bind", "check_unix_socket", "grpc_server", "run_until_signal"]
+__all__ = ["Served", "bind", "check_unix_socket", "grpc_server", "run_until_signal"]
 
 _log = logging.getLogger("evald.server")
 
@@ -49,7 +47,19 @@ _MAX_UNIX_PATH: Final = 107
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
+class Served(Core, ControlPlane, Protocol):
+    """The daemon as its process sees it: what the gRPC server serves, and how it starts and
+    stops (:class:`evald.daemon.EvaldServer` is one)."""
+
+    config: Config
+    listen: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float | None = None) -> None: ...
+
+
+def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
     """The daemon's ``grpc.aio`` server, not yet bound or started, and its health servicer.
 
     Message limits come from ``max_message_bytes``, ``max_batch_items`` and the largest
@@ -63,7 +73,7 @@ def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
         default=config.default_limits.input_bytes,
     )
     server = grpc.aio.server(
-        interceptors=(Gatekeeper(daemon),),
+        interceptors=(Gatekeeper(daemon, over_unix=daemon.listen.startswith("unix:")),),
         options=(
             (
                 "grpc.max_receive_message_length",
@@ -81,7 +91,7 @@ def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
         ),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
-    add_service(daemon, server)
+    add_service(daemon, daemon, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -193,7 +203,7 @@ def check_unix_socket(path: Path) -> None:
     )
 
 
-async def run_until_signal(daemon: EvaldServer) -> None:
+async def run_until_signal(daemon: Served) -> None:
     """Starts ``daemon``, serves until SIGTERM or SIGINT, then drains it and returns.
 
     A second signal while draining exits the process at once (status 1). SIGHUP is logged and
