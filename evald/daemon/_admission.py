@@ -9,6 +9,9 @@ path's connections) must apply the same rules, and each rule must be written onc
   bucket (``max_concurrency``, ``rate_per_s``), calls in flight (``max_calls``: unary calls,
   streams and data connections alike) and its unread output bytes (``unread_bytes``, shared by
   its streams and data connections, with the waiters woken when room is freed);
+* :meth:`Admission.enter` counts a call or a connection against its tenant's ``max_calls`` and
+  its share of the transport's shared pool (:mod:`evald.daemon._shares`);
+  :meth:`Admission.enter_unauthenticated` against the small pool of callers with no tenant yet;
 * :meth:`Admission.check_batch_size` and :meth:`Admission.prepare` refuse what is too large or
   over quota with a typed error, and turn an admitted item into the scheduler's work item.
 
@@ -23,19 +26,24 @@ import hashlib
 import hmac
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from evald.contract import ErrorCode, EvaldError, pb
 from evald.daemon._config import Config, TenantConfig, TenantLimits
 from evald.daemon._gatekeeping import error_response
 from evald.daemon._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
 from evald.daemon._scheduler import TenantQueue, Work
+from evald.daemon._shares import SharedPool, Slots
 from evald.host import Limits
 
 if TYPE_CHECKING:
     from evald.daemon._registry import Registry
 
-__all__ = ["Admission", "Tenant", "UnreadWaiter", "host_limits"]
+__all__ = ["Admission", "Tenant", "Transport", "UnreadWaiter", "host_limits"]
+
+#: The door a call came through: a gRPC call, or a data-path connection.
+Transport = Literal["grpc", "data"]
 
 
 def host_limits(limits: TenantLimits) -> Limits:
@@ -54,8 +62,8 @@ def host_limits(limits: TenantLimits) -> Limits:
 
 
 class UnreadWaiter(Protocol):
-    """Something that waits for room in its tenant's ``unread_bytes``: a stream or a data
-    connection. ``wake`` may be called from any thread."""
+    """Something that waits for room in its tenant's ``unread_bytes`` or ``request_bytes``: a
+    stream or a data connection. ``wake`` may be called from any thread."""
 
     def wake(self) -> None: ...
 
@@ -80,6 +88,7 @@ class Tenant(TenantQueue):
         # path's connections (threads): both guarded by _lock, so one budget holds for both.
         self.calls = 0  # calls in flight: unary calls, open streams and data connections
         self.unread = 0  # output bytes reserved by its streams and data connections
+        self.requests = 0  # request bytes held until their items are admitted
         # Woken (wake()) when unread bytes are freed: its streams and data connections.
         self.sinks: set[UnreadWaiter] = set()
         self._rate = config.limits.rate_per_s
@@ -168,6 +177,36 @@ class Tenant(TenantQueue):
             for waiter in waiters:
                 waiter.wake()
 
+    def reserve_request(self, size: int) -> bool:
+        """Counts ``size`` bytes of a request about to be read (any thread); False when the
+        tenant's ``request_bytes`` has no room for them (a lone request always fits, so a
+        message within ``max_message_bytes`` never waits for nothing)."""
+        with self._lock:
+            if self.requests and self.requests + size > self.config.limits.request_bytes:
+                return False
+            self.requests += size
+            return True
+
+    def charge_request(self, size: int) -> None:
+        """Counts ``size`` bytes of a request that has already arrived (gRPC reads a message
+        whole before the daemon sees it): the tenant's next reads wait until it is below its
+        ``request_bytes`` again."""
+        with self._lock:
+            self.requests += size
+
+    def request_room(self) -> bool:
+        """Whether the tenant may start reading another request."""
+        return self.requests < self.config.limits.request_bytes
+
+    def free_request(self, size: int) -> None:
+        """Returns request bytes once their items are admitted, and wakes what waits."""
+        if size:
+            with self._lock:
+                self.requests -= size
+                waiters = list(self.sinks)
+            for waiter in waiters:
+                waiter.wake()
+
     def add_waiter(self, waiter: UnreadWaiter) -> None:
         with self._lock:
             self.sinks.add(waiter)
@@ -204,6 +243,76 @@ class Admission:
         self._tokenless = next(
             (state for state in self.tenants.values() if state.config.tokenless), None
         )
+        server = config.server
+        self._shared = {
+            "grpc": SharedPool(
+                server.max_concurrent_rpcs,
+                self.tenants,
+                setting="max_concurrent_rpcs",
+                what="gRPC calls in flight",
+            ),
+            "data": SharedPool(
+                server.data_max_connections,
+                self.tenants,
+                setting="data_max_connections",
+                what="data-path connections",
+            ),
+        }
+        self._unauthenticated = {
+            "grpc": Slots(
+                server.open_calls, setting="open_calls", what="calls that need no token"
+            ),
+            "data": Slots(
+                server.data_unauthenticated_connections,
+                setting="data_unauthenticated_connections",
+                what="data-path connections that have not authenticated",
+            ),
+        }
+
+    def enter(self, tenant: Tenant, transport: Transport) -> Callable[[], None]:
+        """Counts one call (a gRPC call, a data-path connection) of ``tenant``: against its
+        ``max_calls`` and its share of the transport's pool. Returns the call's ``leave``
+        (idempotent, any thread).
+
+        Raises:
+            EvaldError: ``quota_exceeded``, saying which bound was reached.
+        """
+        pool = self._shared[transport]
+        tenant.enter_call()
+        try:
+            pool.take(tenant.name)
+        except EvaldError:
+            tenant.leave_call()
+            raise
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                pool.give(tenant.name)
+                tenant.leave_call()
+
+        return leave
+
+    def enter_unauthenticated(self, transport: Transport) -> Callable[[], None]:
+        """Counts one caller with no tenant (yet): a call to a service that needs no token, a
+        data-path connection before its HELLO. Returns its ``leave`` (idempotent).
+
+        Raises:
+            EvaldError: ``unavailable`` when the transport's small pool for them is full.
+        """
+        slots = self._unauthenticated[transport]
+        slots.take()
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                slots.give()
+
+        return leave
 
     def tenant_for(self, metadata: Any, *, over_unix: bool) -> Tenant:
         """The tenant a call belongs to, from its metadata alone (what an interceptor sees

@@ -42,8 +42,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from google.protobuf.message import DecodeError
 
@@ -62,6 +63,7 @@ from evald.contract import (
 )
 from evald.contract import unix_socket_path as socket_file
 from evald.daemon._admission import Tenant
+from evald.daemon._frame_reader import FrameReader, Idle
 from evald.daemon._gatekeeping import pack_responses
 from evald.daemon._lifecycle import check_unix_socket
 from evald.daemon._scheduler import Batch, Work
@@ -77,7 +79,6 @@ METHOD: Final = "DataStream"
 HELLO_TIMEOUT_S: Final = 5.0
 #: How long a finished result may wait for others of its burst before the flusher sends it.
 COALESCE_S: Final = 0.0002
-_READ_BUFFER_BYTES: Final = 256 * 1024
 
 
 def unix_socket_path(target: str) -> Path:
@@ -106,13 +107,19 @@ class _Connection:
     reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
     """
 
-    def __init__(self, server: DataServer, sock: socket.socket, number: int) -> None:
+    def __init__(
+        self,
+        server: DataServer,
+        sock: socket.socket,
+        number: int,
+        leave_unauthenticated: Callable[[], None],
+    ) -> None:
         self._server = server
+        self._leave_unauthenticated = leave_unauthenticated
         self._core = server.core
         settings = self._core.settings
         self._sock = sock
         self._name = f"evald-data-{number}"
-        self._reader: Any = None  # buffered, made only once the connection has authenticated
         self._writer = FrameWriter(
             sock,
             f"{self._name}-writer",
@@ -142,32 +149,22 @@ class _Connection:
         code = "ok"
         failure: tuple[ErrorCode, str] | None = None
         authenticated = False
-        entered: Tenant | None = None
+        leave: Callable[[], None] | None = None
         try:
-            tenant = self._hello()
+            try:
+                tenant = self._hello()
+            finally:
+                self._leave_unauthenticated()
             tenant_label = tenant.name
-            tenant.enter_call()  # a connection is one call of its tenant's max_calls
-            entered = tenant
+            # One call of its tenant's max_calls, and one of its share of the connections.
+            leave = core.enter(tenant, "data")
             budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
             self._sock.settimeout(None)
-            self._reader = self._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
-            while not core.stopping:
-                if self._writer.failed is not None:
-                    raise self._writer.failed  # the peer is gone: what it sent is moot
-                frame = read_frame(self._reader.read, self._max_frame)
-                if frame is None:
-                    break  # the client is done sending: answer what it sent, then close
-                kind, payload = frame
-                if kind is not Kind.BATCH:
-                    raise FrameError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
-                    )
-                self._submit(tenant, budget, payload)
-            if core.stopping:
-                raise shutting_down()
+            self._read_batches(tenant, budget)
+        except Idle:
+            _log.info("data connection closed: idle", extra={"fields": {"tenant": tenant_label}})
         except (FrameError, EvaldError) as exc:
             failure = (exc.code, exc.message)
         except TimeoutError:
@@ -207,10 +204,53 @@ class _Connection:
                     },
                 )
             self._finish(failure, authenticated)
-            if entered is not None:
-                entered.leave_call()
+            if leave is not None:
+                leave()
             core.observe_call(METHOD, tenant_label, code)
             self._server.forget(self)
+
+    def _read_batches(self, tenant: Tenant, budget: OutputBudget) -> None:
+        """Reads and admits BATCH frames until the client is done or the daemon stops.
+
+        A frame's bytes count in the tenant's ``request_bytes`` from its header until its items
+        are admitted (the reader waits for room before reading them), and must arrive within
+        ``frame_timeout_s`` of the header.
+
+        Raises:
+            Idle: nothing arrived for ``idle_timeout_s`` while nothing was in flight.
+            FrameError, EvaldError: a protocol error, a frame too slow, the daemon stopping.
+            OSError: the peer left.
+        """
+        core = self._core
+        frames = FrameReader(self._sock, self._max_frame, core.settings.frame_timeout_s)
+        idle_timeout_s = core.settings.idle_timeout_s
+
+        def busy() -> bool:
+            return budget.reserved > 0 or core.stopping
+
+        while not core.stopping:
+            if self._writer.failed is not None:
+                raise self._writer.failed  # the peer is gone: what it sent is moot
+            header = frames.next_header(idle_timeout_s, busy)
+            if header is None:
+                break  # the client is done sending: answer what it sent, then close
+            kind, length = header
+            if kind is not Kind.BATCH:
+                raise FrameError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
+                )
+            while True:
+                seen = budget.freed
+                if tenant.reserve_request(length):
+                    break
+                self._wait_for_room(budget, seen)
+            try:
+                self._submit(tenant, budget, frames.payload(length))
+            finally:
+                tenant.free_request(length)
+        if core.stopping:
+            raise shutting_down()
 
     def _hello(self) -> Tenant:
         """Reads the HELLO straight from the socket: at most MAX_HELLO_BYTES are ever taken
@@ -417,9 +457,6 @@ class _Connection:
             self._sock.shutdown(socket.SHUT_RD)
 
     def close_socket(self) -> None:
-        if self._reader is not None:
-            with contextlib.suppress(OSError):
-                self._reader.close()
         with contextlib.suppress(OSError):
             self._sock.close()
 
@@ -430,7 +467,6 @@ class DataServer:
     def __init__(self, core: Core, target: str) -> None:
         self.core = core
         self.path = unix_socket_path(target)
-        self._max_connections = core.settings.data_max_connections
         self._listener: socket.socket | None = None
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
@@ -479,30 +515,24 @@ class DataServer:
                     return
                 time.sleep(0.05)  # out of descriptors: let some close
                 continue
+            try:
+                # Until its HELLO passes, a connection counts in the small pool of peers with no
+                # tenant yet; then in its tenant's share of data_max_connections.
+                leave = self.core.enter_unauthenticated("data")
+            except EvaldError as exc:
+                with contextlib.suppress(OSError):
+                    sock.send(_error_frame(exc.code, exc.message), socket.MSG_DONTWAIT)
+                sock.close()
+                self.core.observe_call(METHOD, "unauthenticated", exc.code.value)
+                continue
             with self._lock:
                 if self._stopping:
+                    leave()
                     sock.close()
                     return
-                if len(self._connections) >= self._max_connections:
-                    refuse = True
-                else:
-                    refuse = False
-                    self._count += 1
-                    connection = _Connection(self, sock, self._count)
-                    self._connections.add(connection)
-            if refuse:
-                with contextlib.suppress(OSError):
-                    sock.send(
-                        _error_frame(
-                            ErrorCode.UNAVAILABLE,
-                            f"the data path already serves {self._max_connections} connections "
-                            "(data_max_connections); retry later or share a connection",
-                        ),
-                        socket.MSG_DONTWAIT,
-                    )
-                sock.close()
-                self.core.observe_call(METHOD, "unauthenticated", ErrorCode.UNAVAILABLE.value)
-                continue
+                self._count += 1
+                connection = _Connection(self, sock, self._count, leave)
+                self._connections.add(connection)
             connection.thread.start()
 
     def forget(self, connection: _Connection) -> None:

@@ -34,7 +34,8 @@ from grpc_reflection.v1alpha import reflection
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon import _sdnotify
 from evald.daemon._config import Config, ServerSettings
-from evald.daemon._gatekeeping import SERVICE_NAME, Gatekeeper, receive_limit, send_limit
+from evald.daemon._gatekeeping import SERVICE_NAME, receive_limit, send_limit
+from evald.daemon._grpc_gate import Gatekeeper
 from evald.daemon._service import ControlPlane, add_service
 from evald.daemon._transport import Core
 
@@ -63,8 +64,8 @@ def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
     """The daemon's ``grpc.aio`` server, not yet bound or started, and its health servicer.
 
     Message limits come from ``max_message_bytes``, ``max_batch_items`` and the largest
-    ``input_bytes`` of any tenant; calls without a valid token are refused by the gatekeeper
-    before their body is read.
+    ``input_bytes`` of any tenant; every call passes the gatekeeper
+    (:mod:`evald.daemon._grpc_gate`) before its body is read.
     """
     config = daemon.config
     settings = config.server
@@ -88,8 +89,13 @@ def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
             # before the daemon reads it stays at HTTP/2's 64 KiB per stream.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.so_reuseport", 0),
+            # Connections with no call for this long are closed (the clients reconnect).
+            *_idle_option(settings.idle_timeout_s),
         ),
-        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        # No gRPC call cap: its refusal is an untyped RESOURCE_EXHAUSTED for everyone alike. The
+        # gatekeeper counts every call instead: tenants in their shares of max_concurrent_rpcs,
+        # callers without a token in open_calls.
+        maximum_concurrent_rpcs=None,
     )
     add_service(daemon, daemon, server)
     health = health_aio.HealthServicer()
@@ -103,6 +109,12 @@ def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
         server,
     )
     return server, health
+
+
+def _idle_option(idle_timeout_s: float) -> tuple[tuple[str, int], ...]:
+    if idle_timeout_s <= 0:
+        return ()
+    return (("grpc.max_connection_idle_ms", max(1, int(idle_timeout_s * 1000))),)
 
 
 def bind(server: Any, listen: str, settings: ServerSettings) -> Path | None:

@@ -106,6 +106,8 @@ class EvaldServer:
         # Core's operations that run per call and per item, bound once here: no forwarding
         # call on the evaluation path.
         self.authenticate = self.admission.tenant_for
+        self.enter = self.admission.enter
+        self.enter_unauthenticated = self.admission.enter_unauthenticated
         self.check_batch_size = self.admission.check_batch_size
         self.prepare = self.admission.prepare
         self.drain = self.scheduler.drain

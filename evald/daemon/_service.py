@@ -36,6 +36,7 @@ from evald.daemon._gatekeeping import (
     ResponseBudget,
     lenient,
 )
+from evald.daemon._grpc_gate import release_call_slot
 from evald.daemon._grpc_stream import METHOD as STREAM_METHOD
 from evald.daemon._grpc_stream import serve_stream
 from evald.daemon._registry import Evaluator
@@ -131,11 +132,7 @@ class _Service(pb_grpc.EvaluatorServicer):
         try:
             tenant = self._tenant_of(context)
             tenant_label = tenant.name
-            tenant.enter_call()
-            try:
-                return await body(tenant)
-            finally:
-                tenant.leave_call()
+            return await body(tenant)
         except EvaldError as exc:
             failure = _CallFailed(exc.code, exc.message)
         except asyncio.CancelledError:
@@ -225,7 +222,6 @@ class _Service(pb_grpc.EvaluatorServicer):
         core = self._core
         try:
             tenant = self._tenant_of(context)
-            tenant.enter_call()
         except EvaldError as exc:
             core.observe_call(STREAM_METHOD, "unauthenticated", exc.code.value)
             await context.abort(
@@ -234,18 +230,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                 trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
             )
             return
-        left = False
-
-        def leave() -> None:
-            nonlocal left
-            if not left:
-                left = True
-                tenant.leave_call()
-
-        try:
-            await serve_stream(core, tenant, request_iterator, context, leave)
-        finally:
-            leave()
+        await serve_stream(core, tenant, request_iterator, context, release_call_slot)
 
     async def ListEvaluators(
         self, request: pb.ListEvaluatorsRequest, context: Any

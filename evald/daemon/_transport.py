@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from evald.contract import ErrorCode, EvaldError, pb
-from evald.daemon._admission import Tenant
+from evald.daemon._admission import Tenant, Transport
 from evald.daemon._config import ServerSettings
 from evald.daemon._gatekeeping import reservation
 from evald.daemon._scheduler import Batch, Deliver, Work
@@ -74,6 +74,24 @@ class Core(Protocol):
 
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
+        """
+        ...
+
+    def enter(self, tenant: Tenant, transport: Transport) -> Callable[[], None]:
+        """Counts one call or connection of ``tenant`` (its ``max_calls``, its share of the
+        transport's pool); returns its idempotent ``leave``.
+
+        Raises:
+            EvaldError: ``quota_exceeded``.
+        """
+        ...
+
+    def enter_unauthenticated(self, transport: Transport) -> Callable[[], None]:
+        """Counts one caller with no tenant (yet) in the transport's small pool for them;
+        returns its idempotent ``leave``.
+
+        Raises:
+            EvaldError: ``unavailable`` when that pool is full.
         """
         ...
 
