@@ -17,7 +17,9 @@ Failure rules, so that a request never stalls on evald:
 - when the daemon cannot be reached or the stream breaks, pending and new spans get
   ``unavailable`` at once, and a background thread reconnects with exponential backoff
   (a submission while disconnected also triggers an early retry);
-- call-level refusals (a bad token) become the daemon's error code for the spans concerned.
+- call-level refusals (a bad token) become the daemon's error code for the spans concerned;
+- a connection the daemon ends cleanly (it closes idle ones, ``idle_timeout_s``) is reopened at
+  once: spans submitted meanwhile wait for it rather than fail.
 
 Threads: one reads the stream (and reconnects), one enforces deadlines. gRPC's own threads
 consume the outgoing queue. The client is thread-safe: many injectors may share it.
@@ -139,6 +141,9 @@ class _Down(NamedTuple):
 
     message: str
     code: str = _UNAVAILABLE
+    #: The daemon ended the connection cleanly (it closes idle ones): reconnect at once, and
+    #: let spans submitted meanwhile wait for the new connection instead of failing.
+    clean: bool = False
 
 
 #: An open connection and the call that reads its results until it ends, or why there is none.
@@ -346,6 +351,10 @@ class EvaluatorClient:
             if self._closed.is_set():
                 return
             self.stats.disconnects += 1
+            if ended.clean:
+                self._reconnect_soon(ended.message)
+                backoff = self._backoff_initial_s
+                continue
             self._go_down(ended.message, ended.code)
             if ended.code == _UNAVAILABLE:
                 backoff = self._backoff_initial_s  # it was up: retry soon
@@ -397,7 +406,7 @@ class EvaluatorClient:
             while True:
                 message = link.connection.receive()
                 if message is None:
-                    return _Down(f"evald at {target} closed the connection")
+                    return _Down(f"evald at {target} closed the connection", clean=True)
                 for response in message.results:
                     self._complete(response.id, _result_from_proto(response))
         except DataCallError as exc:  # the daemon's ERROR frame
@@ -421,7 +430,7 @@ class EvaluatorClient:
             ):
                 return _Down(failure.details, ErrorCode.PERMISSION_DENIED.value)
             return _Down(f"the stream to evald at {self.target} broke: {failure.details}")
-        return _Down(f"evald at {self.target} closed the stream")
+        return _Down(f"evald at {self.target} closed the stream", clean=True)
 
     def _run_reaper(self) -> None:
         while True:
@@ -454,6 +463,19 @@ class EvaluatorClient:
                 self._state = "down"
                 self._down_code, self._down_message = code, message
         self._fail_all(message, code)
+
+    def _reconnect_soon(self, message: str) -> None:
+        """After a clean end: spans already sent on the old connection fail (their answers
+        will not come), those not yet sent wait for the next one."""
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "connecting"
+            waiting = {request.id for request in self._unsent}
+            sent = [rid for rid in self._pending if rid not in waiting]
+            failed = [self._pending.pop(rid) for rid in sent]
+        for item in failed:
+            self._fail(item.future, _UNAVAILABLE, message)
 
     def _fail_all(self, message: str, code: str = _UNAVAILABLE) -> None:
         with self._lock:

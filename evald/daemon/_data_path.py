@@ -69,7 +69,14 @@ from evald.daemon._lifecycle import check_unix_socket
 from evald.daemon._scheduler import Batch, Work
 from evald.daemon._transport import Core, Intake, OutputBudget, shutting_down
 
-__all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
+__all__ = [
+    "COALESCE_S",
+    "HELLO_GRACE_S",
+    "HELLO_TIMEOUT_S",
+    "METHOD",
+    "DataServer",
+    "unix_socket_path",
+]
 
 _log = logging.getLogger("evald.data")
 
@@ -77,6 +84,8 @@ _log = logging.getLogger("evald.data")
 METHOD: Final = "DataStream"
 #: A connection that has not sent its HELLO within this long is closed.
 HELLO_TIMEOUT_S: Final = 5.0
+#: A connection still without HELLO after this long may be closed to make room for a new one.
+HELLO_GRACE_S: Final = 0.25
 #: How long a finished result may wait for others of its burst before the flusher sends it.
 COALESCE_S: Final = 0.0002
 
@@ -116,6 +125,8 @@ class _Connection:
     ) -> None:
         self._server = server
         self._leave_unauthenticated = leave_unauthenticated
+        self.accepted_at = time.monotonic()
+        self.authenticating = True  # no HELLO yet
         self._core = server.core
         settings = self._core.settings
         self._sock = sock
@@ -154,6 +165,7 @@ class _Connection:
             try:
                 tenant = self._hello()
             finally:
+                self.authenticating = False
                 self._leave_unauthenticated()
             tenant_label = tenant.name
             # One call of its tenant's max_calls, and one of its share of the connections.
@@ -445,6 +457,12 @@ class _Connection:
         self._writer.close(timeout_s=1.0)
         self.close_socket()
 
+    def evict(self) -> None:
+        """Ends a connection that sent no HELLO, now (the accept thread, making room)."""
+        self.authenticating = False
+        self._leave_unauthenticated()
+        self.shut_reading()
+
     def abort(self) -> None:
         """Stops waiting for results still running (the daemon's grace ran out)."""
         with self._lock:
@@ -516,9 +534,7 @@ class DataServer:
                 time.sleep(0.05)  # out of descriptors: let some close
                 continue
             try:
-                # Until its HELLO passes, a connection counts in the small pool of peers with no
-                # tenant yet; then in its tenant's share of data_max_connections.
-                leave = self.core.enter_unauthenticated("data")
+                leave = self._enter_unauthenticated()
             except EvaldError as exc:
                 with contextlib.suppress(OSError):
                     sock.send(_error_frame(exc.code, exc.message), socket.MSG_DONTWAIT)
@@ -534,6 +550,32 @@ class DataServer:
                 connection = _Connection(self, sock, self._count, leave)
                 self._connections.add(connection)
             connection.thread.start()
+
+    def _enter_unauthenticated(self) -> Callable[[], None]:
+        """Counts a new connection in the small pool of peers with no tenant yet (until its
+        HELLO passes; then it counts in its tenant's share of ``data_max_connections``).
+
+        When that pool is full, the oldest connection that has had :data:`HELLO_GRACE_S` to
+        send its HELLO and sent none makes room: a client sends its HELLO as it connects, so
+        peers that open silent connections cannot keep a tenant's new connection out.
+
+        Raises:
+            EvaldError: ``unavailable`` when the pool is full of connections younger than that.
+        """
+        try:
+            return self.core.enter_unauthenticated("data")
+        except EvaldError:
+            now = time.monotonic()
+            with self._lock:
+                silent = [
+                    c
+                    for c in self._connections
+                    if c.authenticating and now - c.accepted_at >= HELLO_GRACE_S
+                ]
+            if not silent:
+                raise
+            min(silent, key=lambda c: c.accepted_at).evict()
+            return self.core.enter_unauthenticated("data")
 
     def forget(self, connection: _Connection) -> None:
         with self._lock:

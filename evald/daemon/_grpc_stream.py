@@ -80,7 +80,7 @@ class _Sink:
         return results
 
 
-def _ignore_result(task: asyncio.Task[Any]) -> None:
+def _ignore_result(task: asyncio.Future[Any]) -> None:
     """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
@@ -113,6 +113,7 @@ class _Stream:
         self._drains: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self._released = False
+        self._idle_timeout_s = settings.idle_timeout_s
 
     async def run(self) -> EvaldError | None:
         """Reads and answers until the client is done and every result is sent."""
@@ -140,16 +141,57 @@ class _Stream:
     # The reader ---------------------------------------------------------------------------
 
     async def _read(self) -> None:
-        async for message in self._requests:
+        """Admits each message's items; returns when the client is done (or idle too long).
+
+        gRPC hands over a message only once all of it has arrived, so its bytes are charged to
+        the tenant's ``request_bytes`` then, until its items are admitted; while the tenant is
+        past that budget, its streams read no further message.
+        """
+        messages = aiter(self._requests)
+        tenant = self._tenant
+        while True:
+            while True:
+                seen = self._budget.freed
+                if tenant.request_room():
+                    break
+                await self._room(seen)
+            message = await self._next_message(messages)
+            if message is None:
+                return
             if isinstance(message, Malformed):
                 raise EvaldError(ErrorCode.INVALID_ARGUMENT, message.reason)
-            intake = Intake(self._core, self._tenant, self._budget, message.items)
-            while True:
-                admitted = intake.advance()
-                self._dispatch(admitted)
-                if not admitted.blocked:
-                    break
-                await self._room(admitted.seen)
+            size = message.ByteSize()
+            tenant.charge_request(size)
+            try:
+                await self._admit(message)
+            finally:
+                tenant.free_request(size)
+
+    async def _next_message(self, messages: AsyncIterator[Any]) -> Any:
+        """The next message, or None when the client is done sending or the stream was idle
+        (nothing in flight, nothing received) for ``idle_timeout_s``."""
+        if self._idle_timeout_s <= 0:
+            return await anext(messages, None)
+        receiving = asyncio.ensure_future(anext(messages, None))
+        while True:
+            done, _ = await asyncio.wait((receiving,), timeout=self._idle_timeout_s)
+            if done:
+                return receiving.result()
+            if self._budget.reserved <= 0:
+                break  # idle: nothing owed either way
+        receiving.add_done_callback(_ignore_result)
+        receiving.cancel()
+        _log.info("stream closed: idle", extra={"fields": {"tenant": self._tenant.name}})
+        return None
+
+    async def _admit(self, message: pb.EvaluateBatchRequest) -> None:
+        intake = Intake(self._core, self._tenant, self._budget, message.items)
+        while True:
+            admitted = intake.advance()
+            self._dispatch(admitted)
+            if not admitted.blocked:
+                return
+            await self._room(admitted.seen)
 
     def _dispatch(self, admitted: Admitted) -> None:
         """Answers the refused items and starts running the admitted ones."""
