@@ -19,7 +19,7 @@ Failure rules, so that a request never stalls on evald:
   (a submission while disconnected also triggers an early retry);
 - call-level refusals (a bad token) become the daemon's error code for the spans concerned;
 - a connection the daemon ends cleanly (it closes idle ones, ``idle_timeout_s``) is reopened at
-  once: spans submitted meanwhile wait for it rather than fail.
+  once: spans submitted meanwhile, or sent as it closed, go out on the new one rather than fail.
 
 Threads: one reads the stream (and reconnects), one enforces deadlines. gRPC's own threads
 consume the outgoing queue. The client is thread-safe: many injectors may share it.
@@ -94,6 +94,7 @@ class ClientStats:
 class _Pending:
     future: concurrent.futures.Future[EvalResult]
     deadline_at: float
+    request: Any  # the EvaluateRequest, to send again on a new connection after a clean end
 
 
 class _Connection:
@@ -234,15 +235,14 @@ class EvaluatorClient:
             self.stats.submitted += 1
             state = self._state
             if state in ("connecting", "up"):
-                self._pending[request_id] = _Pending(future, now + deadline_ms / 1000.0)
-                self._unsent.append(
-                    pb.EvaluateRequest(
-                        evaluator=evaluator,
-                        input=content.encode("utf-8", errors="surrogateescape"),
-                        deadline_ms=deadline_ms,
-                        id=request_id,
-                    )
+                request = pb.EvaluateRequest(
+                    evaluator=evaluator,
+                    input=content.encode("utf-8", errors="surrogateescape"),
+                    deadline_ms=deadline_ms,
+                    id=request_id,
                 )
+                self._pending[request_id] = _Pending(future, now + deadline_ms / 1000.0, request)
+                self._unsent.append(request)
                 heapq.heappush(self._deadlines, (now + deadline_ms / 1000.0, request_id))
                 self._deadline_wake.notify()
         if state == "down":
@@ -352,7 +352,7 @@ class EvaluatorClient:
                 return
             self.stats.disconnects += 1
             if ended.clean:
-                self._reconnect_soon(ended.message)
+                self._reconnect_soon()
                 backoff = self._backoff_initial_s
                 continue
             self._go_down(ended.message, ended.code)
@@ -464,18 +464,18 @@ class EvaluatorClient:
                 self._down_code, self._down_message = code, message
         self._fail_all(message, code)
 
-    def _reconnect_soon(self, message: str) -> None:
-        """After a clean end: spans already sent on the old connection fail (their answers
-        will not come), those not yet sent wait for the next one."""
+    def _reconnect_soon(self) -> None:
+        """After a clean end: every span still waiting goes out again on the next connection.
+
+        The daemon ends a connection cleanly only with nothing in flight (an idle close), so
+        whatever it had not answered it never read; and an evaluation is a pure function, so
+        even one read by a daemon that then died is safe to send again. Deadlines still hold.
+        """
         with self._lock:
             if self._state == "closed":
                 return
             self._state = "connecting"
-            waiting = {request.id for request in self._unsent}
-            sent = [rid for rid in self._pending if rid not in waiting]
-            failed = [self._pending.pop(rid) for rid in sent]
-        for item in failed:
-            self._fail(item.future, _UNAVAILABLE, message)
+            self._unsent = [item.request for item in self._pending.values()]
 
     def _fail_all(self, message: str, code: str = _UNAVAILABLE) -> None:
         with self._lock:

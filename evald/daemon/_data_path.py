@@ -86,6 +86,7 @@ METHOD: Final = "DataStream"
 HELLO_TIMEOUT_S: Final = 5.0
 #: A connection still without HELLO after this long may be closed to make room for a new one.
 HELLO_GRACE_S: Final = 0.25
+_CHUNK_BYTES: Final = 256 * 1024
 #: How long a finished result may wait for others of its burst before the flusher sends it.
 COALESCE_S: Final = 0.0002
 
@@ -177,6 +178,7 @@ class _Connection:
             self._read_batches(tenant, budget)
         except Idle:
             _log.info("data connection closed: idle", extra={"fields": {"tenant": tenant_label}})
+            self._close_idle()
         except (FrameError, EvaldError) as exc:
             failure = (exc.code, exc.message)
         except TimeoutError:
@@ -456,6 +458,20 @@ class _Connection:
                     self._sock.send(_error_frame(*failure), socket.MSG_DONTWAIT)
         self._writer.close(timeout_s=1.0)
         self.close_socket()
+
+    def _close_idle(self) -> None:
+        """Ends an idle connection cleanly: end-of-stream first, then what the client sent in
+        the meantime is read and dropped until it closes its end (at most a second). A frame
+        that crossed the end-of-stream is never answered, and the client, seeing a clean end,
+        sends it again on a new connection; closing with it unread would reset the connection
+        instead, which the client must treat as a failure."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+            give_up = time.monotonic() + 1.0
+            while (left := give_up - time.monotonic()) > 0:
+                self._sock.settimeout(left)
+                if not self._sock.recv(_CHUNK_BYTES):
+                    break
 
     def evict(self) -> None:
         """Ends a connection that sent no HELLO, now (the accept thread, making room)."""

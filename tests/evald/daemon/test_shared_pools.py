@@ -423,8 +423,13 @@ def test_the_engine_client_reopens_an_idle_connection(
     idle_daemon: tuple[Daemon, str, str], transport: str
 ) -> None:
     _handle, listen, target = idle_daemon
+    # A long backoff: a client that treated the idle close as a failure would still be down
+    # (failing spans at once) when the next span comes.
     client = EvaluatorClient(
-        listen, TOKENS["alpha"], data_target=target if transport == "data" else None
+        listen,
+        TOKENS["alpha"],
+        data_target=target if transport == "data" else None,
+        backoff_initial_s=10.0,
     )
     try:
         assert client.wait_connected(10)
