@@ -258,6 +258,13 @@ class Admission:
                 what="data-path connections",
             ),
         }
+        # Streams to services that need no token (health Watch) may take half the open calls
+        # at most: a flood of them leaves room for the probes' Check calls.
+        self._open_streams = Slots(
+            max(1, server.open_calls // 2),
+            setting="half of open_calls",
+            what="streams that need no token",
+        )
         self._unauthenticated = {
             "grpc": Slots(
                 server.open_calls, setting="open_calls", what="calls that need no token"
@@ -295,22 +302,34 @@ class Admission:
 
         return leave
 
-    def enter_unauthenticated(self, transport: Transport) -> Callable[[], None]:
-        """Counts one caller with no tenant (yet): a call to a service that needs no token, a
-        data-path connection before its HELLO. Returns its ``leave`` (idempotent).
+    def enter_unauthenticated(
+        self, transport: Transport, *, stream: bool = False
+    ) -> Callable[[], None]:
+        """Counts one caller with no tenant (yet): a call to a service that needs no token (a
+        ``stream`` of responses, such as a health Watch, in at most half of them), a data-path
+        connection before its HELLO. Returns its ``leave`` (idempotent).
 
         Raises:
             EvaldError: ``unavailable`` when the transport's small pool for them is full.
         """
-        slots = self._unauthenticated[transport]
-        slots.take()
+        taken = [self._unauthenticated[transport]]
+        if stream:
+            taken.append(self._open_streams)
+        for index, slots in enumerate(taken):
+            try:
+                slots.take()
+            except EvaldError:
+                for held in taken[:index]:
+                    held.give()
+                raise
         left = False
 
         def leave() -> None:
             nonlocal left
             if not left:
                 left = True
-                slots.give()
+                for slots in taken:
+                    slots.give()
 
         return leave
 

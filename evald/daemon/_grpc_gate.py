@@ -12,8 +12,10 @@ call when its headers have arrived and before any message is read, decides for a
   that never reads a message (an unauthenticated caller costs its headers);
 * a tenant's call counts against its ``max_calls`` and its share of ``max_concurrent_rpcs``
   (:meth:`Core.enter`), a call to a service that needs no token against ``open_calls``
-  (:meth:`Core.enter_unauthenticated`): neither can take the other's room, and a refusal is
-  typed (``evald-error-code``), never gRPC's own ``RESOURCE_EXHAUSTED`` (gRPC's call cap is off);
+  (:meth:`Core.enter_unauthenticated`; a health ``Watch`` stream in at most half of them, so
+  probes' ``Check`` calls still get through a flood of streams): neither can take the other's
+  room, and a refusal is typed (``evald-error-code``), never gRPC's own ``RESOURCE_EXHAUSTED``
+  (gRPC's call cap is off);
 * a method whose request is one message is served as a client-streaming one, so the daemon
   asks for that message itself: it must arrive whole within ``frame_timeout_s`` of the call's
   start (gRPC would otherwise hold a half-sent message for as long as the client likes), and a
@@ -102,7 +104,9 @@ class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 leave = self._core.enter(tenant, "grpc")
                 limit: int | None = None
             else:
-                leave = self._core.enter_unauthenticated("grpc")
+                leave = self._core.enter_unauthenticated(
+                    "grpc", stream=handler.response_streaming
+                )
                 limit = self._open_request_bytes
         except EvaldError as exc:
             self._core.observe_call(method.rpartition("/")[2], label, exc.code.value)

@@ -86,9 +86,11 @@ class Core(Protocol):
         """
         ...
 
-    def enter_unauthenticated(self, transport: Transport) -> Callable[[], None]:
-        """Counts one caller with no tenant (yet) in the transport's small pool for them;
-        returns its idempotent ``leave``.
+    def enter_unauthenticated(
+        self, transport: Transport, *, stream: bool = False
+    ) -> Callable[[], None]:
+        """Counts one caller with no tenant (yet) in the transport's small pool for them (a
+        ``stream`` of responses in at most half of it); returns its idempotent ``leave``.
 
         Raises:
             EvaldError: ``unavailable`` when that pool is full.
