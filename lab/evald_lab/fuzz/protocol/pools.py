@@ -49,7 +49,8 @@ def _victim_evaluates(ctx: FuzzContext, family: str) -> None:
             [Violation("unexpected", KLASS, f"{family}: the victim was refused: {error}")]
         )
         return
-    if response.value != "482":
+    # Served is what counts here: under load its evaluation may end in its own deadline.
+    if response.value != "482" and response.error.code != ErrorCode.DEADLINE_EXCEEDED.proto_value:
         ctx.recorder.add([Violation("unexpected", KLASS, f"{family}: the victim got {response}")])
 
 
@@ -61,6 +62,16 @@ def open_service_flood(ctx: FuzzContext, rng: random.Random) -> None:
     served = 0
     try:
         health = health_pb2_grpc.HealthStub(channel)
+        name = "n" * rng.choice((64 << 10, 1 << 20, 4 << 20))
+        for call in (health.Check, health.Watch):
+            try:
+                result = call(health_pb2.HealthCheckRequest(service=name), timeout=30)
+                if call is health.Watch:
+                    next(result)
+                ctx.recorder.add([Violation("unexpected", KLASS, "a huge health request served")])
+            except grpc.RpcError as error:
+                # unavailable: another lane's streams hold the open budget (typed, fine).
+                record_refusal(ctx, family, error, ("invalid_argument", "unavailable"))
         for _ in range(OPEN_CALLS + rng.choice((4, 16))):
             watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
             watches.append(watch)
@@ -74,17 +85,10 @@ def open_service_flood(ctx: FuzzContext, rng: random.Random) -> None:
             ctx.recorder.add(
                 [Violation("unexpected", KLASS, f"{served} Watch streams past open_calls")]
             )
-        name = "n" * rng.choice((64 << 10, 1 << 20, 4 << 20))
-        with contextlib.suppress(grpc.RpcError):
-            health.Check(health_pb2.HealthCheckRequest(), timeout=30)  # room for probes
-        for call in (health.Check, health.Watch):
-            try:
-                result = call(health_pb2.HealthCheckRequest(service=name), timeout=30)
-                if call is health.Watch:
-                    next(result)
-                ctx.recorder.add([Violation("unexpected", KLASS, "a huge health request served")])
-            except grpc.RpcError as error:
-                record_refusal(ctx, family, error, ("invalid_argument",))
+        try:  # the probes' room: a Check still gets through the flood of streams
+            health.Check(health_pb2.HealthCheckRequest(), timeout=30)
+        except grpc.RpcError as error:
+            ctx.recorder.add([Violation("hang", KLASS, f"health Check during a flood: {error}")])
         _victim_evaluates(ctx, family)
     finally:
         for watch in watches:
@@ -114,8 +118,12 @@ def _victim_connects(ctx: FuzzContext, family: str) -> None:
             )
         )
         message = connection.receive()
-    if message is None or [r.value for r in message.results] != ["42"]:
+    if message is None or len(message.results) != 1:
         ctx.recorder.add([Violation("unexpected", KLASS, f"{family}: the victim not served")])
+        return
+    result = message.results[0]
+    if result.value != "42" and result.error.code != ErrorCode.DEADLINE_EXCEEDED.proto_value:
+        ctx.recorder.add([Violation("unexpected", KLASS, f"{family}: the victim got {result}")])
 
 
 def data_connection_hog(ctx: FuzzContext, rng: random.Random) -> None:
