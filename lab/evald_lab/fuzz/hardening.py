@@ -2,8 +2,8 @@
 
 Each entry has a regression test under tests/evald/ (daemon/test_hardening.py,
 daemon/test_server_memory.py, daemon/test_data_path_memory.py, daemon/test_shared_pools.py,
-contract/test_alphabet.py, host/test_epoch_ticker.py); the report carries the list so a reader of a run knows which
-attacks once worked.
+contract/test_alphabet.py, host/test_epoch_ticker.py); the report carries the list so a reader
+of a run knows which attacks once worked.
 """
 
 from __future__ import annotations
