@@ -42,11 +42,11 @@ from evald.contract import (
 
 MIB = 2**20
 KIB = 1024
-#: Two tenants share 8 gRPC calls and 4 data-path connections: 4 and 2 each.
+#: Two tenants share 8 gRPC calls and 16 data-path connections: 4 and 8 each.
 _CALLS = 8
 _CALL_SHARE = 4
-_CONNECTIONS = 4
-_CONNECTION_SHARE = 2
+_CONNECTIONS = 16
+_CONNECTION_SHARE = 8
 _OPEN_CALLS = 4
 _FRAME_TIMEOUT_S = 2.0
 _REQUEST_BYTES = 1 * MIB
@@ -355,6 +355,36 @@ def test_a_data_frames_bytes_count_in_the_senders_budget(
     finally:
         stalled.close()
         waiting.close()
+
+
+def test_slow_frames_hold_bounded_memory(daemon: tuple[Daemon, str, str]) -> None:
+    """Six connections each send the header of an 8 MiB frame and all but one byte of it: the
+    tenant's request_bytes (1 MiB) lets the daemon read one such payload at a time; the others'
+    bytes stay with their senders (once, all six were read in and held)."""
+    handle, _listen, target = daemon
+    length = 8 * MIB - 64 * KIB
+    sockets = [_hello(target, "alpha") for _ in range(6)]
+    before = _rss(handle)
+    peak = before
+
+    def send(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.sendall(HEADER.pack(length, Kind.BATCH) + b"\0" * (length - 1))
+
+    senders = [threading.Thread(target=send, args=(sock,), daemon=True) for sock in sockets]
+    try:
+        for sender in senders:
+            sender.start()
+        give_up = time.monotonic() + _FRAME_TIMEOUT_S * 0.75
+        while time.monotonic() < give_up:
+            peak = max(peak, _rss(handle))
+            time.sleep(0.02)
+    finally:
+        for sock in sockets:
+            sock.close()
+    grown = peak - before
+    print("six stalled 8 MiB frames: daemon RSS +", grown // MIB, "MiB")
+    assert grown < 24 * MIB, grown
 
 
 def test_a_unary_request_must_arrive_within_its_deadline(daemon: tuple[Daemon, str, str]) -> None:
