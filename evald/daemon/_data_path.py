@@ -30,7 +30,16 @@ stream). Backpressure is in bytes (:class:`~evald.daemon._transport.OutputBudget
 ``stream_unread_bytes`` for the connection or the tenant's ``unread_bytes`` (shared with its gRPC
 streams) the reader stops reading, so a client that sends without reading stalls itself (the
 socket buffer fills) and nobody else, and one that reads nothing for ``stream_stall_s`` is cut
-off. A connection is one call of its tenant's ``max_calls``.
+off.
+
+What a connection may take from others: before its HELLO it counts in the small pool of
+connections with no tenant yet (``data_unauthenticated_connections``; a silent one past
+:data:`HELLO_GRACE_S` makes room for a new one); then it is one call of its tenant's
+``max_calls`` and one of its share of ``data_max_connections`` (:meth:`Core.enter`). Its frames
+are read by :class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within
+``frame_timeout_s`` of its header, and counts in its tenant's ``request_bytes`` from the header
+until its items are admitted (the reader waits for room before reading the payload). A
+connection with nothing in flight that sends nothing for ``idle_timeout_s`` is ended cleanly.
 """
 
 from __future__ import annotations
