@@ -54,3 +54,12 @@ def test_the_adapter_core_contract_names_every_private_module() -> None:
         if path.name != "__init__.py"
     }
     assert set(core["protected_modules"]) == private
+
+
+def test_cycle_contracts_count_type_checking_imports() -> None:
+    """An import under ``TYPE_CHECKING`` still says two modules know each other: the acyclic
+    contracts must see it, or a circle can hide behind an annotation."""
+    import tomllib
+
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert linter.get("exclude_type_checking_imports") is False

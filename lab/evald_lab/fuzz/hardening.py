@@ -1,9 +1,9 @@
 """What fuzzing and reviews found and the daemon now does: the report's ``hardening`` list.
 
 Each entry has a regression test under tests/evald/ (daemon/test_hardening.py,
-daemon/test_server_memory.py, daemon/test_data_path_memory.py, contract/test_alphabet.py,
-host/test_epoch_ticker.py); the report carries the list so a reader of a run knows which
-attacks once worked.
+daemon/test_server_memory.py, daemon/test_data_path_memory.py, daemon/test_shared_pools.py,
+contract/test_alphabet.py, host/test_epoch_ticker.py); the report carries the list so a reader
+of a run knows which attacks once worked.
 """
 
 from __future__ import annotations
@@ -34,4 +34,16 @@ HARDENING = (
     "non-reading connections took the daemon from 81 to 192 MiB within a second and growing), "
     "sent a burst as one frame of any size and did not count connections in max_calls; it now "
     "shares the streams' byte budgets and stall cut-off, splits frames, and counts them.",
+    "1,024 health Watch streams without a token filled gRPC's call cap, and every tenant got an "
+    "untyped RESOURCE_EXHAUSTED; Watch calls with 4 MB service names held ~16 MiB each. Every "
+    "call now passes one gate: services that need no token have their own open_calls (streams "
+    "at most half) and read requests of at most open_request_bytes; refusals are typed.",
+    "One tenant's 128 idle data-path connections (within its max_calls) locked every other "
+    "tenant out, and so did silent connections that never sent a HELLO; gRPC calls and "
+    "data-path connections are now shared in per-tenant shares, connections before their HELLO "
+    "have a small pool of their own (a silent one past its grace makes room), and idle streams "
+    "and connections are closed.",
+    "64 data-path connections that sent the header of an 8 MiB frame and all but one byte held "
+    "+526 MiB for ever; a frame (and a unary call's request) must now arrive within "
+    "frame_timeout_s, and its bytes count in the sender's request_bytes before they are read.",
 )
