@@ -115,7 +115,9 @@ class TenantLimits:
     deadline then stops a loop). ``max_running`` caps the guest workers the tenant holds at once,
     so one tenant's slow work cannot take every worker from the others; its admitted items over
     the cap wait in the tenant's queue. ``0`` means ``max(1, threads - 1)``: with two or more
-    workers one is always left for other tenants.
+    workers one is always left for other tenants. ``instance_cache_bytes`` bounds the linear
+    memory of the instances kept for reuse for the tenant, every worker together (``0``: none
+    is kept; every call instantiates).
     """
 
     fuel: int = _LIMITS.fuel
@@ -129,6 +131,7 @@ class TenantLimits:
     max_running: int = 0
     max_calls: int = 256
     unread_bytes: int = 64 * MIB
+    instance_cache_bytes: int = _LIMITS.instance_cache_bytes
 
     def running_cap(self, threads: int, *, shared: bool = True) -> int:
         """Workers the tenant may hold at once on a pool of ``threads``.
@@ -397,6 +400,9 @@ def _limits(table: _Table, base: TenantLimits) -> TenantLimits:
         max_running=table.get_int("max_running", base.max_running),
         max_calls=table.get_int("max_calls", base.max_calls, minimum=1),
         unread_bytes=table.get_size("unread_bytes", base.unread_bytes, minimum=64 * KIB),
+        instance_cache_bytes=table.get_size(
+            "instance_cache_bytes", base.instance_cache_bytes, minimum=0
+        ),
     )
     table.finish()
     return limits

@@ -93,6 +93,17 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
             ),
             (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
         )
+    if kind == "fill":  # grow by N pages and write every byte of them (resident memory), "ok"
+        return (
+            "(local $old i32)",
+            (
+                f"(local.set $old (memory.grow {_n()})) "
+                "(if (i32.eq (local.get $old) (i32.const -1)) (then (unreachable))) "
+                "(memory.fill (i32.mul (local.get $old) (i32.const 65536)) (i32.const 1) "
+                f"(i32.mul {_n()} (i32.const 65536))) " + ok
+            ),
+            "",
+        )
     if kind == "grow_pages":  # grow by 1 page N times, trap on the first refusal
         return (
             "(local $i i32)",
@@ -292,7 +303,8 @@ def guest(
     """An ABI v1 module whose ``evald_eval`` has behaviour ``kind``.
 
     Behaviours: ``echo``; ``loop`` (forever); ``burn`` (N iterations); ``grow`` (N pages, trap
-    when refused); ``grow_soft`` (N pages, ``too_large`` when refused); ``grow_pages`` (1 page
+    when refused); ``fill`` (N pages, every byte written, so they are resident; trap when
+    refused); ``grow_soft`` (N pages, ``too_large`` when refused); ``grow_pages`` (1 page
     N times, trap on refusal); ``recurse`` (N deep); ``output`` (N bytes); ``payload``
     (``param=(bytes, is_error)``); ``return`` (``param`` as the result); ``dump_input``
     (``param`` bytes of the input buffer); ``count`` (calls so far on this instance, one digit;
