@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from evald.contract import default_target
-from evald.host import HostConfig, Limits
+from evald.host import DEFAULT_COMPILE_MEMORY_BYTES, HostConfig, Limits
 from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = [
@@ -183,8 +183,10 @@ class ServerSettings:
     may open. ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
     a stream whose client reads nothing for ``stream_stall_s`` while at that bound is ended
     with ``quota_exceeded``. Registrations compile in a separate, niced worker process, one at
-    a time: at most ``compile_queue`` wait (more are refused with ``unavailable``), and one that
-    uses more than ``compile_cpu_s`` of CPU or ``compile_timeout_s`` of wall time is refused.
+    a time: at most ``compile_queue`` wait or compile, at most ``compile_queue_per_tenant`` of
+    them one tenant's (more are refused with ``unavailable``), served round-robin across
+    tenants; one that uses more than ``compile_cpu_s`` of CPU, ``compile_memory_bytes`` of
+    memory or ``compile_timeout_s`` of wall time is refused.
     """
 
     listen: str = ""
@@ -202,8 +204,10 @@ class ServerSettings:
     stream_unread_bytes: int = 16 * MIB
     stream_stall_s: float = 30.0
     compile_queue: int = 8
+    compile_queue_per_tenant: int = 2
     compile_cpu_s: float = 10.0
     compile_timeout_s: float = 30.0
+    compile_memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
@@ -450,10 +454,14 @@ def _server(table: _Table) -> ServerSettings:
         ),
         stream_stall_s=table.get_float("stream_stall_s", base.stream_stall_s, minimum=0.1),
         compile_queue=table.get_int("compile_queue", base.compile_queue, minimum=1),
-        compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
-        compile_timeout_s=table.get_float(
-            "compile_timeout_s", base.compile_timeout_s, minimum=1.0
+        compile_queue_per_tenant=table.get_int(
+            "compile_queue_per_tenant", base.compile_queue_per_tenant, minimum=1
         ),
+        compile_memory_bytes=table.get_size(
+            "compile_memory_bytes", base.compile_memory_bytes, minimum=64 * MIB
+        ),
+        compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
+        compile_timeout_s=table.get_float("compile_timeout_s", base.compile_timeout_s, minimum=1.0),
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),

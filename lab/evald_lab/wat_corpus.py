@@ -324,3 +324,15 @@ def guest(
     for _ in range(manifests):
         wasm = append_custom_section(wasm, MANIFEST_SECTION, payload)
     return wasm
+
+
+def branchy_function(locals_count: int, branches: int) -> str:
+    """A WAT function of ``branches`` ``if`` blocks over ``locals_count`` i32 locals (one of
+    them its parameter), each copying one local to another: the shape whose compile cost grows
+    with locals times branches (``evald.host._compile_cost``). For ``guest(extra=...)``."""
+    locals_decl = "(local" + " i32" * (locals_count - 1) + ")" if locals_count > 1 else ""
+    body = []
+    for i in range(branches):
+        a, b, c = i % locals_count, (i * 7 + 1) % locals_count, (i * 13 + 3) % locals_count
+        body.append(f"(if (local.get {a}) (then (local.set {c} (local.get {b}))))")
+    return f"(func (param i32) (result i32) {locals_decl} {' '.join(body)} (local.get 0))"
