@@ -93,14 +93,16 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
             ),
             (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
         )
-    if kind == "fill":  # grow by N pages and write every byte of them (resident memory), "ok"
+    if kind == "fill":  # memory of N pages in all, each new byte written (resident), "ok"
         return (
-            "(local $old i32)",
+            "(local $have i32)",
             (
-                f"(local.set $old (memory.grow {_n()})) "
-                "(if (i32.eq (local.get $old) (i32.const -1)) (then (unreachable))) "
-                "(memory.fill (i32.mul (local.get $old) (i32.const 65536)) (i32.const 1) "
-                f"(i32.mul {_n()} (i32.const 65536))) " + ok
+                "(local.set $have (memory.size)) "
+                f"(if (i32.lt_u (local.get $have) {_n()}) (then "
+                f"(if (i32.eq (memory.grow (i32.sub {_n()} (local.get $have))) (i32.const -1)) "
+                "(then (unreachable))) "
+                "(memory.fill (i32.mul (local.get $have) (i32.const 65536)) (i32.const 1) "
+                f"(i32.mul (i32.sub {_n()} (local.get $have)) (i32.const 65536))))) " + ok
             ),
             "",
         )
@@ -303,18 +305,17 @@ def guest(
     """An ABI v1 module whose ``evald_eval`` has behaviour ``kind``.
 
     Behaviours: ``echo``; ``loop`` (forever); ``burn`` (N iterations); ``grow`` (N pages, trap
-    when refused); ``fill`` (N pages, every byte written, so they are resident; trap when
-    refused); ``grow_soft`` (N pages, ``too_large`` when refused); ``grow_pages`` (1 page
-    N times, trap on refusal); ``recurse`` (N deep); ``output`` (N bytes); ``payload``
-    (``param=(bytes, is_error)``); ``return`` (``param`` as the result); ``dump_input``
-    (``param`` bytes of the input buffer); ``count`` (calls so far on this instance, one digit;
-    an empty input traps); ``stale_output`` (an empty input returns ``param`` bytes of whatever
-    the output buffer holds); ``grow_or_trap``; ``dump_or_error``
+    when refused); ``fill`` (memory of N pages in all, every new byte written, so they are
+    resident; trap when refused); ``grow_soft`` (N pages, ``too_large`` when refused);
+    ``grow_pages`` (1 page N times, trap on refusal); ``recurse`` (N deep); ``output`` (N
+    bytes); ``payload`` (``param=(bytes, is_error)``); ``return`` (``param`` as the result);
+    ``dump_input`` (``param`` bytes of the input buffer); ``count`` (calls so far on this
+    instance, one digit; an empty input traps); ``stale_output`` (an empty input returns
+    ``param`` bytes of whatever the output buffer holds); ``grow_or_trap``; ``dump_or_error``
     (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
     of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
     ``table_fill`` (fill a table of ``param`` elements); ``memory_probe`` (grow until refused,
-    return the page count in decimal); ``trap``; ``oob``. N comes from
-    :func:`arg`.
+    return the page count in decimal); ``trap``; ``oob``. N comes from :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword
     arguments go to :func:`wat_text`.
