@@ -461,7 +461,9 @@ def _server(table: _Table) -> ServerSettings:
             "compile_memory_bytes", base.compile_memory_bytes, minimum=64 * MIB
         ),
         compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
-        compile_timeout_s=table.get_float("compile_timeout_s", base.compile_timeout_s, minimum=1.0),
+        compile_timeout_s=table.get_float(
+            "compile_timeout_s", base.compile_timeout_s, minimum=1.0
+        ),
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),

@@ -53,7 +53,9 @@ class Evaluator:
         return str(self.module.manifest.semantics_version)
 
 
-def check_not_reserved(name: str, tag: str, reserved: Iterable[str] = STANDARD_EVALUATORS) -> None:
+def check_not_reserved(
+    name: str, tag: str, reserved: Iterable[str] = STANDARD_EVALUATORS
+) -> None:
     """Refuses a tenant module whose name or tag is a standard evaluator's name or tag.
 
     The daemon applies it at registration; ``evald build`` applies it too, so a tenant learns

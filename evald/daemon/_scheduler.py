@@ -106,7 +106,9 @@ class _Batch:
         self.loop = loop
         self.queue = queue
         self.deliver = deliver
-        self.done: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+        self.done: asyncio.Future[None] | None = (
+            loop.create_future() if loop is not None else None
+        )
         self._remaining = len(queue)
         self._lock = threading.Lock()
         self.tenant: TenantQueue = queue[0].tenant

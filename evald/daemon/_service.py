@@ -91,7 +91,6 @@ class _Sink:
             results, self._results = self._results, []
         return results
 
-
 def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
     manifest = evaluator.module.manifest
     return pb.EvaluatorInfo(

@@ -469,7 +469,11 @@ def run_cases(
             outcome = host.evaluate(
                 module, case.input.encode("utf-8"), settings.limits, pool_key=pool_key
             )
-            got = repr(outcome.value) if outcome.error is None else f"error {outcome.error.value}"
+            got = (
+                repr(outcome.value)
+                if outcome.error is None
+                else f"error {outcome.error.value}"
+            )
             problem = ""
             if case.value is not None and outcome.value != case.value:
                 problem = f"expected {case.value!r}, got {got}"

@@ -175,13 +175,11 @@ def _box_problems(n: int, seed: int) -> list[tuple[str, str]]:
     out = []
     for _ in range(n):
         rows, per_row, added = rng.randint(3, 40), rng.randint(3, 40), rng.randint(2, 99)
-        out.append(
-            (
-                "arithmetic",
-                f"A box has {rows} rows of {per_row} items, then {added} more are added. "
-                "How many items are in the box?",
-            )
-        )
+        out.append((
+            "arithmetic",
+            f"A box has {rows} rows of {per_row} items, then {added} more are added. "
+            "How many items are in the box?",
+        ))
     return out
 
 

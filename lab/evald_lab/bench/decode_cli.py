@@ -54,7 +54,9 @@ def _bench(args: argparse.Namespace) -> int:
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = [part for part in parts if part not in _PARTS]
     if unknown or not parts:
-        print(f"error: unknown --parts {unknown}; choose from {', '.join(_PARTS)}", file=sys.stderr)
+        print(
+            f"error: unknown --parts {unknown}; choose from {', '.join(_PARTS)}", file=sys.stderr
+        )
         return EXIT_ERROR
     try:
         run_decode(

@@ -49,99 +49,51 @@ class StudyItem:
 _Wording = tuple[str, str]
 ARITHMETIC_TEMPLATES: dict[str, tuple[_Wording, ...]] = {
     "sum": (
-        (
-            "A library had {a} books and bought {b} more. How many books does it have now?",
-            "{a} + {b}",
-        ),
-        (
-            "On Monday {a} people visited the museum and on Tuesday {b} people did. How many "
-            "visitors came on the two days?",
-            "{a} + {b}",
-        ),
-        (
-            "A farmer picked {a} apples in the morning and {b} in the afternoon. How many apples "
-            "did the farmer pick in total?",
-            "{a} + {b}",
-        ),
+        ("A library had {a} books and bought {b} more. How many books does it have now?",
+         "{a} + {b}"),
+        ("On Monday {a} people visited the museum and on Tuesday {b} people did. How many "
+         "visitors came on the two days?", "{a} + {b}"),
+        ("A farmer picked {a} apples in the morning and {b} in the afternoon. How many apples "
+         "did the farmer pick in total?", "{a} + {b}"),
     ),
     "difference": (
-        (
-            "A school had {a} chairs. {b} of them were broken and thrown away. How many chairs "
-            "are left?",
-            "{a} - {b}",
-        ),
-        (
-            "A tank holds {a} litres of water. After {b} litres are used, how many litres remain?",
-            "{a} - {b}",
-        ),
-        (
-            "Maria saved {a} dollars and spent {b} dollars on a bike. How many dollars does she "
-            "have left?",
-            "{a} - {b}",
-        ),
+        ("A school had {a} chairs. {b} of them were broken and thrown away. How many chairs "
+         "are left?", "{a} - {b}"),
+        ("A tank holds {a} litres of water. After {b} litres are used, how many litres "
+         "remain?", "{a} - {b}"),
+        ("Maria saved {a} dollars and spent {b} dollars on a bike. How many dollars does she "
+         "have left?", "{a} - {b}"),
     ),
     "product_sum": (
-        (
-            "A theater has {a} rows with {b} seats in each row, plus {c} extra seats at the back. "
-            "How many seats are there?",
-            "{a} * {b} + {c}",
-        ),
-        (
-            "A baker fills {a} trays with {b} rolls each and then bakes {c} more rolls. How many "
-            "rolls does the baker make?",
-            "{a} * {b} + {c}",
-        ),
-        (
-            "There are {a} shelves with {b} jars on each shelf, and {c} jars on the floor. How "
-            "many jars are there altogether?",
-            "{a} * {b} + {c}",
-        ),
+        ("A theater has {a} rows with {b} seats in each row, plus {c} extra seats at the back. "
+         "How many seats are there?", "{a} * {b} + {c}"),
+        ("A baker fills {a} trays with {b} rolls each and then bakes {c} more rolls. How many "
+         "rolls does the baker make?", "{a} * {b} + {c}"),
+        ("There are {a} shelves with {b} jars on each shelf, and {c} jars on the floor. How "
+         "many jars are there altogether?", "{a} * {b} + {c}"),
     ),
     "product_difference": (
-        (
-            "A warehouse stores {a} crates with {b} bottles in each crate. {c} bottles break. How "
-            "many bottles are not broken?",
-            "{a} * {b} - {c}",
-        ),
-        (
-            "A printer prints {a} pages a minute for {b} minutes, but {c} pages jam. How many "
-            "good pages are printed?",
-            "{a} * {b} - {c}",
-        ),
-        (
-            "A club orders {a} boxes of {b} T-shirts and gives away {c} T-shirts. How many "
-            "T-shirts are left?",
-            "{a} * {b} - {c}",
-        ),
+        ("A warehouse stores {a} crates with {b} bottles in each crate. {c} bottles break. How "
+         "many bottles are not broken?", "{a} * {b} - {c}"),
+        ("A printer prints {a} pages a minute for {b} minutes, but {c} pages jam. How many "
+         "good pages are printed?", "{a} * {b} - {c}"),
+        ("A club orders {a} boxes of {b} T-shirts and gives away {c} T-shirts. How many "
+         "T-shirts are left?", "{a} * {b} - {c}"),
     ),
     "two_step": (
-        (
-            "A shop sells {a} red pens and {b} blue pens each day. How many pens does it sell in "
-            "{c} days?",
-            "({a} + {b}) * {c}",
-        ),
-        (
-            "On a bus, {a} adults pay {b} dollars each and {c} children pay {d} dollars each. How "
-            "many dollars do they pay in total?",
-            "{a} * {b} + {c} * {d}",
-        ),
-        (
-            "Each week Tom runs {a} km on Saturday and {b} km on Sunday. How many km does he run "
-            "in {c} weeks?",
-            "({a} + {b}) * {c}",
-        ),
+        ("A shop sells {a} red pens and {b} blue pens each day. How many pens does it sell in "
+         "{c} days?", "({a} + {b}) * {c}"),
+        ("On a bus, {a} adults pay {b} dollars each and {c} children pay {d} dollars each. How "
+         "many dollars do they pay in total?", "{a} * {b} + {c} * {d}"),
+        ("Each week Tom runs {a} km on Saturday and {b} km on Sunday. How many km does he run "
+         "in {c} weeks?", "({a} + {b}) * {c}"),
     ),
     "division": (
         ("{a} cookies are packed into bags of {b}. How many bags are filled?", "{a} / {b}"),
-        (
-            "A rope {a} metres long is cut into {b} equal pieces. How many metres long is each "
-            "piece?",
-            "{a} / {b}",
-        ),
-        (
-            "{a} students are split equally into {b} teams. How many students are in each team?",
-            "{a} / {b}",
-        ),
+        ("A rope {a} metres long is cut into {b} equal pieces. How many metres long is each "
+         "piece?", "{a} / {b}"),
+        ("{a} students are split equally into {b} teams. How many students are in each team?",
+         "{a} / {b}"),
     ),
 }
 
@@ -150,9 +102,9 @@ _DRAWS: dict[str, Callable[[random.Random], dict[str, int]]] = {
     "sum": lambda r: {"a": r.randint(100, 3000), "b": r.randint(20, 2000)},
     "difference": lambda r: (lambda a: {"a": a, "b": r.randint(10, a - 10)})(r.randint(200, 5000)),
     "product_sum": lambda r: {"a": r.randint(3, 60), "b": r.randint(3, 60), "c": r.randint(2, 400)},
-    "product_difference": lambda r: (lambda a, b: {"a": a, "b": b, "c": r.randint(2, a * b - 1)})(
-        r.randint(3, 60), r.randint(3, 60)
-    ),
+    "product_difference": lambda r: (
+        lambda a, b: {"a": a, "b": b, "c": r.randint(2, a * b - 1)}
+    )(r.randint(3, 60), r.randint(3, 60)),
     "two_step": lambda r: {
         "a": r.randint(3, 90),
         "b": r.randint(3, 90),

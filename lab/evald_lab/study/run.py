@@ -424,8 +424,7 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
         for flag in flags:
             for mode in modes:
                 group = [
-                    r
-                    for r in records
+                    r for r in records
                     if r.task == task and r.mode == mode and r.instructions is flag
                 ]
                 if not group:
@@ -445,13 +444,8 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
                 for template in sorted({r.template for r in group}):
                     part = [r for r in group if r.template == template]
                     by_template.append(
-                        {
-                            "task": task,
-                            "instructions": flag,
-                            "mode": mode,
-                            "template": template,
-                            **_rates(part),
-                        }
+                        {"task": task, "instructions": flag, "mode": mode,
+                         "template": template, **_rates(part)}
                     )
     comparisons = []
     for task in tasks:
@@ -467,8 +461,7 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
     for task in tasks:
         for flag in flags:
             evaluated = [
-                r
-                for r in records
+                r for r in records
                 if r.task == task and r.mode == "grammar-eval" and r.instructions is flag
             ]
             if not evaluated:
@@ -583,16 +576,8 @@ def _plot(summary: StudySummary, path: Path) -> None:
             ax.bar(labels, heights, bottom=bottom, color=colour, label=key.replace("_", " "))
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         for x, row in enumerate(rows):
-            ax.text(
-                x,
-                max(row["accuracy"] * 100 / 2, 3),
-                f"{row['accuracy'] * 100:.0f}%",
-                ha="center",
-                va="center",
-                color="black",
-                fontsize=9,
-                fontweight="bold",
-            )
+            ax.text(x, max(row["accuracy"] * 100 / 2, 3), f"{row['accuracy'] * 100:.0f}%",
+                    ha="center", va="center", color="black", fontsize=9, fontweight="bold")
         ax.set_title(f"{task} (n = {rows[0]['n']})")
         ax.set_ylabel("% of items")
         ax.set_ylim(0, 100)
@@ -736,7 +721,9 @@ def _run_one(
         item.prompt,
         mode=mode,
         prefix=prefix,
-        max_new_tokens=(config.grammar_max_new_tokens if grammar else config.free_max_new_tokens),
+        max_new_tokens=(
+            config.grammar_max_new_tokens if grammar else config.free_max_new_tokens
+        ),
         stop=stop,
         grammar=grammars.get((item.task, mode)),
     )
