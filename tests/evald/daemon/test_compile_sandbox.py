@@ -34,6 +34,7 @@ from daemon_harness import Daemon, module, start_daemon, tenant_block
 from wat_modules import guest, manifest_bytes
 
 from evald.client import CallError
+from evald_lab.harness import process_alive, process_descendants
 from evald_lab.wat_corpus import branchy_function
 
 GRACE_S = 2.0
@@ -56,43 +57,9 @@ def _branchy(name: str, locals_count: int, branches: int) -> bytes:
     return guest("echo", manifest=manifest, extra=branchy_function(locals_count, branches))
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of ``pid``, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1])
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Every live process below ``pid``: pid -> command line."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            children.setdefault(stat[1], []).append(int(entry))
-    found: dict[int, str] = {}
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                found[child] = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        todo.extend(children.get(child, []))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
 def _compile_worker(daemon: Daemon) -> int:
-    workers = [pid for pid, cmd in _descendants(daemon.pid).items() if "spawn_main" in cmd]
-    assert len(workers) == 1, _descendants(daemon.pid)
+    workers = [pid for pid, cmd in process_descendants(daemon.pid).items() if "spawn_main" in cmd]
+    assert len(workers) == 1, process_descendants(daemon.pid)
     return workers[0]
 
 
@@ -105,7 +72,7 @@ def _stalled_worker(daemon: Daemon) -> Iterator[int]:
     try:
         yield worker
     finally:
-        if _alive(worker):
+        if process_alive(worker):
             os.kill(worker, signal.SIGCONT)
 
 
@@ -190,7 +157,7 @@ def test_sigterm_ends_a_compilation_at_the_grace_period_and_answers_every_caller
             for registration in waiting:
                 registration.start()
             _wait_for_state(daemon, 2)
-            assert all(r.is_alive() for r in (compiling, *waiting))
+            assert all(r.isprocess_alive() for r in (compiling, *waiting))
             signalled = time.monotonic()
             daemon.process.send_signal(signal.SIGTERM)
             status = daemon.process.wait(timeout=60)
@@ -217,18 +184,18 @@ def test_kill_9_of_the_daemon_takes_its_compile_worker_and_resource_tracker_alon
     children: dict[int, str] = {}
     try:
         daemon.client("alpha").register(module("echo", "spawns_the_worker"))
-        children = _descendants(daemon.pid)
+        children = process_descendants(daemon.pid)
         assert any("spawn_main" in cmd for cmd in children.values()), children
         assert any("resource_tracker" in cmd for cmd in children.values()), children
         daemon.kill()
         give_up = time.monotonic() + 15
-        while time.monotonic() < give_up and any(_alive(pid) for pid in children):
+        while time.monotonic() < give_up and any(process_alive(pid) for pid in children):
             time.sleep(0.1)
-        survivors = {pid: cmd for pid, cmd in children.items() if _alive(pid)}
+        survivors = {pid: cmd for pid, cmd in children.items() if process_alive(pid)}
         assert survivors == {}, f"outlived the daemon's kill -9: {survivors}"
     finally:
         for pid in children:
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
