@@ -164,6 +164,12 @@ def test_sigterm_ends_a_compilation_at_the_grace_period_and_answers_every_caller
             exited = time.monotonic() - signalled
         for registration in (compiling, *waiting):
             registration.join(timeout=30)
+        print(
+            f"SIGTERM with a compilation stalled and two waiting: exit {status} after "
+            f"{exited:.2f} s (grace {GRACE_S:g} s); waiting callers answered after "
+            f"{[round(r.finished_at - signalled, 2) for r in waiting]} s, the compiling one "
+            f"after {compiling.finished_at - signalled:.2f} s"
+        )
         assert status == 0
         assert exited < GRACE_S + 3.0, exited
         for registration in waiting:
