@@ -157,7 +157,7 @@ def test_sigterm_ends_a_compilation_at_the_grace_period_and_answers_every_caller
             for registration in waiting:
                 registration.start()
             _wait_for_state(daemon, 2)
-            assert all(r.isprocess_alive() for r in (compiling, *waiting))
+            assert all(r.is_alive() for r in (compiling, *waiting))
             signalled = time.monotonic()
             daemon.process.send_signal(signal.SIGTERM)
             status = daemon.process.wait(timeout=60)
