@@ -64,7 +64,8 @@ DEFAULT_SPECIAL_EXCLUDES: tuple[str, ...] = ("<|",)
 
 
 class Mode(enum.StrEnum):
-    """The three decoding modes of the accuracy study."""
+    """The three decoding modes: the local engine's ``--mode``, :func:`build_structural_tag`'s
+    ``mode``; the accuracy study and the GPU check compare them. The one list of their names."""
 
     NO_GRAMMAR = "no-grammar"
     """Free text, no structural tag; spans, if any, are neither constrained nor evaluated."""
@@ -190,12 +191,12 @@ def standard_evaluators(
     Raises:
         FileNotFoundError: a named evaluator has no manifest there.
     """
-    from evaluators_wasm.toolchain import load_manifest_source
+    from evald.contract import load_manifest_source
 
     if source_dir is None:
         import evaluators_wasm
 
-        source_dir = Path(evaluators_wasm.__file__).parent / "src"
+        source_dir = evaluators_wasm.SOURCE_DIR
     root = Path(source_dir)
     if names is None:
         folders = sorted(p.parent for p in root.glob("*/manifest.json"))

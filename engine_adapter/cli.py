@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_adapter import Mode
 from evald.cli import lab_command_hint
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
@@ -33,7 +34,6 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main"
 EXIT_OK = 0
 EXIT_ERROR = 2
 
-_MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
 _EVALUATOR_MODES = ("evald", "inprocess", "python")
 _BACKENDS = ("llama", "hf")
 #: Temperature used when ``--seed`` asks for sampling without naming a temperature.
@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", metavar="PROMPT", help="the user message")
     gen.add_argument(
         "--mode",
-        choices=_MODES,
-        default="grammar-eval",
+        choices=[mode.value for mode in Mode],
+        default=Mode.GRAMMAR_EVAL.value,
         help="grammar-eval (default): the engine forces evaluated results; grammar-no-eval: "
         "the model writes them; no-grammar: free text",
     )

@@ -6,8 +6,9 @@ serves the evald and lab tests; the real SmolLM2-135M-Instruct model (``llama_ba
 under a second on llama.cpp and a few seconds on transformers once the GGUF has been converted
 and cached; tests that use it are marked ``model``.
 
-The harness modules of ``tests/evald`` (``daemon_harness``, ``wat_modules``) are put on
-``sys.path``, so test modules anywhere import them by name whatever the pytest import mode.
+The harness module of ``tests/evald`` (``daemon_harness``: the session config, its tenants and
+their tokens, over the product's :mod:`evald.testing`) is put on ``sys.path``, so test modules
+anywhere import it by name whatever the pytest import mode.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def no_orphans() -> Iterator[None]:
         return
     from multiprocessing import resource_tracker
 
-    from evald_lab.harness import process_alive, process_descendants
+    from evald.testing import process_alive, process_descendants
 
     own_tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # ends with us
     give_up = time.monotonic() + ORPHANS_GONE_WITHIN_S

@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from evald.contract._abi import ABI_VERSION
 from evald.contract._alphabet import check_no_angle_bracket
 from evald.contract._errors import ErrorCode, EvaldError
 
-__all__ = ["ABI_VERSION", "MANIFEST_MAX_BYTES", "MAX_EXAMPLES", "Manifest", "parse_manifest"]
+__all__ = ["MANIFEST_MAX_BYTES", "MAX_EXAMPLES", "Manifest", "parse_manifest"]
 
-ABI_VERSION: Final = 1
 MANIFEST_MAX_BYTES: Final = 64 * 1024
 _IDENT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _SEMVER = re.compile(

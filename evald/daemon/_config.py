@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from evald.contract import default_target
+from evald.contract import STANDARD_EVALUATORS, default_target
 from evald.host import DEFAULT_COMPILE_MEMORY_BYTES, HostConfig, Limits
-from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",

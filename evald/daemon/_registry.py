@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evald.contract import ErrorCode, EvaldError, parse_manifest
+from evald.contract import STANDARD_EVALUATORS, ErrorCode, EvaldError, parse_manifest
 from evald.daemon._config import TenantConfig
 from evald.daemon._store import IndexEntry, ModuleStore, StoreError
 from evald.host import (
@@ -27,7 +27,6 @@ from evald.host import (
     compile_module,
     peek_manifest_section,
 )
-from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = ["STANDARD_OWNER", "Evaluator", "Registry", "check_not_reserved"]
 
@@ -285,7 +284,7 @@ class Registry:
             raise EvaldError(
                 ErrorCode.UNKNOWN_EVALUATOR,
                 f"the standard evaluator {standard_name!r} is not installed on this daemon "
-                "(build it with `python -m evaluators_wasm.build`)",
+                "(build it with `make wasm`)",
             )
         shown = name_or_tag if len(name_or_tag) <= 64 else name_or_tag[:64] + "..."
         raise EvaldError(

@@ -47,9 +47,9 @@ from evald.daemon._logging import configure_logging
 from evald.daemon._metrics import Metrics
 from evald.daemon._registry import Evaluator, Registry
 from evald.daemon._scheduler import Scheduler, _Work
+from evald.daemon._standard_modules import standard_module_paths
 from evald.daemon._store import ModuleStore
 from evald.host import CompiledModule, Compiler, EvalOutcome, HostConfig, WasmHost
-from evaluators_wasm import STANDARD_EVALUATORS, wasm_path
 
 if TYPE_CHECKING:
     from evald.daemon._service import _Sink
@@ -248,7 +248,7 @@ class EvaldServer:
 
         registry = Registry(self._host, store, self.config.tenants, compile=compile_upload)
         standard = registry.load_standard(
-            {name: wasm_path(name) for name in STANDARD_EVALUATORS},
+            standard_module_paths(),
             host_limits(self.config.default_limits),
         )
         counts = registry.load_registered(

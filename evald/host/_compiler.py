@@ -52,8 +52,8 @@ from typing import Any, Final
 
 import wasmtime
 
-from evald.contract import ErrorCode, EvaldError
-from evald.host._abi import EVAL_EXPORT, MANIFEST_SECTION, WASM_PAGE_BYTES, Manifest, inspect_module
+from evald.contract import EVAL_EXPORT, MANIFEST_SECTION, ErrorCode, EvaldError, Manifest
+from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._compile_cost import check_compile_cost
 from evald.host._instrument import GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
@@ -361,3 +361,9 @@ class Compiler:
         ``unavailable``, pending ones too)."""
         self.stop(0.0)
         self._reset()
+        # Let any worker the pool started behind our back go as well: it reads end-of-file and
+        # exits. Without this, one left running would deadlock the daemon's exit, where
+        # multiprocessing joins its children while they wait for the daemon to end.
+        for end in (self._parent_link, self._parent_watch):
+            with contextlib.suppress(OSError):
+                end.close()

@@ -20,7 +20,8 @@ trap code, like any fault).
 
 from __future__ import annotations
 
-from evald.host._wasm_binary import SECTION_ORDER, ModuleInfo, Reader, WasmFormatError, encode_u32
+from evald.contract import encode_uleb128
+from evald.host._wasm_binary import SECTION_ORDER, ModuleInfo, Reader, WasmFormatError
 from evald.host._wasm_code import MEMORY_GROW, read_instruction
 
 __all__ = [
@@ -57,17 +58,17 @@ def _rewrite_body(code: bytes, start: int, end: int, hook: bytes) -> tuple[bytes
 
 
 def _vector(items: list[bytes]) -> bytes:
-    return encode_u32(len(items)) + b"".join(items)
+    return encode_uleb128(len(items)) + b"".join(items)
 
 
 def _section(section_id: int, content: bytes) -> bytes:
-    return bytes([section_id]) + encode_u32(len(content)) + content
+    return bytes([section_id]) + encode_uleb128(len(content)) + content
 
 
 def _append_to_vector(wasm: bytes, content_start: int, end: int, extra: list[bytes]) -> bytes:
     reader = Reader(wasm, content_start, end)
     count = reader.uleb()
-    return encode_u32(count + len(extra)) + wasm[reader.pos : end] + b"".join(extra)
+    return encode_uleb128(count + len(extra)) + wasm[reader.pos : end] + b"".join(extra)
 
 
 def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) -> bytes | None:
@@ -81,8 +82,8 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
     hook_index = len(info.function_types)
     wrapper_index = hook_index + 1
     flag_index = info.global_count
-    hook_call = b"\x10" + encode_u32(hook_index)
-    flag = encode_u32(flag_index)
+    hook_call = b"\x10" + encode_uleb128(hook_index)
+    flag = encode_uleb128(flag_index)
 
     hook_body = (
         b"\x01\x01\x7f"  # one i32 local (index 1)
@@ -95,19 +96,19 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
         b"\x00\x41\x00\x24"
         + flag  # i32.const 0; global.set flag
         + b"\x20\x00\x10"
-        + encode_u32(eval_function)
+        + encode_uleb128(eval_function)
         + b"\x0b"
     )
     additions = {
         1: [bytes([0x60, 1, _I32, 1, _I32])],
-        3: [encode_u32(type_index), encode_u32(type_index)],
+        3: [encode_uleb128(type_index), encode_uleb128(type_index)],
         6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
         7: [
-            encode_u32(len(EVAL_WRAPPER_EXPORT))
+            encode_uleb128(len(EVAL_WRAPPER_EXPORT))
             + EVAL_WRAPPER_EXPORT.encode()
             + b"\x00"
-            + encode_u32(wrapper_index),
-            encode_u32(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03" + flag,
+            + encode_uleb128(wrapper_index),
+            encode_uleb128(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03" + flag,
         ],
     }
 
@@ -141,11 +142,11 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
                         body.byte()
                     expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call)
                     new_body = wasm[body_start : body.pos] + expr
-                    bodies.append(encode_u32(len(new_body)) + new_body)
+                    bodies.append(encode_uleb128(len(new_body)) + new_body)
                     reader.pos = body_end
                 bodies += [
-                    encode_u32(len(hook_body)) + hook_body,
-                    encode_u32(len(wrapper_body)) + wrapper_body,
+                    encode_uleb128(len(hook_body)) + hook_body,
+                    encode_uleb128(len(wrapper_body)) + wrapper_body,
                 ]
                 out += _section(10, _vector(bodies))
             else:

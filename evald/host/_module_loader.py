@@ -25,15 +25,16 @@ import threading
 
 import wasmtime
 
-from evald.contract import ErrorCode, EvaldError, Manifest
-from evald.host._abi import (
+from evald.contract import (
     ABI_VERSION,
     BUFFER_EXPORTS,
     EVAL_EXPORT,
     VERSION_EXPORT,
-    WASM_PAGE_BYTES,
-    inspect_module,
+    ErrorCode,
+    EvaldError,
+    Manifest,
 )
+from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._compile_cost import check_compile_cost
 from evald.host._compiler import CompiledModule
 from evald.host._deadline import EpochDeadlines

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from evald.client import Client
 from evald.daemon import DEFAULT_CONFIG_PATH
-from evald_lab.harness import DaemonProcess, evald_command, start_daemon
+from evald.testing import DaemonProcess, evald_command, start_daemon
 
 __all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
 

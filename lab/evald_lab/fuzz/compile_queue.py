@@ -14,11 +14,11 @@ import time
 from typing import Any
 
 from evald.client import CallError
+from evald.contract import append_custom_section
+from evald.testing import guest, manifest_bytes
 from evald_lab.fuzz.checks import Violation
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.noisy import heavy_module
-from evald_lab.wat_corpus import guest, manifest_bytes
-from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = ["compile_queue_fairness"]
 

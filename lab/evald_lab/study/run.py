@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter import Mode
 from evald_lab.study.items import StudyItem, arithmetic_items, letter_items
 
 __all__ = [
@@ -69,7 +70,8 @@ __all__ = [
     "summarize",
 ]
 
-MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
+#: The modes compared, in table order (their names are ``engine_adapter.Mode``'s).
+MODES = tuple(mode.value for mode in Mode)
 TASKS = ("arithmetic", "letters")
 PROFILES = {"tiny": 3, "small": 20, "full": 200}
 
@@ -238,7 +240,7 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         "result_value": None,
         "result_error": None,
     }
-    if mode == "no-grammar":
+    if mode == Mode.NO_GRAMMAR:
         # A span the model wrote on its own (the instructions show how) counts for the span
         # rate; its answer is still the last number in the text.
         out["span_content"] = _first_span(text, TASK_EVALUATOR[item.task])[0]
@@ -333,7 +335,7 @@ class StudySummary:
         ]
         for row in self.rows:
             extraction = (
-                "n/a" if row["mode"] == "no-grammar" else f"{row['extraction_rate'] * 100:.1f}%"
+                "n/a" if row["mode"] == Mode.NO_GRAMMAR else f"{row['extraction_rate'] * 100:.1f}%"
             )
             lines.append(
                 f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | {row['n']} | "
@@ -462,7 +464,7 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
         for flag in flags:
             evaluated = [
                 r for r in records
-                if r.task == task and r.mode == "grammar-eval" and r.instructions is flag
+                if r.task == task and r.mode == Mode.GRAMMAR_EVAL and r.instructions is flag
             ]
             if not evaluated:
                 continue
@@ -633,7 +635,7 @@ def run_study(
         (task, mode): engine.span_grammar(mode, TASK_PREFIX[task])
         for task in config.tasks
         for mode in config.modes
-        if mode != "no-grammar"
+        if mode != Mode.NO_GRAMMAR
     }
     evaluator_mode = evaluator_mode or type(engine.evaluator).__name__
     total = len(items) * len(config.modes) * len(config.instructions)
@@ -711,7 +713,7 @@ def _run_one(
     grammars: dict[tuple[str, str], Any],
     evaluator_mode: str,
 ) -> ItemRecord:
-    grammar = mode != "no-grammar"
+    grammar = mode != Mode.NO_GRAMMAR
     prefix = TASK_PREFIX[item.task] if grammar else ""
     if grammar:
         stop: tuple[str, ...] = _STOP

@@ -20,7 +20,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
 from daemon_harness import Daemon, start_daemon  # noqa: E402
-from vllm_harness import (  # noqa: E402
+
+from engine_adapter.testing.vllm import (  # noqa: E402
     CONFIG,
     DEADLINE_MS,
     TOKEN,
@@ -28,6 +29,8 @@ from vllm_harness import (  # noqa: E402
     start_server,
     vllm_python,
 )
+
+ROOT = HERE.parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +74,7 @@ def span_log(vllm_root: Path) -> Path:
 def server(
     daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path
 ) -> Iterator[VllmServer]:
-    python = vllm_python()
+    python = vllm_python(ROOT)
     if python is None:
         pytest.skip(
             "the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`, or point "

@@ -99,9 +99,9 @@ def test_request_helper_round_trip(tmp_path: Any) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evald"))
     from daemon_harness import start_daemon
-    from vllm_harness import CONFIG as DAEMON_CONFIG
-    from vllm_harness import TOKEN
 
+    from engine_adapter.testing.vllm import CONFIG as DAEMON_CONFIG
+    from engine_adapter.testing.vllm import TOKEN
     from engine_adapter.vllm import evaluated_request
 
     daemon = start_daemon(tmp_path, DAEMON_CONFIG)

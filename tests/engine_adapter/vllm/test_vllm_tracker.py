@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bench_vllm_overhead import _GrammarOutput, _setup
 
 from engine_adapter import build_structural_tag, standard_evaluators
 from engine_adapter._injector import TokenCodec
 from engine_adapter.local import load_tokenizer
+from engine_adapter.testing.vllm import GrammarOutput, tracker_rows
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,11 @@ def _close_span(codec: TokenCodec, tracker: Any, scheduler: Any) -> None:
 
 
 def test_forced_row_is_narrowed_to_one_allowed_token(codec: TokenCodec, tag: Any) -> None:
-    tracker, scheduler = _setup(codec, 2, tag)
+    tracker, scheduler = tracker_rows(codec, 2, tag)
     _close_span(codec, tracker, scheduler)
     words = (codec.vocab_size + 31) // 32
     bitmask = np.full((2, words), -1, dtype=np.int32)
-    tracker.narrow_bitmask(_GrammarOutput(["r1", "r0"], bitmask))
+    tracker.narrow_bitmask(GrammarOutput(["r1", "r0"], bitmask))
     for row in bitmask:
         allowed = [w * 32 + b for w in range(words) for b in range(32) if (int(row[w]) >> b) & 1]
         assert len(allowed) == 1
@@ -47,12 +47,12 @@ def test_forced_row_is_narrowed_to_one_allowed_token(codec: TokenCodec, tag: Any
 
 
 def test_a_token_the_grammar_refuses_is_never_forced(codec: TokenCodec, tag: Any) -> None:
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     _close_span(codec, tracker, scheduler)
     words = (codec.vocab_size + 31) // 32
     bitmask = np.zeros((1, words), dtype=np.int32)  # the grammar allows nothing
     bitmask[0, 0] = 1  # but token 0
-    tracker.narrow_bitmask(_GrammarOutput(["r0"], bitmask))
+    tracker.narrow_bitmask(GrammarOutput(["r0"], bitmask))
     assert bitmask[0, 0] == 1 and not bitmask[0, 1:].any()  # left as the grammar had it
     state = tracker.requests["r0"]
     assert state.fault is not None and "refuses forced token" in state.fault
@@ -64,7 +64,7 @@ def test_a_pending_value_holds_the_request_out_of_the_next_step(
 ) -> None:
     from engine_adapter._types import EvalResult
 
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     request = scheduler.running[0]
     scheduler.waiting.append(object())  # someone else could run: no idle wait
     state = tracker.requests["r0"]
@@ -82,7 +82,7 @@ def test_a_pending_value_holds_the_request_out_of_the_next_step(
     # Force the value-independent "<result" prefix while the evaluation runs.
     while state.injector.forced_tokens():
         bitmask = np.full((1, words), -1, dtype=np.int32)
-        tracker.narrow_bitmask(_GrammarOutput(["r0"], bitmask))
+        tracker.narrow_bitmask(GrammarOutput(["r0"], bitmask))
         token = state.injector.forced_tokens()[0]
         request.output_token_ids.append(token)
         scheduler.current_step += 1
@@ -103,7 +103,7 @@ def test_when_every_request_is_held_the_scheduler_sleeps_on_the_evaluation(
     import concurrent.futures
     import time
 
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     state = tracker.requests["r0"]
     pending: concurrent.futures.Future[Any] = concurrent.futures.Future()
     state.injector._evaluator.submit = lambda *args: pending  # type: ignore[union-attr]

@@ -31,11 +31,15 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import Daemon, module, start_daemon, tenant_block
-from wat_modules import guest, manifest_bytes
 
 from evald.client import CallError
-from evald_lab.harness import process_alive, process_descendants
-from evald_lab.wat_corpus import branchy_function
+from evald.testing import (
+    branchy_function,
+    guest,
+    manifest_bytes,
+    process_alive,
+    process_descendants,
+)
 
 GRACE_S = 2.0
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import Daemon, module, outcome, start_daemon, tenant_block
-from wat_modules import PAGE, arg, guest, manifest_bytes
 
 from evald.contract import pb
+from evald.testing import PAGE, arg, guest, manifest_bytes
 
 MIB = 2**20
 FILL_PAGES = 48 * MIB // PAGE  # each call writes 48 MiB of guest memory

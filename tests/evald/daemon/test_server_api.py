@@ -31,10 +31,10 @@ from daemon_harness import (
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from wat_modules import arg
 
 from evald.client import CallError, Client
 from evald.contract import pb, pb_grpc
+from evald.testing import arg
 
 
 def test_batch_answers_in_request_order_with_per_item_errors(daemon: Daemon) -> None:

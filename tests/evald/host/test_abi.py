@@ -6,17 +6,18 @@ import json
 
 import pytest
 import wasmtime
-from wat_modules import MANIFEST, guest, manifest_bytes
 
-from evald.contract import ErrorCode, EvaldError
-from evald.host._abi import (
+from evald.contract import (
     MANIFEST_MAX_BYTES,
+    MANIFEST_SECTION,
+    ErrorCode,
+    EvaldError,
     Manifest,
-    check_manifest_grammars,
+    append_custom_section,
     parse_manifest,
-    validate_module,
 )
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.host import check_manifest_grammars, validate_module
+from evald.testing import MANIFEST, guest, manifest_bytes
 
 
 def refused(wasm: bytes, **kwargs: int) -> str:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from wat_modules import PAGE, arg, guest, manifest_bytes
 
 from evald.host import Limits, LoadedModule, WasmHost
+from evald.testing import PAGE, arg, guest, manifest_bytes
 
 MIB = 2**20
 PAGES_PER_CALL = 64  # 4 MiB of guest memory written by each call of a "fill" module

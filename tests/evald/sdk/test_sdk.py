@@ -292,7 +292,7 @@ def test_build_refuses_what_the_daemon_refuses_and_warns_about_the_rest(
 
 def test_the_scan_finds_no_problem_in_the_standard_grammars() -> None:
     from engine_adapter import standard_evaluators
-    from evald.host._abi import Manifest
+    from evald.contract import Manifest
 
     for spec in standard_evaluators():
         manifest = Manifest(
@@ -437,7 +437,7 @@ def test_register_list_call_and_unregister(
 def test_registration_refusals_are_clear(
     zig_folder: Path, zig_wasm: bytes, daemon: Daemon, tmp_path: Path
 ) -> None:
-    from evaluators_wasm.toolchain import build_evaluator
+    from evald.sdk import build_evaluator
 
     module = tmp_path / "m.wasm"
     module.write_bytes(zig_wasm)

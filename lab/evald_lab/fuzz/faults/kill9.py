@@ -22,10 +22,9 @@ from typing import Any
 
 from evald.client import CallError, Client
 from evald.contract import pb
+from evald.testing import guest, manifest_bytes, process_alive, process_descendants
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
-from evald_lab.harness import process_alive, process_descendants
-from evald_lab.wat_corpus import guest, manifest_bytes
 
 __all__ = ["kill_under_load"]
 

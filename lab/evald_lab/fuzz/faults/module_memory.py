@@ -13,10 +13,9 @@ from typing import Any
 
 from evald.client import CallError
 from evald.contract import pb
+from evald.testing import PAGE, arg, guest, manifest_bytes, process_rss_bytes
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
-from evald_lab.harness import process_rss_bytes
-from evald_lab.wat_corpus import PAGE, arg, guest, manifest_bytes
 
 __all__ = ["deleted_module_memory"]
 

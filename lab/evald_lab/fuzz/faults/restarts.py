@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from evald.client import CallError
+from evald.contract import append_custom_section
+from evald.testing import guest, manifest_bytes
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.daemon_under_test import DaemonUnderTest
 from evald_lab.fuzz.noisy import heavy_module
-from evald_lab.wat_corpus import guest, manifest_bytes
-from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = ["sigterm_while_compiling", "state_folder_at_load"]
 

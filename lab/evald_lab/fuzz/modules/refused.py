@@ -12,6 +12,7 @@ step draws from the list.
 from __future__ import annotations
 
 from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS
+from evald.testing import branchy_function, guest, manifest_bytes, padded
 from evald_lab.fuzz.modules.build import (
     AttackParams,
     Builder,
@@ -22,8 +23,6 @@ from evald_lab.fuzz.modules.build import (
     module_manifest,
     with_behaviour,
 )
-from evald_lab.harness import padded
-from evald_lab.wat_corpus import branchy_function, guest, manifest_bytes
 
 __all__ = ["REFUSED_AT_REGISTRATION", "refused_modules"]
 

@@ -13,30 +13,26 @@ The request objects carry only what the hooks read from vLLM's ``Request`` (id, 
 list, finished flag, ``next_decode_eligible_step``); the tracker, injectors and codec are the
 real ones. Prints the numbers and writes JSON and a plot.
 
-    python tests/engine_adapter/vllm/bench_vllm_overhead.py [--rows 256] [--steps 300]
+    engine-adapter bench vllm-overhead [--rows 256] [--steps 300]
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter._injector import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import EvalResult
+from engine_adapter import TokenCodec, build_structural_tag, standard_evaluators
 from engine_adapter.local import load_tokenizer
-from engine_adapter.vllm._tracker import SpanTracker
+from engine_adapter.testing.vllm import GrammarOutput, tracker_rows
 
-REPORT_DIR = Path(__file__).resolve().parents[3] / "reports" / "vllm"
+#: Relative to the checkout the command runs in, like every benchmark's results.
+REPORT_DIR = Path("reports") / "vllm"
 FREE_TEXT = (
     "The committee met on Tuesday to review the budget and the plans for the new library, "
     "which the town has wanted for years; most members agreed that the reading rooms should "
@@ -45,80 +41,19 @@ FREE_TEXT = (
 SPAN_TEXT = "So the total is <calc>17 * 23 + 91</calc><result>482</result> items, as counted. "
 
 
-class _Evaluator:
-    """Answers every span at once (the benchmark measures the adapter, not evald)."""
-
-    def __init__(self) -> None:
-        self.unflushed = False
-
-    def submit(
-        self, evaluator: str, content: str, deadline_ms: int
-    ) -> concurrent.futures.Future[EvalResult]:
-        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
-        future.set_result(EvalResult("482"))
-        self.unflushed = True
-        return future
-
-    def flush(self) -> None:
-        self.unflushed = False
-
-
-@dataclass
-class _Request:
-    request_id: str
-    sampling_params: Any
-    output_token_ids: list[int] = field(default_factory=list)
-    next_decode_eligible_step: int = 0
-
-    def is_finished(self) -> bool:
-        return False
-
-
-@dataclass
-class _Scheduler:
-    requests: dict[str, _Request]
-    running: list[_Request]
-    waiting: list[_Request] = field(default_factory=list)
-    current_step: int = 0
-
-
-@dataclass
-class _GrammarOutput:
-    structured_output_request_ids: list[str]
-    grammar_bitmask: Any
-
-
-def _setup(codec: TokenCodec, rows: int, tag: dict[str, Any]) -> tuple[SpanTracker, _Scheduler]:
-    from types import SimpleNamespace
-
-    evaluator = _Evaluator()
-    tracker = SpanTracker(
-        AdapterConfig(target="unix:/bench.sock"),
-        codec,
-        runtime_factory=lambda cfg: evaluator,  # type: ignore[arg-type,return-value]
-    )
-    params = SimpleNamespace(
-        structured_outputs=SimpleNamespace(structural_tag=json.dumps(tag)), extra_args=None
-    )
-    requests = {f"r{i}": _Request(f"r{i}", params) for i in range(rows)}
-    for request in requests.values():
-        tracker.add(request)
-    return tracker, _Scheduler(requests, list(requests.values()))
-
-
 def measure(
     codec: TokenCodec, text: str, rows: int, steps: int, tag: dict[str, Any]
 ) -> dict[str, Any]:
     ids = codec.encode_continuation((text * (steps // 10 + 2)).encode())[:steps]
-    tracker, scheduler = _setup(codec, rows, tag)
-    _, bare = _setup(codec, rows, tag)
+    tracker, scheduler = tracker_rows(codec, rows, tag)
+    _, bare = tracker_rows(codec, rows, tag)
     words = (codec.vocab_size + 31) // 32
     order = list(scheduler.requests)
     adapter_s: list[float] = []
     bare_s: list[float] = []
     for step, token in enumerate(ids):
         bitmask = np.full((rows, words), -1, dtype=np.int32)
-        grammar_output = _GrammarOutput(order, bitmask)
+        grammar_output = GrammarOutput(order, bitmask)
         started = time.perf_counter()
         for request in bare.running:
             request.output_token_ids.append(token)
@@ -142,12 +77,15 @@ def measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench vllm-overhead``."""
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     codec = TokenCodec.from_tokenizer(load_tokenizer())
     grammar = build_structural_tag(standard_evaluators(["calc"]), "grammar-eval")
     assert grammar.structural_tag is not None
@@ -169,7 +107,7 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return 0  # the results are written; matplotlib draws the plot
     figure, axis = plt.subplots(figsize=(5, 3))
     names = list(results)
     axis.bar(names, [results[n]["median_us_per_row"] for n in names], color=["#4c72b0", "#dd8452"])
@@ -179,7 +117,4 @@ def main() -> None:
     axis.legend()
     figure.tight_layout()
     figure.savefig(args.out / "overhead.png", dpi=120)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

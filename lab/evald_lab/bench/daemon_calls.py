@@ -1,6 +1,6 @@
-"""Latency and throughput of the daemon over its unix socket (a measurement script, not a test).
+"""``evald bench daemon``: latency and throughput of the daemon over its unix socket.
 
-    python tests/evald/bench_daemon.py [--json FILE] [--calls N] [--batches N]
+    evald bench daemon [--json FILE] [--calls N] [--batches N]
 
 Starts ``evald serve`` (default config, a temporary socket and state folder) and measures, from
 a blocking gRPC client in this process: unary ``Evaluate`` latency (p50/p90/p99), one
@@ -14,43 +14,45 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from daemon_harness import module, start_daemon, tenant_block
-
 from evald.client import Client
 from evald.contract import pb
+from evald.testing import DaemonProcess, named_guest, start_daemon, tenant_table
 from evaluators_wasm import wasm_path
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
     ordered = sorted(samples_s)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6  # noqa: E731
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
     return {"p50_us": pick(0.5), "p90_us": pick(0.9), "p99_us": pick(0.99)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench daemon``."""
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--calls", type=int, default=2000, help="unary calls (default 2000)")
     parser.add_argument("--batches", type=int, default=200, help="64-item batches (default 200)")
-    args = parser.parse_args()
-    config = "[server]\nthreads = 2\n" + tenant_block(
-        "local", token=False, evaluators=["*"], allow_register=True
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status."""
+    config = "[server]\nthreads = 2\n" + tenant_table(
+        "local", evaluators=["*"], allow_register=True
     )
     with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
-        daemon = start_daemon(Path(tmp), config)
+        daemon: DaemonProcess = start_daemon(Path(tmp), config)
         try:
             client = Client(daemon.target)
             if wasm_path("calc").exists():
                 evaluator, data = "calc", b"17 * 23 + 91"
             else:
-                client.register(module("echo", "bench_echo"))
+                client.register(named_guest("echo", "bench_echo"))
                 evaluator, data = "bench_echo", b"17 * 23 + 91"
             for _ in range(200):  # warm every worker's instance and the channel
                 client.evaluate(evaluator, data)
@@ -89,7 +91,5 @@ def main() -> None:
     print(json.dumps(results_doc, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results_doc, indent=2) + "\n")
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,12 @@
-"""Rebuilds the standard evaluators: ``python -m evaluators_wasm.build [NAME ...] [--out DIR]``.
+"""Rebuilds the standard evaluators: ``make wasm``, or ``python tools/build_wasm.py [NAME ...]
+[--out DIR]``.
 
-Each ``src/NAME/`` holds ``main.zig``, ``manifest.json`` and ``grammar.ebnf``; the module with its
-embedded manifest is written to ``wasm/NAME.wasm``. The build is deterministic, and
-``tests/evaluators_wasm/test_build_reproducible.py`` checks the committed bytes against a rebuild.
+Each ``evaluators_wasm/src/NAME/`` holds ``main.zig``, ``manifest.json`` and ``grammar.ebnf``; the
+module with its embedded manifest is written to ``evaluators_wasm/wasm/NAME.wasm``. The build is
+the SDK's (:func:`evald.sdk.build_evaluator`, the one ``evald build`` runs) and is deterministic:
+``tests/evaluators_wasm/test_build_reproducible.py`` runs this script and compares the bytes with
+the committed modules. A repository tool, not part of any wheel: the guest package holds the
+sources and the built modules, the SDK the build.
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from evald.sdk import build_evaluator
 from evaluators_wasm import SOURCE_DIR, WASM_DIR
-from evaluators_wasm.toolchain import build_evaluator
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The per-token benchmark of the SGLang adapter runs (its numbers are measured, not tested)."""
+"""``engine-adapter bench sglang-overhead`` runs (its numbers are measured, not tested)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip(
 
 
 def test_overhead_benchmark_runs_and_writes_its_report(tmp_path: Path) -> None:
-    from bench_sglang_overhead import run
+    from evald_lab.bench.sglang_overhead import run
 
     result = run(rows=4, steps=12, out=tmp_path)
     saved = json.loads((tmp_path / "overhead.json").read_text())

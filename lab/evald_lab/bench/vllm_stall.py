@@ -8,7 +8,7 @@ until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` 
 Rounds alternate, so both see the same machine. The ratio of the plain requests' median gap
 between tokens is the stall ratio (target <= 1.02). Prints it, writes JSON and a plot.
 
-    python tests/engine_adapter/vllm/bench_vllm_stall.py [--rounds 4]
+    engine-adapter bench vllm-stall [--rounds 4]
 
 Needs ``.venv-vllm`` (``make vllm-venv``); starts its own evald and vLLM server.
 """
@@ -26,12 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-from vllm_harness import (  # noqa: E402
+from engine_adapter.testing.vllm import (
     CONFIG,
     DEADLINE_MS,
     SPIN_TOKEN,
@@ -42,8 +37,10 @@ from vllm_harness import (  # noqa: E402
     tag_body,
     vllm_python,
 )
+from evald_lab.bench._servers import register_spinner
 
-REPORT_DIR = HERE.parents[2] / "reports" / "vllm"
+#: Relative to the checkout the command runs in, like every benchmark\'s results.
+REPORT_DIR = Path("reports") / "vllm"
 PLAIN_PROMPTS = [
     "The capital of France is",
     "Here is a short poem about the sea:",
@@ -52,20 +49,6 @@ PLAIN_PROMPTS = [
     "Once upon a time, in a small village,",
     "The best way to cook rice is",
 ]
-
-
-def register_spinner(target: str) -> Any:
-    """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
-    from engine_adapter import list_evaluators
-    from evald.client import Client
-    from evald_lab.wat_corpus import guest, manifest_bytes
-
-    module = guest(
-        "loop", manifest=manifest_bytes(name="spin", tag="spin", semantics_version="spin/1")
-    )
-    with Client(target, SPIN_TOKEN) as client:
-        client.register(module, replace=True)
-    return {spec.name: spec for spec in list_evaluators(target, SPIN_TOKEN)}["spin"]
 
 
 def measure_stall(
@@ -80,7 +63,7 @@ def measure_stall(
     """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``)."""
     from engine_adapter import list_evaluators
 
-    spin = register_spinner(target).binding()
+    spin = register_spinner(target, SPIN_TOKEN).binding()
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
     bodies: dict[str, dict[str, Any] | None] = {
         "spinning": tag_body(
@@ -99,7 +82,7 @@ def measure_stall(
             for name, body in bodies.items():
                 started = time.monotonic()
                 evaluated_calls = [
-                    pool.submit(server.complete, "Compute:", max_tokens=120, **body)
+                    pool.submit(server.complete, "Compute:", max_tokens=120, **(body or {}))
                     for _ in range(evaluated if body is not None else 0)
                 ]
                 streams = [
@@ -107,8 +90,8 @@ def measure_stall(
                                 ignore_eos=True)
                     for _ in range(plain)
                 ]  # fmt: skip
-                for call in streams:
-                    _, times = call.result()
+                for stream in streams:
+                    _, times = stream.result()
                     gaps[name].extend(b - a for a, b in itertools.pairwise(times))
                 for call in evaluated_calls:
                     texts[name].append(call.result()["choices"][0]["text"])
@@ -133,21 +116,28 @@ def measure_stall(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench vllm-stall``."""
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--plain", type=int, default=4)
     parser.add_argument("--evaluated", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     python = vllm_python()
     if python is None:
-        raise SystemExit("the vLLM venv is absent: run `make vllm-venv` first")
-    from daemon_harness import start_daemon
+        print(
+            "error: unavailable: the vLLM venv is absent: run `make vllm-venv` first",
+            file=sys.stderr,
+        )
+        return 2
+    from evald.testing import DaemonProcess, start_daemon
 
     with tempfile.TemporaryDirectory(prefix="evald-vllm-") as tmp:
         root = Path(tmp)
-        daemon = start_daemon(root / "evald", CONFIG)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG)
         try:
             env = {
                 "EVALD_TARGET": daemon.target,
@@ -183,7 +173,7 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return 0  # the results are written; matplotlib draws the plot
     figure, axis = plt.subplots(figsize=(6, 3.2))
     names = ["alone", "fast", "spinning"]
     axis.boxplot([result["gaps_ms"][n] for n in names], showfliers=True)
@@ -192,7 +182,4 @@ def main() -> None:
     axis.set_title(f"stall ratio {result['stall_ratio_median']:.3f} (median gap)")
     figure.tight_layout()
     figure.savefig(args.out / "stall.png", dpi=120)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

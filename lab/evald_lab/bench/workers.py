@@ -1,7 +1,7 @@
 """Would several daemon processes help? One daemon against two, side by side (a measurement
 script, not a test).
 
-    python tests/evald/bench_workers.py [--seconds S] [--rounds N] [--json FILE]
+    evald bench workers [--seconds S] [--rounds N] [--json FILE]
 
 Starts two ``evald serve`` processes, each with its data path, and drives 64-item messages of
 calc ``17 * 23 + 91`` from closed-loop callers (a thread and a data-path connection each): all
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -23,9 +22,9 @@ from typing import Any
 
 from evald.client import DataConnection
 from evald.contract import pb
+from evald.testing import DaemonProcess, start_daemon
 from evald_lab.bench._common import cpu_seconds_of
 from evald_lab.bench._overhead import bench_daemon_config
-from evald_lab.harness import start_daemon
 
 _MESSAGE = pb.EvaluateBatchRequest(
     items=[
@@ -63,16 +62,19 @@ def _drive(targets: list[str], callers: int, seconds: float) -> float:
     return sum(counts) / wall
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench workers``."""
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="evald-workers-") as tmp:
         roots = [Path(tmp) / f"d{i}" for i in range(2)]
-        daemons = [
+        daemons: list[DaemonProcess] = [
             start_daemon(root, bench_daemon_config(data_listen=f"unix:{root}/data.sock"))
             for root in roots
         ]
@@ -80,7 +82,7 @@ def main() -> int:
             targets = [f"unix:{root}/data.sock" for root in roots]
             for round_index in range(args.rounds):
                 for callers in (2, 8):
-                    rates = {}
+                    rates: dict[int, float] = {}
                     for processes in (1, 2):
                         before = [cpu_seconds_of(d.pid) or 0.0 for d in daemons]
                         rate = _drive(targets[:processes], callers, args.seconds)
@@ -113,6 +115,3 @@ def main() -> int:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,25 +12,23 @@ Both kinds of grammar objects are SGLang's real ones (``XGrammarGrammarBackend``
 hooks, as a scheduler builds it), the tokenizer is SmolLM2's, and evald is a real daemon (free
 text never reaches it). Prints the numbers and writes JSON and a plot.
 
-    python tests/engine_adapter/sglang/bench_sglang_overhead.py [--rows 256] [--steps 200]
+    engine-adapter bench sglang-overhead [--rows 256] [--steps 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import sys
 import tempfile
 import time
+import unittest.mock
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-REPORT_DIR = HERE.parents[2] / "reports" / "sglang"
+#: Relative to the checkout the command runs in, like every benchmark's results.
+REPORT_DIR = Path("reports") / "sglang"
 FREE_TEXT = (
     "The committee met on Tuesday to review the budget and the plans for the new library, "
     "which the town has wanted for years; most members agreed that the reading rooms should "
@@ -52,22 +50,21 @@ def _ns_per_row(objects: list[Any], token: int, vocab_mask: Any) -> tuple[float,
 
 def run(rows: int, steps: int, out: Path | None) -> dict[str, Any]:
     """Measures ``steps`` free-text tokens over ``rows`` wrapped and ``rows`` bare grammars."""
-    from daemon_harness import start_daemon
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
     from sglang.srt.plugins import load_plugins
-    from sglang_harness import CONFIG, TOKEN, environment
 
     from engine_adapter.local import load_tokenizer
-    from engine_adapter.sglang._grammar_object import EvaluatorGrammar
-    from engine_adapter.sglang.request import structural_tag_for
+    from engine_adapter.sglang import EvaluatorGrammar, structural_tag_for
+    from engine_adapter.testing.sglang import CONFIG, TOKEN
+    from evald.testing import DaemonProcess, start_daemon
 
     tokenizer = load_tokenizer()
     ids = [int(t) for t in tokenizer.encode(FREE_TEXT * (1 + steps // 40))][:steps]
     with tempfile.TemporaryDirectory(prefix="evald-sglang-bench-") as tmp:
-        daemon = start_daemon(Path(tmp), CONFIG)
+        daemon: DaemonProcess = start_daemon(Path(tmp), CONFIG)
         try:
             env = {"EVALD_TARGET": daemon.target, "EVALD_TOKEN": TOKEN}
-            with environment(**env):
+            with unittest.mock.patch.dict(os.environ, env):
                 load_plugins()
                 backend = XGrammarGrammarBackend(
                     tokenizer,
@@ -155,16 +152,16 @@ def _plot(per_step: dict[str, list[float]], path: Path, rows: int) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench sglang-overhead``."""
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", type=Path, default=REPORT_DIR, help="JSON and plot folder")
     parser.add_argument("--no-write", action="store_true", help="print only")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     run(args.rows, args.steps, None if args.no_write else args.out)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,10 @@
-"""ABI v1 modules written in WAT: the host's test modules and the fuzzer's malicious ones.
+"""ABI v1 modules written in WAT, with a chosen behaviour: an echo, a loop, a fuel burner, a
+memory grower, a deep recursion, a bad output pointer, and so on.
 
-They live in the package (not under ``tests/``) because ``evald fuzz`` builds them at run time;
-the host tests import them too, so neither depends on the guest library.
+An evaluator that misbehaves on demand is what a test of anything around the daemon needs (an
+engine integration that must survive a stalled or failing span, the host's limit pairs, the
+fuzzer's malicious modules), so it lives in the product beside :func:`evald.testing.start_daemon`
+and needs no Zig and no guest sources.
 
 :func:`guest` builds a module from a behaviour of ``evald_eval``; most behaviours read their
 size parameter N from the first four input bytes (little-endian, see :func:`arg`), so one module
@@ -21,15 +24,25 @@ from typing import Any
 
 import wasmtime
 
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.contract import ABI_VERSION, MANIFEST_SECTION, append_custom_section
 
-__all__ = ["IN_PTR", "MANIFEST", "PAGE", "arg", "guest", "manifest_bytes", "wat_text"]
+__all__ = [
+    "IN_PTR",
+    "MANIFEST",
+    "PAGE",
+    "arg",
+    "branchy_function",
+    "guest",
+    "manifest_bytes",
+    "named_guest",
+    "wat_text",
+]
 
 IN_PTR = 1024
 PAGE = 65536
 
 MANIFEST: dict[str, Any] = {
-    "abi": 1,
+    "abi": ABI_VERSION,
     "name": "probe",
     "version": "1.0.0",
     "tag": "probe",
@@ -337,3 +350,13 @@ def branchy_function(locals_count: int, branches: int) -> str:
         a, b, c = i % locals_count, (i * 7 + 1) % locals_count, (i * 13 + 3) % locals_count
         body.append(f"(if (local.get {a}) (then (local.set {c} (local.get {b}))))")
     return f"(func (param i32) (result i32) {locals_decl} {' '.join(body)} (local.get 0))"
+
+
+def named_guest(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
+    """A :func:`guest` whose manifest name and tag are ``name`` (a module to register)."""
+    return guest(
+        kind,
+        param,
+        manifest=manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1"),
+        **options,
+    )

@@ -18,7 +18,7 @@ default) gives each its own core, as a deployment would: SGLang with one torch t
 evald on core 1, so that what is measured is the scheduling; ``--isolation none`` shares the
 cores (both effects, ``stall-shared-cores.json``).
 
-    python tests/engine_adapter/sglang/bench_sglang_stall.py [--rounds 3]
+    engine-adapter bench sglang-stall [--rounds 3]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
 """
@@ -36,13 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1] / "evald"))
-
-from server_harness import fixed_tag  # noqa: E402
-from sglang_server import (  # noqa: E402
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
+from engine_adapter.testing import fixed_tag
+from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
     SCHEDULERS,
@@ -52,31 +48,12 @@ from sglang_server import (  # noqa: E402
     sglang_python,
     start_server,
 )
+from evald_lab.bench._servers import register_spinner
 
-REPORT_DIR = HERE.parents[2] / "reports" / "sglang"
+#: Relative to the checkout the command runs in, like every benchmark\'s results.
+REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-    "Once upon a time, in a small village,",
-    "The best way to cook rice is",
-]
-
-
-def register_spinner(target: str) -> Any:
-    """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
-    from engine_adapter import list_evaluators
-    from evald.client import Client
-    from evald_lab.wat_corpus import guest, manifest_bytes
-
-    module = guest(
-        "loop", manifest=manifest_bytes(name="spin", tag="spin", semantics_version="spin/1")
-    )
-    with Client(target, SPIN_TOKEN) as client:
-        client.register(module, replace=True)
-    return {spec.name: spec for spec in list_evaluators(target, SPIN_TOKEN)}["spin"]
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:6]
 
 
 def measure_stall(
@@ -91,7 +68,7 @@ def measure_stall(
     """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``)."""
     from engine_adapter import list_evaluators
 
-    spin = register_spinner(target).binding()
+    spin = register_spinner(target, SPIN_TOKEN).binding()
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
     requests: dict[str, dict[str, Any] | None] = {
         "spinning": {
@@ -112,7 +89,7 @@ def measure_stall(
             for name, sampling in requests.items():
                 started = time.monotonic()
                 evaluated_calls = [
-                    pool.submit(server.generate, "Compute:", max_new_tokens=120, **sampling)
+                    pool.submit(server.generate, "Compute:", max_new_tokens=120, **(sampling or {}))
                     for _ in range(evaluated if sampling is not None else 0)
                 ]
                 streams = [
@@ -121,8 +98,8 @@ def measure_stall(
                     )
                     for _ in range(plain)
                 ]
-                for call in streams:
-                    _, times = call.result()
+                for stream in streams:
+                    _, times = stream.result()
                     gaps[name].extend(b - a for a, b in itertools.pairwise(times))
                 for call in evaluated_calls:
                     texts[name].append(call.result()["text"])
@@ -148,8 +125,8 @@ def measure_stall(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench sglang-stall``."""
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plain", type=int, default=4)
     parser.add_argument("--evaluated", type=int, default=4)
@@ -157,18 +134,25 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES))
     parser.add_argument("--isolation", choices=("cores", "none"), default="cores")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     python = sglang_python()
     if python is None:
-        raise SystemExit("the SGLang venv is absent: run `make sglang-venv` first")
-    from daemon_harness import start_daemon
+        print(
+            "error: unavailable: the SGLang venv is absent: run `make sglang-venv` first",
+            file=sys.stderr,
+        )
+        return 2
+    from evald.testing import DaemonProcess, start_daemon
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         cores = args.isolation == "cores"
         pin = ["taskset", "-c", "1"] if cores else []
-        daemon = start_daemon(root / "evald", CONFIG, prefix=pin)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, prefix=pin)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:
@@ -211,6 +195,7 @@ def main() -> None:
     name = "stall" if cores else "stall-shared-cores"
     (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(results, args.out / f"{name}.png")
+    return 0
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -232,7 +217,3 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     axes[0].set_ylabel("plain request: ms between tokens")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Registration as a neighbour: other tenants' latency while one registers heavy modules, with
 compilation in the daemon's process (as before) and in its worker process (now), in one run.
 
-    python tests/evald/bench_registration.py [--seconds S] [--out DIR]
+    evald bench registration [--seconds S] [--out DIR]
 
 For each variant a daemon is started (2 worker threads, unix socket) and the victim's unary
 ``calc`` latency is measured alone, then while the attacker registers modules of about 1 MiB of
@@ -24,13 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from daemon_harness import TOKENS, Daemon, start_daemon, tenant_block
-
 from evald.client import Client
+from evald.contract import append_custom_section
+from evald.testing import DaemonProcess, start_daemon, tenant_table
 from evald_lab.fuzz.noisy import heavy_module
-from evaluators_wasm.toolchain import append_custom_section
 
 #: Runs ``evald`` with registration compiling on the daemon's control thread (the old path).
 _IN_PROCESS = (
@@ -43,14 +40,24 @@ _IN_PROCESS = (
 )
 
 
+#: The two tenants' tokens (the config holds their hashes).
+TOKENS = {name: f"{name}-token-0123456789" for name in ("alpha", "beta")}
+
+
 def _config() -> str:
     return "\n".join(
         [
             "[server]",
             "threads = 2",
             "shutdown_grace_s = 2",
-            tenant_block("alpha", evaluators=["calc"], allow_register=True, max_modules=8),
-            tenant_block("beta", evaluators=["calc"], allow_register=True, max_modules=8),
+            tenant_table(
+                "alpha", token=TOKENS["alpha"], evaluators=["calc"], allow_register=True,
+                max_modules=8,
+            ),
+            tenant_table(
+                "beta", token=TOKENS["beta"], evaluators=["calc"], allow_register=True,
+                max_modules=8,
+            ),
         ]
     )
 
@@ -75,7 +82,7 @@ def _victim(client: Client, seconds: float) -> list[float]:
     return latencies
 
 
-def _neighbour(daemon: Daemon, seconds: float, heavy: bytes) -> dict[str, Any]:
+def _neighbour(daemon: DaemonProcess, seconds: float, heavy: bytes) -> dict[str, Any]:
     victim = Client(daemon.target, TOKENS["alpha"])
     attacker = Client(daemon.target, TOKENS["beta"], timeout_s=120)
     attacker.register(heavy, replace=True)  # warm: the worker process is started
@@ -115,7 +122,7 @@ def _neighbour(daemon: Daemon, seconds: float, heavy: bytes) -> dict[str, Any]:
     }
 
 
-def _oracle(daemon: Daemon, rounds: int, heavy: bytes) -> dict[str, Any]:
+def _oracle(daemon: DaemonProcess, rounds: int, heavy: bytes) -> dict[str, Any]:
     """Median registration time of bytes the other tenant uploaded and deleted, and of unseen
     bytes, alternating."""
     alpha = Client(daemon.target, TOKENS["alpha"], timeout_s=120)
@@ -182,7 +189,7 @@ def run(seconds: float, rounds: int, out: Path) -> dict[str, Any]:
             ("in-process", [sys.executable, "-c", _IN_PROCESS]),
             ("worker-process", []),
         ):
-            daemon = start_daemon(Path(tmp) / variant, _config(), prefix=prefix)
+            daemon: DaemonProcess = start_daemon(Path(tmp) / variant, _config(), prefix=prefix)
             try:
                 result["variants"][variant] = _neighbour(daemon, seconds, heavy)
                 if variant == "worker-process":
@@ -195,12 +202,15 @@ def run(seconds: float, rounds: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench registration``."""
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--rounds", type=int, default=5, help="oracle rounds")
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     result = run(args.seconds, args.rounds, args.out)
     for variant, figures in result["variants"].items():
         print(
@@ -215,7 +225,4 @@ def main() -> None:
         f"oracle: bytes another tenant uploaded {oracle['median_seen_s']} s, unseen "
         f"{oracle['median_unseen_s']} s (x{oracle['ratio_unseen_over_seen']})"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

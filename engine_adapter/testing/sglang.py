@@ -1,10 +1,12 @@
-"""Starts the real SGLang 0.5.23 HTTP server on the CPU with the evald adapter, for the tests and
-the benchmarks.
+"""Starts the real SGLang 0.5.23 HTTP server on the CPU with the evald adapter, for the adapter's
+real-server tests and the lab's SGLang benchmarks.
 
-The tests run in the project's venv; the server runs in ``.venv-sglang`` (``make sglang-venv``:
+The caller runs in the project's venv; the server runs in ``.venv-sglang`` (``make sglang-venv``:
 SGLang, its CPU kernel built from ``deploy/sglang-cpu/``, and this repository installed
 editable), launched as a user launches it: ``python -m sglang.launch_server`` with ``EVALD_*``
 in its environment, SGLang loading the adapter through its ``sglang.srt.plugins`` entry point.
+:data:`CONFIG` is the daemon config those runs share (its tenants' tokens are :data:`TOKEN`,
+:data:`OTHER_TOKEN` and :data:`SPIN_TOKEN`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server_harness import ROOT, free_port, has_amx, model_folder, post
-
+from engine_adapter.testing._common import free_port, has_amx, model_folder, post
 from evald.daemon import hash_token, set_parent_death_signal
 
 __all__ = [
@@ -84,16 +85,18 @@ SCHEDULERS = ("normal", "overlap")
 SERVED_MODEL = "smollm2"
 
 
-def sglang_python() -> Path | None:
-    """``$EVALD_SGLANG_PYTHON``, else ``.venv-sglang/bin/python`` at the repository root."""
+def sglang_python(root: Path | None = None) -> Path | None:
+    """``$EVALD_SGLANG_PYTHON``, else ``.venv-sglang/bin/python`` in the checkout ``root``
+    (default: the current folder), if present."""
     explicit = os.environ.get("EVALD_SGLANG_PYTHON")
-    candidate = Path(explicit) if explicit else ROOT / ".venv-sglang" / "bin" / "python"
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / ".venv-sglang" / "bin" / "python"
     return candidate if candidate.exists() else None
 
 
-def unsupported_reason() -> str | None:
+def unsupported_reason(root: Path | None = None) -> str | None:
     """Why ``make sglang-venv`` did not build the venv on this CPU (its own words), if so."""
-    marker = ROOT / ".venv-sglang" / ".unsupported"
+    marker = (root if root is not None else Path.cwd()) / ".venv-sglang" / ".unsupported"
     with contextlib.suppress(OSError):
         return marker.read_text().strip() or None
     return None

@@ -1,7 +1,8 @@
-"""Regenerates the evald.v1 stubs from ``proto/`` with grpcio-tools.
+"""Regenerates the evald.v1 stubs from ``proto/`` with grpcio-tools (``make proto``).
 
-One command (``python -m evald._protogen [OUT_DIR]``) so the committed stubs are reproducible and a
-test can regenerate them into a temporary folder and compare bytes.
+One command (``python tools/generate_proto.py [OUT_DIR]``) so the committed stubs are
+reproducible and a test can regenerate them into a temporary folder and compare bytes. A
+repository tool, not part of the wheel: it reads ``proto/``, which only a checkout has.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent.parent / "proto"
+STUBS_ROOT = PROTO_ROOT.parent
 PROTO_FILES = ("evald/v1/evald.proto",)
 
 
@@ -36,4 +38,4 @@ def generate(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else PROTO_ROOT.parent)
+    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else STUBS_ROOT)

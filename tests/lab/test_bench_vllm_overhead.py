@@ -1,12 +1,11 @@
-"""The per-row cost benchmark runs (its numbers are printed by the script, not checked here)."""
+"""``engine-adapter bench vllm-overhead``'s measurement runs (its numbers are printed by the
+benchmark, not checked here)."""
 
 from __future__ import annotations
 
-from bench_vllm_overhead import FREE_TEXT, SPAN_TEXT, measure
-
-from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter._injector import TokenCodec
+from engine_adapter import TokenCodec, build_structural_tag, standard_evaluators
 from engine_adapter.local import load_tokenizer
+from evald_lab.bench.vllm_overhead import FREE_TEXT, SPAN_TEXT, measure
 
 
 def test_overhead_benchmark_runs() -> None:
