@@ -58,6 +58,7 @@ def host_limits(limits: TenantLimits) -> Limits:
         deadline_ms=limits.deadline_ms,
         input_bytes=limits.input_bytes,
         output_bytes=limits.output_bytes,
+        instance_cache_bytes=limits.instance_cache_bytes,
     )
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from evald.contract import STANDARD_EVALUATORS, default_target
-from evald.host import HostConfig, Limits
+from evald.host import DEFAULT_COMPILE_MEMORY_BYTES, HostConfig, Limits
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -119,7 +119,9 @@ class TenantLimits:
     connections that their clients have not read yet; ``request_bytes`` the request bytes the
     daemon holds for it (a data-path frame from its header on, a gRPC message once received)
     until the items in them are admitted: past it the daemon stops reading the tenant's streams
-    and connections.
+    and connections. ``instance_cache_bytes`` bounds the linear memory of the instances kept
+    for reuse for the tenant, every worker together (``0``: none is kept; every call
+    instantiates).
     """
 
     fuel: int = _LIMITS.fuel
@@ -134,6 +136,7 @@ class TenantLimits:
     max_calls: int = 256
     unread_bytes: int = 64 * MIB
     request_bytes: int = 64 * MIB
+    instance_cache_bytes: int = _LIMITS.instance_cache_bytes
 
     def running_cap(self, threads: int, *, shared: bool = True) -> int:
         """Workers the tenant may hold at once on a pool of ``threads``.
@@ -192,8 +195,10 @@ class ServerSettings:
     (0: never). ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
     a stream whose client reads nothing for ``stream_stall_s`` while at that bound is ended
     with ``quota_exceeded``. Registrations compile in a separate, niced worker process, one at
-    a time: at most ``compile_queue`` wait (more are refused with ``unavailable``), and one that
-    uses more than ``compile_cpu_s`` of CPU or ``compile_timeout_s`` of wall time is refused.
+    a time: at most ``compile_queue`` wait or compile, at most ``compile_queue_per_tenant`` of
+    them one tenant's (more are refused with ``unavailable``), served round-robin across
+    tenants; one that uses more than ``compile_cpu_s`` of CPU, ``compile_memory_bytes`` of
+    memory or ``compile_timeout_s`` of wall time is refused.
     """
 
     listen: str = ""
@@ -211,8 +216,10 @@ class ServerSettings:
     stream_unread_bytes: int = 16 * MIB
     stream_stall_s: float = 30.0
     compile_queue: int = 8
+    compile_queue_per_tenant: int = 2
     compile_cpu_s: float = 10.0
     compile_timeout_s: float = 30.0
+    compile_memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
@@ -415,6 +422,9 @@ def _limits(table: _Table, base: TenantLimits) -> TenantLimits:
         max_calls=table.get_int("max_calls", base.max_calls, minimum=1),
         unread_bytes=table.get_size("unread_bytes", base.unread_bytes, minimum=64 * KIB),
         request_bytes=table.get_size("request_bytes", base.request_bytes, minimum=64 * KIB),
+        instance_cache_bytes=table.get_size(
+            "instance_cache_bytes", base.instance_cache_bytes, minimum=0
+        ),
     )
     table.finish()
     return limits
@@ -462,6 +472,12 @@ def _server(table: _Table) -> ServerSettings:
         ),
         stream_stall_s=table.get_float("stream_stall_s", base.stream_stall_s, minimum=0.1),
         compile_queue=table.get_int("compile_queue", base.compile_queue, minimum=1),
+        compile_queue_per_tenant=table.get_int(
+            "compile_queue_per_tenant", base.compile_queue_per_tenant, minimum=1
+        ),
+        compile_memory_bytes=table.get_size(
+            "compile_memory_bytes", base.compile_memory_bytes, minimum=64 * MIB
+        ),
         compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
         compile_timeout_s=table.get_float(
             "compile_timeout_s", base.compile_timeout_s, minimum=1.0

@@ -18,9 +18,10 @@ Threading: the event loop only parses requests, authenticates, resolves evaluato
 against quotas and sends responses. Guest code always runs on the scheduler's worker threads (a
 ctypes call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's
 slow evaluation never delays the loop. Registration and deletion (fsync) run on a separate
-single control thread, so they never take a worker from evaluations; validating and compiling an
-upload runs in a niced, CPU-limited worker process (:class:`evald.host.Compiler`), so it holds
-neither the GIL nor every core.
+single control thread, so they never take a worker from evaluations, one registration at a
+time from a queue shared fairly between tenants (:mod:`evald.daemon._compile_queue`);
+validating and compiling an upload runs in a niced, CPU- and memory-limited worker process
+(:class:`evald.host.Compiler`), so it holds neither the GIL nor every core.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from typing import Any, TypeVar
 
 from grpc_health.v1 import health_pb2
 
-from evald.contract import ErrorCode, EvaldError, pb
+from evald.contract import ErrorCode, pb
 from evald.daemon._admission import Admission, Tenant, host_limits
+from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, HostSettings, ServerSettings
 from evald.daemon._data_path import DataServer
 from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
@@ -114,9 +116,13 @@ class EvaldServer:
         self.enqueue = self.scheduler.enqueue
         self.abandon = self.scheduler.abandon
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
-        self._registrations = 0  # waiting or compiling (event loop only)
+        self._compile_queue = CompileQueue(
+            capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant
+        )
         self._compiler = Compiler(
-            cpu_s=settings.compile_cpu_s, wall_s=settings.compile_timeout_s
+            cpu_s=settings.compile_cpu_s,
+            wall_s=settings.compile_timeout_s,
+            memory_bytes=settings.compile_memory_bytes,
         )
         self._streams: set[Stoppable] = set()
         self._store: ModuleStore | None = None
@@ -227,21 +233,13 @@ class EvaldServer:
         return response
 
     async def register(self, tenant: Tenant, wasm: bytes, replace: bool) -> Evaluator:
-        """Queues one registration for the control thread (at most ``compile_queue`` wait)."""
-        limit = self.config.server.compile_queue
-        if self._registrations >= limit:
-            raise EvaldError(
-                ErrorCode.UNAVAILABLE,
-                f"{self._registrations} registrations are already waiting to compile "
-                f"(compile_queue is {limit}); retry shortly",
-            )
-        self._registrations += 1
-        try:
-            evaluator = await self.control(
-                self.registry.register, tenant.config, wasm, tenant.limits, replace
-            )
-        finally:
-            self._registrations -= 1
+        """Queues one registration for the control thread, in the tenant's share of the compile
+        queue (:mod:`evald.daemon._compile_queue`)."""
+        registry = self.registry
+        evaluator = await self._compile_queue.submit(
+            tenant.name,
+            lambda: self.control(registry.register, tenant.config, wasm, tenant.limits, replace),
+        )
         self._count_modules(tenant)
         return evaluator
 
@@ -334,6 +332,13 @@ class EvaldServer:
         self.stopping = True
         grace = self.config.server.shutdown_grace_s if grace_s is None else grace_s
         _log.info("draining", extra={"fields": {"grace_s": grace}})
+        # Registrations waiting to compile end now; one compiling ends shortly before the grace
+        # period does, so its caller still gets a typed answer before its call is cut.
+        self._compile_queue.close(
+            "the daemon is shutting down; the module was not compiled (register it again "
+            "once the daemon is back)"
+        )
+        self._compiler.stop(grace - min(1.0, grace / 4))
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         for stream in list(self._streams):

@@ -12,6 +12,7 @@ the handle can read back. Nothing here talks to the daemon other than through it
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -32,6 +33,8 @@ __all__ = [
     "evald_command",
     "free_port",
     "padded",
+    "process_alive",
+    "process_descendants",
     "process_rss_bytes",
     "start_daemon",
     "wait_serving",
@@ -56,6 +59,45 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of ``pid`` from ``/proc/PID/stat``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def process_descendants(pid: int) -> dict[int, str]:
+    """Every live process below ``pid`` (children, theirs, …): pid -> command line.
+
+    Taken before a process is killed, it names what must end with it: an orphan is re-parented
+    and can no longer be found from the pid it came from.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            children.setdefault(stat[1], []).append(int(entry))
+    found: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                found[child] = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        todo.extend(children.get(child, []))
+    return found
 
 
 def process_rss_bytes(pid: int) -> int | None:

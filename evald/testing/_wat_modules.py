@@ -31,6 +31,7 @@ __all__ = [
     "MANIFEST",
     "PAGE",
     "arg",
+    "branchy_function",
     "guest",
     "manifest_bytes",
     "named_guest",
@@ -104,6 +105,19 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
                 f"(return (i32.const -{len(payload)})))) " + ok
             ),
             (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
+        )
+    if kind == "fill":  # memory of N pages in all, each new byte written (resident), "ok"
+        return (
+            "(local $have i32)",
+            (
+                "(local.set $have (memory.size)) "
+                f"(if (i32.lt_u (local.get $have) {_n()}) (then "
+                f"(if (i32.eq (memory.grow (i32.sub {_n()} (local.get $have))) (i32.const -1)) "
+                "(then (unreachable))) "
+                "(memory.fill (i32.mul (local.get $have) (i32.const 65536)) (i32.const 1) "
+                f"(i32.mul (i32.sub {_n()} (local.get $have)) (i32.const 65536))))) " + ok
+            ),
+            "",
         )
     if kind == "grow_pages":  # grow by 1 page N times, trap on the first refusal
         return (
@@ -304,17 +318,17 @@ def guest(
     """An ABI v1 module whose ``evald_eval`` has behaviour ``kind``.
 
     Behaviours: ``echo``; ``loop`` (forever); ``burn`` (N iterations); ``grow`` (N pages, trap
-    when refused); ``grow_soft`` (N pages, ``too_large`` when refused); ``grow_pages`` (1 page
-    N times, trap on refusal); ``recurse`` (N deep); ``output`` (N bytes); ``payload``
-    (``param=(bytes, is_error)``); ``return`` (``param`` as the result); ``dump_input``
-    (``param`` bytes of the input buffer); ``count`` (calls so far on this instance, one digit;
-    an empty input traps); ``stale_output`` (an empty input returns ``param`` bytes of whatever
-    the output buffer holds); ``grow_or_trap``; ``dump_or_error``
+    when refused); ``fill`` (memory of N pages in all, every new byte written, so they are
+    resident; trap when refused); ``grow_soft`` (N pages, ``too_large`` when refused);
+    ``grow_pages`` (1 page N times, trap on refusal); ``recurse`` (N deep); ``output`` (N
+    bytes); ``payload`` (``param=(bytes, is_error)``); ``return`` (``param`` as the result);
+    ``dump_input`` (``param`` bytes of the input buffer); ``count`` (calls so far on this
+    instance, one digit; an empty input traps); ``stale_output`` (an empty input returns
+    ``param`` bytes of whatever the output buffer holds); ``grow_or_trap``; ``dump_or_error``
     (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
     of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
     ``table_fill`` (fill a table of ``param`` elements); ``memory_probe`` (grow until refused,
-    return the page count in decimal); ``trap``; ``oob``. N comes from
-    :func:`arg`.
+    return the page count in decimal); ``trap``; ``oob``. N comes from :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword
     arguments go to :func:`wat_text`.
@@ -324,6 +338,18 @@ def guest(
     for _ in range(manifests):
         wasm = append_custom_section(wasm, MANIFEST_SECTION, payload)
     return wasm
+
+
+def branchy_function(locals_count: int, branches: int) -> str:
+    """A WAT function of ``branches`` ``if`` blocks over ``locals_count`` i32 locals (one of
+    them its parameter), each copying one local to another: the shape whose compile cost grows
+    with locals times branches (``evald.host._compile_cost``). For ``guest(extra=...)``."""
+    locals_decl = "(local" + " i32" * (locals_count - 1) + ")" if locals_count > 1 else ""
+    body = []
+    for i in range(branches):
+        a, b, c = i % locals_count, (i * 7 + 1) % locals_count, (i * 13 + 3) % locals_count
+        body.append(f"(if (local.get {a}) (then (local.set {c} (local.get {b}))))")
+    return f"(func (param i32) (result i32) {locals_decl} {' '.join(body)} (local.get 0))"
 
 
 def named_guest(kind: str, name: str, param: Any = None, **options: Any) -> bytes:

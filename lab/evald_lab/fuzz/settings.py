@@ -150,6 +150,8 @@ def fuzz_config(
             f"frame_timeout_s = {FRAME_TIMEOUT_S}",
             'log_level = "warning"',
             "shutdown_grace_s = 10",
+            # low enough that a module inside the compile-cost caps can pass it (a refused row)
+            'compile_memory_bytes = "128MiB"',
             "[host]",
             'module_bytes = "4MiB"',
             "[[tenants]]",
