@@ -43,8 +43,10 @@ from evald.contract._frames import (
 )
 from evald.contract._manifest import (
     ABI_VERSION,
+    LITERAL_KINDS,
     MANIFEST_MAX_BYTES,
     MAX_EXAMPLES,
+    MAX_LITERAL_RULES,
     Manifest,
     parse_manifest,
 )
@@ -58,9 +60,11 @@ __all__ = [
     "GUEST_ERROR_CODES",
     "HEADER",
     "HELLO_MAGIC",
+    "LITERAL_KINDS",
     "MANIFEST_MAX_BYTES",
     "MAX_EXAMPLES",
     "MAX_HELLO_BYTES",
+    "MAX_LITERAL_RULES",
     "Endpoint",
     "ErrorCode",
     "EvaldError",
