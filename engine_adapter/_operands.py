@@ -68,6 +68,8 @@ class EvaluatorOperands:
     """Rule → the literals it was narrowed to; empty when the grammar was left as it is."""
     reason: str = ""
     """Why the grammar (or some of its literal rules) was left as it is; empty otherwise."""
+    declared: bool = True
+    """Whether the evaluator's manifest declares literals at all."""
 
     @property
     def narrowed(self) -> bool:
@@ -105,6 +107,7 @@ class OperandNarrowing:
                 e.evaluator: {
                     "literals": {rule: list(lits) for rule, lits in e.literals.items()},
                     "reason": e.reason,
+                    "declared": e.declared,
                 }
                 for e in self.evaluators
             },
@@ -230,7 +233,7 @@ class _NumberReader:
         else:
             self.total += (self.current or 1) * value
             self.current = 0
-        self.last = "scale" if kind == "dozen" else kind
+        self.last = kind
 
 
 def _word_kind(word: str) -> tuple[str, int] | None:
@@ -249,7 +252,8 @@ def _word_kind(word: str) -> tuple[str, int] | None:
 
 
 def _continues(last: str, kind: str) -> bool:
-    """Whether a number word of ``kind`` continues a number whose last word was ``last``."""
+    """Whether a number word of ``kind`` continues a number whose last word was ``last``
+    (nothing continues ``dozen``: ``two dozen and five`` is 24 and 5)."""
     if kind in ("hundred", "dozen"):
         return last in ("small", "teen", "tens", "")
     if kind == "scale":
@@ -315,7 +319,9 @@ def narrow_grammar(
         ImportError: XGrammar is not installed (it checks each literal against its rule).
     """
     if not literal_rules:
-        return None, EvaluatorOperands(evaluator, reason="its manifest declares no literals")
+        return None, EvaluatorOperands(
+            evaluator, reason="its manifest declares no literals", declared=False
+        )
     defined = {match.group(1) for match in _RULE_START.finditer(input_grammar)}
     missing = [rule for rule in literal_rules if rule not in defined]
     if missing:  # a request replaced the evaluator's grammar with one of its own

@@ -301,8 +301,9 @@ def _generate(args: argparse.Namespace) -> int:
         engine.close()
     out.write("\n")
     out.flush()
-    if result.operands is not None and not result.operands["applied"]:
-        print(f"note: the operands option is off: {result.operands['reason']}", file=sys.stderr)
+    for name, entry in (result.operands or {}).get("evaluators", {}).items():
+        if entry["declared"] and not entry["literals"]:
+            print(f"note: operands off for {name}: {entry['reason']}", file=sys.stderr)
     if args.timings:
         if result.operands is not None and result.operands["applied"]:
             print(f"operands:\n{format_operands(result.operands)}", file=sys.stderr)
