@@ -1,5 +1,7 @@
 """``engine-adapter bench decode``: the decode benchmark's command (see
-:mod:`evald_lab.bench.decode`; ``evald bench decode`` runs the same benchmark).
+:mod:`evald_lab.bench.decode`; ``evald bench decode`` runs the same benchmark), and
+``engine-adapter bench operands``: what the operands option costs the grammar
+(:mod:`evald_lab.bench.operands`).
 
 Registered through the ``engine_adapter.commands`` entry point of ``lab/pyproject.toml``.
 Exit statuses: 0 the benchmark ran and wrote its results; 2 bad arguments, or a model or daemon
@@ -31,10 +33,11 @@ def add_command(sub: Any) -> None:
             "in-process WASM and evald (same prompts, same seeds, interleaved); the tool-call "
             "baseline; the batch stall with one span slow up to its deadline. Starts its own "
             "evald daemon. Writes decode.json and decode.png under --out. The GPU variant is "
-            "deploy/gpu-check.sh."
+            "deploy/gpu-check.sh. operands: grammar compile time and mask fill with the "
+            "operands option against without, side by side (operands.json, operands.png)."
         ),
     )
-    bench.add_argument("job", choices=("decode",), help="what to measure")
+    bench.add_argument("job", choices=("decode", "operands"), help="what to measure")
     bench.add_argument(
         "--profile", choices=("tiny", "full"), default="full", help="tiny: for tests"
     )
@@ -50,6 +53,15 @@ def add_command(sub: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from engine_adapter.local import BackendError
     from evald_lab.bench.decode import run_decode
+
+    if args.job == "operands":
+        from evald_lab.bench.operands import run_operands
+
+        run_operands(
+            args.profile, out_dir=args.out, plot=not args.no_plot, show_progress=not args.quiet
+        )
+        print(f"results in {args.out}/operands.json", file=sys.stderr)
+        return EXIT_OK
 
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = [part for part in parts if part not in _PARTS]
