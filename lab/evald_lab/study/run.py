@@ -128,8 +128,12 @@ _BLOCK = 10
 
 _COUNT_CALL = re.compile(r'count\(\s*"([^"\\]*)"\s*,\s*"([^"\\]*)"\s*\)')
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# Each "number operator" unit is atomic (``(?>…)``): with plain groups, a long chain of numbers
+# and operators that ends in no ``=`` (a 128-token answer can be one) made the engine try every
+# way of splitting its spaces between adjacent ``\s*``, exponential in the chain's length.
 _EQUATION = re.compile(
-    r"((?:\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?\s*[-+*/x\u00d7\u00f7]\s*)+\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?)"
+    r"((?:(?>\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?\s*[-+*/x\u00d7\u00f7]\s*))+"
+    r"(?>\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?))"
     r"\s*=\s*(-?\d[\d,]*(?:\.\d+)?)"
 )
 
