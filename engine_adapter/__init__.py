@@ -32,7 +32,7 @@ from engine_adapter._instructions import (
     base_prompt,
     render_instructions,
 )
-from engine_adapter._operands import EvaluatorOperands, OperandNarrowing
+from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, literals_in_text
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "build_structural_tag",
     "contains_evaluated_tag",
     "list_evaluators",
+    "literals_in_text",
     "lower_evaluated_tags",
     "narrow_to_operands",
     "render_instructions",

@@ -171,7 +171,8 @@ def test_letter_scoring_checks_the_question_not_just_the_value() -> None:
 
 def _heldout_arith(distractor: int | None = None) -> StudyItem:
     params = {"a": 38, "b": 27, "c": 61, "expression": "38 * 27 + 61", "distractor": distractor}
-    return StudyItem("arithmetic", 0, "…", "1087", params)
+    prompt = "Thirty-eight rows of 27 chairs and 61 more. The hall was built in 1987."
+    return StudyItem("arithmetic", 0, prompt, "1087", params)
 
 
 @pytest.mark.parametrize(
@@ -218,6 +219,26 @@ def test_a_span_using_the_distractor_is_flagged() -> None:
     assert classify(_heldout_arith(), "grammar-eval", "<calc>1</calc><result>1</result>")[
         "distractor_used"] is None
     assert classify(item, "grammar-eval", "<calc>38 * 27")["distractor_used"] is None
+
+
+def test_a_span_using_a_literal_the_question_does_not_hold_is_flagged() -> None:
+    item = _heldout_arith()
+    # the question's numbers as the operands option reads them: words as digits
+    own = classify(item, "grammar-eval", "<calc>38 * 27 + 1987</calc><result>3013</result>")
+    assert own["foreign_operands"] is False
+    foreign = classify(item, "grammar-eval", "<calc>17 * 23 + 91</calc><result>482</result>")
+    assert foreign["foreign_operands"] is True
+    assert classify(item, "grammar-eval", "no span")["foreign_operands"] is None
+    words = classify(_letters_in("Count the r's in strawberry."), "grammar-eval",
+                     '<strop>count("strawberry", "r")</strop><result>3</result>')
+    assert words["foreign_operands"] is False
+    other = classify(_letters_in("Count the r's in strawberry."), "grammar-eval",
+                     '<strop>count("cocoa", "o")</strop><result>2</result>')
+    assert other["foreign_operands"] is True
+
+
+def _letters_in(prompt: str) -> StudyItem:
+    return StudyItem("letters", 0, prompt, "3", {"word": "strawberry", "letter": "r"})
 
 
 def test_wilson_interval_matches_known_values() -> None:

@@ -163,6 +163,9 @@ class ItemRecord:
     ``wrong_number`` (no-grammar)."""
     distractor_used: bool | None = None
     """Whether the span used the item's distractor (``None``: no distractor, or no span)."""
+    foreign_operands: bool | None = None
+    """Whether the span used a literal the question does not hold (a number, or a string, that
+    :func:`engine_adapter.literals_in_text` does not find in it); ``None`` without a span."""
     problems: str = "original"
     operands: dict[str, Any] | None = None
     """What the operands option narrowed for this item (its arm only)."""
@@ -294,6 +297,7 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         "result_error": None,
         "cause": None,
         "distractor_used": None,
+        "foreign_operands": None,
     }
     if mode == "no-grammar":
         # A span the model wrote on its own (the instructions show how) counts for the span
@@ -332,6 +336,8 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
     out.update(span_content=content, result_value=value, result_error=error)
     if content is not None and item.params.get("distractor") is not None:
         out["distractor_used"] = str(item.params["distractor"]) in _span_operands(item, content)
+    if content is not None:
+        out["foreign_operands"] = _uses_foreign_operands(item, content)
     if content is not None:
         out["span_value"] = _reference(evaluator, content)
         counted = _COUNT_CALL.fullmatch(content.strip())
@@ -393,6 +399,18 @@ def _span_operands(item: StudyItem, content: str) -> list[str]:
     return _SPAN_STRING.findall(content)
 
 
+def _uses_foreign_operands(item: StudyItem, content: str) -> bool:
+    """Whether a span uses a literal its question does not hold (as the operands option reads
+    the question: number words as digits, words as strings)."""
+    from engine_adapter import literals_in_text
+
+    if item.task == "arithmetic":
+        held = {_canonical_number(n) for n in literals_in_text("number", item.prompt)}
+    else:
+        held = {json.loads(s) for s in literals_in_text("string", item.prompt)}
+    return any(operand not in held for operand in _span_operands(item, content))
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """The Wilson score interval of a proportion (95 % by default): ``(low, high)``; it stays
     inside [0, 1] and is sound near 0 and 1, where the normal approximation is not."""
@@ -448,20 +466,24 @@ class StudySummary:
                 f"{row['wrong_computation']} |"
             )
         lines += ["", *self.causes_markdown()]
-        if any(row.get("distractor_items") for row in self.rows):
-            lines += [
-                "",
-                "| task | instructions | mode | items with a distractor | span used it |",
-                "|---|---|---|---|---|",
-            ]
-            for row in self.rows:
-                if row["mode"] == "no-grammar" or not row.get("distractor_items"):
-                    continue
-                lines.append(
-                    f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | "
-                    f"{row['distractor_items']} | {row['distractor_used']} "
-                    f"({row['distractor_used'] / row['distractor_items'] * 100:.1f}%) |"
-                )
+        lines += [
+            "",
+            "| task | instructions | mode | spans | a literal not in the question | items with "
+            "a distractor | span used it |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in self.rows:
+            if row["mode"] == "no-grammar":
+                continue
+            spans = row.get("spans", 0)
+            foreign = row.get("foreign_operands", 0)
+            distracted = row.get("distractor_items", 0)
+            used = row.get("distractor_used", 0)
+            lines.append(
+                f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | {spans} | "
+                f"{foreign} ({foreign / spans * 100 if spans else 0:.1f}%) | {distracted} | "
+                + (f"{used} ({used / distracted * 100:.1f}%) |" if distracted else "— |")
+            )
         lines += [
             "",
             "| task | A vs B | pairs | only A right | only B right | exact McNemar p |",
@@ -532,6 +554,8 @@ def _rates(group: Sequence[ItemRecord]) -> dict[str, Any]:
         },
         "distractor_items": len(distracted),
         "distractor_used": sum(bool(r.distractor_used) for r in distracted),
+        "spans": sum(r.span_content is not None for r in group),
+        "foreign_operands": sum(bool(r.foreign_operands) for r in group),
         "span_rate": sum(r.span_content is not None for r in group) / n,
         "extraction_rate": sum(bool(r.extraction_ok) for r in group) / n,
         "wrong_extraction": sum(r.failure == "wrong_extraction" for r in group),
