@@ -199,6 +199,8 @@ ENGINE_PROMPTS: tuple[tuple[str, str, str, tuple[str, str]], ...] = (
 
 
 _STOP_AFTER_RESULT = ("</result>", "</result_error>")
+#: The text before the span in every demo answer (each prompt's prefix is it plus the opener).
+_ANSWER_LEAD = "The expression is "
 
 
 def show_local_engine(target: str, console: Console) -> None:
@@ -233,7 +235,12 @@ def show_local_engine(target: str, console: Console) -> None:
         with EvaluatorClient(target) as client, Client(target) as checker:
             client.wait_connected(10.0)
             evaluators = list_evaluators(target)
-            system = render_instructions(evaluators) if config.instructions else None
+            # as in the study: the examples' answers open with the forced prefix's lead-in
+            system = (
+                render_instructions(evaluators, answer_prefix=_ANSWER_LEAD)
+                if config.instructions
+                else None
+            )
             engine = LocalEngine(
                 backend, tokenizer, evaluators, evaluator=client, deadline_ms=1000,
                 system_prompt=system,

@@ -43,6 +43,12 @@ def test_the_demo_runs_the_configuration_the_study_found_best() -> None:
     best = max(correct, key=lambda key: correct[key])
     arm = OPERANDS_ARM if BEST_CONFIGURATION.operands else BEST_CONFIGURATION.mode
     assert best == (BEST_CONFIGURATION.instructions, arm), correct
+    # and it asks as the study asked: the study's lead-in before each span
+    from evald_lab.demo import _ANSWER_LEAD, ENGINE_PROMPTS
+    from evald_lab.study.run import INSTRUCTION_LEAD
+
+    assert _ANSWER_LEAD == INSTRUCTION_LEAD
+    assert all(prefix == f"{_ANSWER_LEAD}<{name}>" for _, _, prefix, (name, _) in ENGINE_PROMPTS)
 
 
 @pytest.mark.model
