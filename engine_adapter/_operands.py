@@ -99,7 +99,8 @@ class OperandNarrowing:
         return "; ".join(f"{e.evaluator}: {e.reason}" for e in self.evaluators)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``{"applied", "reason", "evaluators": {name: {"literals", "reason"}}}``."""
+        """JSON-ready: ``{"applied", "reason", "evaluators": {name: {"literals", "reason",
+        "declared"}}}``."""
         return {
             "applied": self.applied,
             "reason": self.reason,
