@@ -775,7 +775,14 @@ def _plot(summary: StudySummary, path: Path) -> None:
         ax.set_ylabel("% of items (bars: 95% Wilson interval of the accuracy)")
         ax.set_ylim(0, 100)
         ax.tick_params(axis="x", labelsize=8)
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    # one legend for every part drawn on any axis, in the stack's order
+    drawn: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            drawn.setdefault(label, handle)
+    order = [key.replace("_", " ") for key, _ in _PLOT_PARTS if key.replace("_", " ") in drawn]
+    axes[0][-1].legend([drawn[label] for label in order], order, loc="upper left",
+                       bbox_to_anchor=(1.0, 1.0), fontsize=8)
     title = summary.config.get("model_title", "")
     backend = summary.config.get("backend", "")
     problems = summary.config.get("problems", "original")
