@@ -55,8 +55,10 @@ from evald.contract._frames import (
     read_frame,
 )
 from evald.contract._manifest import (
+    LITERAL_KINDS,
     MANIFEST_MAX_BYTES,
     MAX_EXAMPLES,
+    MAX_LITERAL_RULES,
     Manifest,
     parse_manifest,
 )
@@ -74,10 +76,12 @@ __all__ = [
     "GUEST_ERROR_CODES",
     "HEADER",
     "HELLO_MAGIC",
+    "LITERAL_KINDS",
     "MANIFEST_MAX_BYTES",
     "MANIFEST_SECTION",
     "MAX_EXAMPLES",
     "MAX_HELLO_BYTES",
+    "MAX_LITERAL_RULES",
     "STANDARD_EVALUATORS",
     "VERSION_EXPORT",
     "Endpoint",

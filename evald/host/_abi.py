@@ -70,7 +70,8 @@ def _refuse(message: str) -> EvaldError:
 
 
 def check_manifest_grammars(manifest: Manifest) -> bool:
-    """Compiles the manifest's grammar and regex with XGrammar, if XGrammar is installed.
+    """Compiles the manifest's grammar and regex with XGrammar, if XGrammar is installed, and
+    each rule its ``literals`` names as a grammar root.
 
     XGrammar is not a daemon dependency (the engine adapter compiles the grammars it uses);
     this is the stricter check for ``evald build`` and for hosts that have it. Importing it
@@ -99,6 +100,18 @@ def check_manifest_grammars(manifest: Manifest) -> bool:
             reason = _XGRAMMAR_LOCATION.sub("", detail[-1]) if detail else repr(exc)
             raise _refuse(
                 f"manifest field {label} does not compile with XGrammar: {reason}"
+            ) from exc
+    for rule in manifest.literals:
+        # A literal rule is narrowed on its own (docs/abi.md, Manifest): it must be a grammar
+        # of its own when made the root.
+        try:
+            xgrammar.Grammar.from_ebnf(manifest.input_grammar, root_rule_name=rule)
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()
+            reason = _XGRAMMAR_LOCATION.sub("", detail[-1]) if detail else repr(exc)
+            raise _refuse(
+                f"manifest literals: the rule {rule!r} does not compile as a grammar root "
+                f"with XGrammar: {reason}"
             ) from exc
     return True
 

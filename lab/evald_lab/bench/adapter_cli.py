@@ -1,7 +1,8 @@
 """``engine-adapter bench``: the adapter's benchmarks — decoding with spans (``decode``, see
 :mod:`evald_lab.bench.decode`; ``evald bench decode`` runs the same benchmark), the grammar's
-mask fill (``mask-fill``), and the adapters inside real SGLang and vLLM servers (``sglang-*``,
-``vllm-*``; they need ``make sglang-venv`` / ``make vllm-venv`` and run from the checkout).
+mask fill (``mask-fill``), what the operands option costs it (``operands``), and the adapters
+inside real SGLang and vLLM servers (``sglang-*``, ``vllm-*``; they need ``make sglang-venv`` /
+``make vllm-venv`` and run from the checkout).
 
 Registered through the ``engine_adapter.commands`` entry point of ``lab/pyproject.toml``.
 Exit statuses: 0 the benchmark ran and wrote its results; 2 bad arguments, or a model, daemon
@@ -25,6 +26,7 @@ _PARTS = ("decode", "toolcall", "stall")
 #: The measurements with a module of their own: (job, module, help).
 _MEASUREMENTS = (
     ("mask-fill", "evald_lab.bench.mask_fill", "the span grammar's bitmask fill per position"),
+    ("operands", "evald_lab.bench.operands", "the operands option: compile and mask fill, vs off"),
     ("sglang-jump", "evald_lab.bench.sglang_jump", "SGLang: forwards and time per result"),
     ("sglang-stall", "evald_lab.bench.sglang_stall", "SGLang: plain requests next to a slow span"),
     ("sglang-cost", "evald_lab.bench.sglang_cost", "SGLang: the plugin loaded vs not; data path"),
