@@ -33,8 +33,9 @@ socket buffer fills) and nobody else, and one that reads nothing for ``stream_st
 off.
 
 What a connection may take from others: before its HELLO it counts in the small pool of
-connections with no tenant yet (``data_unauthenticated_connections``; a silent one past
-:data:`HELLO_GRACE_S` makes room for a new one); then it is one call of its tenant's
+connections with no tenant yet (``data_unauthenticated_connections``; when it is full, a
+connection that has sent nothing at all makes room for a new one at once, and one whose HELLO
+started but has not finished after :data:`HELLO_GRACE_S`); then it is one call of its tenant's
 ``max_calls`` and one of its share of ``data_max_connections`` (:meth:`Core.enter`). Its frames
 are read by :class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within
 ``frame_timeout_s`` of its header, and counts in its tenant's ``request_bytes`` from the header
@@ -117,6 +118,14 @@ def _error_frame(code: ErrorCode, message: str) -> bytes:
     return encode_frame(Kind.ERROR, error.SerializeToString())
 
 
+def _has_bytes_waiting(sock: socket.socket) -> bool:
+    """Whether the peer has sent anything yet (one non-blocking peek)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing yet (EAGAIN), or already gone
+        return False
+
+
 class _Connection:
     """One data-path connection: its reader thread's loop and the results it owes.
 
@@ -137,6 +146,9 @@ class _Connection:
         self._leave_unauthenticated = leave_unauthenticated
         self.accepted_at = time.monotonic()
         self.authenticating = True  # no HELLO yet
+        # Whether any byte has arrived: a client sends its HELLO as it connects, so it is
+        # usually in the socket buffer before the connection is accepted (peeked here).
+        self.heard = _has_bytes_waiting(sock)
         self._core = server.core
         settings = self._core.settings
         self._sock = sock
@@ -292,6 +304,7 @@ class _Connection:
                 chunk = sock.recv(size - len(data))
                 if not chunk:
                     break
+                self.heard = True
                 data += chunk
             return bytes(data)
 
@@ -580,26 +593,32 @@ class DataServer:
         """Counts a new connection in the small pool of peers with no tenant yet (until its
         HELLO passes; then it counts in its tenant's share of ``data_max_connections``).
 
-        When that pool is full, the oldest connection that has had :data:`HELLO_GRACE_S` to
-        send its HELLO and sent none makes room: a client sends its HELLO as it connects, so
-        peers that open silent connections cannot keep a tenant's new connection out.
+        When that pool is full, the oldest connection that has sent nothing at all makes room, or
+        else the oldest whose HELLO has not arrived whole within :data:`HELLO_GRACE_S`. A client
+        sends its HELLO as it connects, so its connection has bytes waiting from the start and
+        is never the one evicted while its HELLO is read; peers that open silent connections,
+        however fast, cannot keep a tenant's new connection out (each new one ends the oldest
+        silent one), and a peer that trickles a HELLO holds its slot for the grace at most.
 
         Raises:
-            EvaldError: ``unavailable`` when the pool is full of connections younger than that.
+            EvaldError: ``unavailable`` when the pool is full of connections whose HELLO is
+                arriving within its grace.
         """
         try:
             return self.core.enter_unauthenticated("data")
         except EvaldError:
             now = time.monotonic()
             with self._lock:
-                silent = [
+                evictable = [
                     c
                     for c in self._connections
-                    if c.authenticating and now - c.accepted_at >= HELLO_GRACE_S
+                    if c.authenticating
+                    and (not c.heard or now - c.accepted_at >= HELLO_GRACE_S)
                 ]
-            if not silent:
+            if not evictable:
                 raise
-            min(silent, key=lambda c: c.accepted_at).evict()
+            # The silent first (False sorts first), then the oldest.
+            min(evictable, key=lambda c: (c.heard, c.accepted_at)).evict()
             return self.core.enter_unauthenticated("data")
 
     def forget(self, connection: _Connection) -> None:

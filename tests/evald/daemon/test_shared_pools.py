@@ -271,6 +271,45 @@ def test_silent_connections_cannot_keep_a_tenant_out(daemon: tuple[Daemon, str, 
             sock.close()
 
 
+def test_silent_connections_reopened_faster_than_the_grace_cannot_keep_a_tenant_out(
+    daemon: tuple[Daemon, str, str],
+) -> None:
+    """A peer that keeps opening silent connections, each younger than the HELLO grace, once
+    kept the pool of unauthenticated connections full: every client was refused."""
+    _handle, _listen, target = daemon
+    path = target[len("unix:") :]
+    stop = threading.Event()
+    opened = 0
+
+    def flood() -> None:
+        nonlocal opened
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with contextlib.suppress(OSError):
+                sock.connect(path)
+                opened += 1
+            held.append(sock)
+            if len(held) > 256:  # each kept open ~0.5 s, past the grace, unless evicted
+                held.pop(0).close()
+            time.sleep(0.002)  # 500 a second: many more than the pool within the grace
+        for sock in held:
+            sock.close()
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        while opened < 20:
+            time.sleep(0.01)
+        for _ in range(5):
+            with DataConnection.connect(target, TOKENS["beta"]) as connection:
+                assert _data_calc(connection) == "42"
+    finally:
+        stop.set()
+        thread.join(10)
+    assert opened > 20
+
+
 # 3. Bytes in flight: bounded in time, charged to the sender --------------------------------
 
 
