@@ -198,7 +198,8 @@ class ServerSettings:
     a time: at most ``compile_queue`` wait or compile, at most ``compile_queue_per_tenant`` of
     them one tenant's (more are refused with ``unavailable``), served round-robin across
     tenants; one that uses more than ``compile_cpu_s`` of CPU, ``compile_memory_bytes`` of
-    memory or ``compile_timeout_s`` of wall time is refused.
+    memory or ``compile_timeout_s`` of wall time is refused (one starved of CPU by a busy machine
+    until ``compile_timeout_s`` gets ``unavailable`` instead: it may be retried).
     """
 
     listen: str = ""

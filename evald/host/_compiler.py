@@ -203,14 +203,35 @@ def _child_compile(
         return (_OVER_MEMORY, "")
 
 
+#: A compilation stopped at its wall-clock limit with less CPU than this share of that limit
+#: was starved by the machine's load, not slow: its caller gets ``unavailable``.
+_STARVED_SHARE: Final = 0.5
+
+
+def _cpu_seconds(workers: list[Any]) -> float | None:
+    """CPU time (user + system) the worker processes have used so far, from ``/proc``; None
+    where that cannot be read (not Linux, or already gone)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for process in workers:
+        try:
+            with open(f"/proc/{process.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, AttributeError, IndexError, TypeError):
+            return None
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / ticks
+
+
 class Compiler:
     """One niced, CPU- and memory-limited worker process that compiles uploaded modules.
 
     ``compile`` blocks the calling thread (the daemon's control thread, which takes one
     registration at a time from its queue), never the event loop. A compilation past its CPU,
     memory or wall-clock limit ends the worker (a new one is started for the next) and is
-    refused with ``invalid_module``; one still running when :meth:`stop`'s deadline passes
-    ends the same way and is refused with ``unavailable``.
+    refused with ``invalid_module`` (but one that reached the wall-clock limit with little CPU
+    was starved by the machine's load: ``unavailable``); one still running when
+    :meth:`stop`'s deadline passes ends the same way and is refused with ``unavailable``.
     """
 
     def __init__(
@@ -284,12 +305,23 @@ class Compiler:
                 self._changed.wait(remaining)
             stopped = not future.done() and time.monotonic() >= self._stop_at
         if not future.done():
+            cpu_s = _cpu_seconds(workers)
             self._reset()
             if stopped:
                 raise EvaldError(
                     ErrorCode.UNAVAILABLE,
                     "the daemon is shutting down: the module's compilation was ended at the "
                     "shutdown grace period; register it again once the daemon is back",
+                )
+            if cpu_s is not None and cpu_s < _STARVED_SHARE * self._wall_s:
+                # The worker is niced so that evaluations come first: on a machine kept busy it
+                # can wait out its wall-clock limit with little CPU. That says nothing about the
+                # module, so the caller is told to retry, not that the module is refused.
+                raise EvaldError(
+                    ErrorCode.UNAVAILABLE,
+                    f"the machine was too busy to compile the module within "
+                    f"{self._wall_s:g} s (the compile worker, at the lowest priority, got "
+                    f"{cpu_s:.1f} s of CPU); retry when it is less loaded",
                 )
             raise EvaldError(
                 ErrorCode.INVALID_MODULE,

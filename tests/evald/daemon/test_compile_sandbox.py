@@ -10,6 +10,9 @@ daemons and their real worker processes.
    exits 0 within the grace period (it took 19.8 s with a 10 s grace, callers got an untyped
    ``CANCELLED``).
 4. kill -9 of the daemon: the compile worker and multiprocessing's resource tracker end too.
+   A compilation that reaches ``compile_timeout_s`` with little CPU (the niced worker starved
+   by a busy machine) is not the module's fault: ``unavailable``, not ``invalid_module`` (the
+   full fuzz's heavy registrations were refused as invalid on a loaded machine).
 5. One tenant holds at most its share of the compile queue, and the next registration to
    compile is another tenant's when one waits (eight slow registrations of one tenant kept
    another's out for 45 s).
@@ -141,6 +144,24 @@ def test_a_compilation_over_the_memory_limit_is_refused_and_the_next_one_compile
         info = daemon.client("alpha").register(module("echo", "after"))
         assert info.name == "after"
         assert daemon.client("alpha").evaluate("after", b"x").value == "x"
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_compilation_starved_past_its_wall_clock_limit_is_unavailable_not_invalid(
+    tmp_path: Path,
+) -> None:
+    daemon = start_daemon(tmp_path, _config(compile_timeout_s=1))
+    try:
+        with _stalled_worker(daemon):
+            started = time.monotonic()
+            with pytest.raises(CallError) as starved:
+                daemon.client("alpha").register(module("echo", "starved"))
+            assert 1.0 <= time.monotonic() - started < 10.0
+        assert starved.value.code is not None and starved.value.code.value == "unavailable"
+        assert "too busy to compile" in str(starved.value)
+        info = daemon.client("alpha").register(module("echo", "starved"))  # a fresh worker
+        assert daemon.client("alpha").evaluate(info.name, b"x").value == "x"
     finally:
         assert daemon.stop() == 0
 
