@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
 
-from evald_lab.study.items import StudyItem
+from evald_lab.study.items import NUMBER_DRAWS, StudyItem
 from evald_lab.study.words import STUDY_WORDS
 
 __all__ = [
@@ -97,22 +96,6 @@ _NUMBER_DISTRACTORS: tuple[tuple[str, int, int], ...] = (
     ("This happened on bus route {x}.", 2, 99),
 )
 
-#: Same draws as the original set, so the two sets differ in wording only.
-_DRAWS: dict[str, Callable[[random.Random], dict[str, int]]] = {
-    "sum": lambda r: {"a": r.randint(100, 3000), "b": r.randint(20, 2000)},
-    "difference": lambda r: (lambda a: {"a": a, "b": r.randint(10, a - 10)})(r.randint(200, 5000)),
-    "product_sum": lambda r: {"a": r.randint(3, 60), "b": r.randint(3, 60), "c": r.randint(2, 400)},
-    "product_difference": lambda r: (
-        lambda a, b: {"a": a, "b": b, "c": r.randint(2, a * b - 1)}
-    )(r.randint(3, 60), r.randint(3, 60)),
-    "two_step": lambda r: {
-        "a": r.randint(3, 90),
-        "b": r.randint(3, 90),
-        "c": r.randint(2, 30),
-        "d": r.randint(2, 30),
-    },
-    "division": lambda r: (lambda b, q: {"a": b * q, "b": b})(r.randint(2, 25), r.randint(3, 200)),
-}
 
 HELDOUT_LETTER_TEMPLATES: tuple[str, ...] = (
     "Spell out the word {word} and tell me how often the letter {letter} shows up.",
@@ -180,7 +163,7 @@ def heldout_arithmetic_items(n: int, seed: int) -> list[StudyItem]:
         kind = kinds[i % len(kinds)]
         wording = rng.randrange(len(HELDOUT_ARITHMETIC_TEMPLATES[kind]))
         text, expression = HELDOUT_ARITHMETIC_TEMPLATES[kind][wording]
-        numbers = _DRAWS[kind](rng)
+        numbers = NUMBER_DRAWS[kind](rng)  # the original set's draws: only the wording differs
         filled = expression.format(**numbers)
         truth = calc(filled.encode())
         words = rng.random() < 1 / 3

@@ -26,6 +26,7 @@ from evald_lab.study.words import STUDY_WORDS
 __all__ = [
     "ARITHMETIC_TEMPLATES",
     "LETTER_TEMPLATES",
+    "NUMBER_DRAWS",
     "StudyItem",
     "arithmetic_items",
     "letter_items",
@@ -97,8 +98,8 @@ ARITHMETIC_TEMPLATES: dict[str, tuple[_Wording, ...]] = {
     ),
 }
 
-#: Number draws per kind: each returns the template's fields.
-_DRAWS: dict[str, Callable[[random.Random], dict[str, int]]] = {
+#: Number draws per kind: each returns the template's fields (the held-out set draws the same).
+NUMBER_DRAWS: dict[str, Callable[[random.Random], dict[str, int]]] = {
     "sum": lambda r: {"a": r.randint(100, 3000), "b": r.randint(20, 2000)},
     "difference": lambda r: (lambda a: {"a": a, "b": r.randint(10, a - 10)})(r.randint(200, 5000)),
     "product_sum": lambda r: {"a": r.randint(3, 60), "b": r.randint(3, 60), "c": r.randint(2, 400)},
@@ -135,7 +136,7 @@ def arithmetic_items(n: int, seed: int) -> list[StudyItem]:
         kind = kinds[i % len(kinds)]
         wording = rng.randrange(len(ARITHMETIC_TEMPLATES[kind]))
         text, expression = ARITHMETIC_TEMPLATES[kind][wording]
-        numbers = _DRAWS[kind](rng)
+        numbers = NUMBER_DRAWS[kind](rng)
         filled = expression.format(**numbers)
         items.append(
             StudyItem(
