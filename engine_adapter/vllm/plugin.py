@@ -28,18 +28,22 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine_adapter._server_config import AdapterConfig, ConfigError
+from engine_adapter.vllm.proposer import FORCED_ONLY, speculative_config
 
 __all__ = [
+    "DRAFT_METHODS",
     "VLLM_VERSION",
     "PluginError",
     "UnsupportedConfiguration",
     "check_config",
     "install",
+    "max_drafts",
     "register",
     "tracker_of",
     "verify_installed",
@@ -49,6 +53,10 @@ logger = logging.getLogger("engine_adapter.vllm")
 
 #: The vLLM release whose internals (scheduler methods, step order) the adapter was written for.
 VLLM_VERSION = "0.32.0"
+#: The speculative-decoding proposers the adapter runs next to (``--speculative-config``): the
+#: n-gram proposer (drafts without probabilities, cut at span boundaries) and the adapter's own
+#: proposer, which drafts nothing but forced tokens.
+DRAFT_METHODS = ("ngram", f"custom_class with model {FORCED_ONLY}")
 
 _SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 _TRACKER_ATTR = "_evald_tracker"
@@ -154,15 +162,16 @@ def check_config(vllm_config: Any) -> None:
     """Refuses options the adapter cannot run with.
 
     Raises:
-        UnsupportedConfiguration: speculative decoding, async scheduling or pipeline
-            parallelism (the message says what to change).
+        UnsupportedConfiguration: a speculative-decoding method other than those in
+            :data:`DRAFT_METHODS`, async scheduling or pipeline parallelism (the message says
+            what to change).
     """
     problems = []
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        problems.append(
-            "speculative decoding: drafted tokens are verified against grammar states that "
-            "forced tokens bypass; start without --speculative-config"
-        )
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is not None:
+        problem = _speculative_problem(speculative)
+        if problem is not None:
+            problems.append(problem)
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if getattr(scheduler_config, "async_scheduling", False):
         problems.append(
@@ -181,6 +190,39 @@ def check_config(vllm_config: Any) -> None:
             + "; ".join(problems)
             + ". Unset EVALD_TARGET to run vLLM without the adapter."
         )
+
+
+def max_drafts(vllm_config: Any) -> int:
+    """How many forced tokens one forward verifies as drafts: vLLM's ``num_speculative_tokens``
+    with speculative decoding, else 0 (one forced token per step)."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None:
+        return 0
+    return int(getattr(speculative, "num_speculative_tokens", 0) or 0)
+
+
+def _speculative_problem(speculative: Any) -> str | None:
+    """Why the adapter cannot run next to this speculative decoding, or None."""
+    method = getattr(speculative, "method", None)
+    model = getattr(speculative, "model", None)
+    allowed = method == "ngram" or (method == "custom_class" and model == FORCED_ONLY)
+    if not allowed:
+        what = f"{method} ({model})" if method == "custom_class" else str(method)
+        return (
+            f"speculative decoding method {what}: the adapter verifies its forced tokens as "
+            "drafts without draft probabilities, and runs next to the proposers tested with "
+            f"it: {', '.join(DRAFT_METHODS)}; use one of those, or start without "
+            "--speculative-config"
+        )
+    sampling = getattr(speculative, "rejection_sample_method", "standard")
+    if sampling != "standard":
+        return (
+            f"rejection_sample_method={sampling!r}: only 'standard' verification keeps every "
+            "draft the forced bitmask rows allow; leave it at 'standard'"
+        )
+    if getattr(speculative, "parallel_drafting", False):
+        return "parallel_drafting: not tested with the adapter; turn it off"
+    return None
 
 
 def tracker_of(scheduler: Any) -> Any:
@@ -246,7 +288,7 @@ def _wrap_get_grammar_bitmask(original: Callable[..., Any]) -> Callable[..., Any
         tracker = getattr(self, _TRACKER_ATTR, None)
         if tracker is not None:
             try:
-                tracker.narrow_bitmask(result)
+                tracker.narrow_bitmask(result, scheduler_output)
             except Exception:
                 logger.exception("evald adapter: narrow_bitmask failed")
         return result
@@ -285,7 +327,20 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
         )
     vocab_size = int(scheduler.vllm_config.model_config.get_vocab_size())
     codec = TokenCodec.from_tokenizer(tokenizer, vocab_size=vocab_size)
-    return SpanTracker(config, codec)
+    drafts = max_drafts(scheduler.vllm_config)
+    if drafts:
+        logger.info(
+            "evald vLLM adapter: result regions go through vLLM's verify step, up to %d "
+            "forced tokens a forward",
+            drafts + 1,
+        )
+    else:
+        logger.info(
+            "evald vLLM adapter: one forced token per step; for a whole result in one forward "
+            "start vLLM with --speculative-config '%s'",
+            json.dumps(speculative_config()),
+        )
+    return SpanTracker(config, codec, max_drafts=drafts)
 
 
 def _share_vllm_log_handlers() -> None:

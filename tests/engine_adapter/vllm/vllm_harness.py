@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,16 +135,22 @@ class VllmServer:
 
 
 def start_server(
-    python: Path, env: Mapping[str, str], log_path: Path, *, dtype: str = "float32"
+    python: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    dtype: str = "float32",
+    args: Sequence[str] = (),
 ) -> VllmServer:
-    """Starts the server with ``env`` added to this environment and waits for ``/health``."""
+    """Starts the server with ``env`` added to this environment and ``args`` added to its
+    command line, and waits for ``/health``."""
     folder = model_folder()
     port = free_port()
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder), "--served-model-name", "smollm2",
         "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
-        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port),
+        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port), *args,
     ]  # fmt: skip
     environ = {
         **os.environ,
