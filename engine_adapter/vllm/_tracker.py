@@ -215,10 +215,13 @@ class SpanTracker:
         self._hold(scheduler, pending)
         manager = getattr(scheduler, "structured_output_manager", None)
         for state in pending:
-            if state.fault is None and state.held_until is None:
-                request = requests.get(state.request_id)
-                if request is not None:
-                    self._plan(state, request, manager)
+            request = requests.get(state.request_id)
+            if state.fault is not None or request is None:
+                continue
+            if state.held_until is None:
+                self._plan(state, request, manager)
+            elif drafting:
+                request.spec_token_ids = []  # no proposer draft enters a pending region
 
     def narrow_bitmask(self, grammar_output: Any, scheduler_output: Any = None) -> None:
         """Narrows the bitmask rows of requests with tokens to force to those tokens.
