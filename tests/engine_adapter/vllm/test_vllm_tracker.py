@@ -322,9 +322,7 @@ def test_scheduled_drafts_that_are_not_the_forced_tokens_stop_forcing(
     assert fault is not None and "are not the forced" in fault
 
 
-def test_forced_drafts_the_grammar_refuses_are_never_scheduled(
-    codec: TokenCodec, tag: Any
-) -> None:
+def test_forced_drafts_the_grammar_refuses_are_never_scheduled(codec: TokenCodec, tag: Any) -> None:
     """The drafts are checked as vLLM checks a proposer's (``validate_tokens``), here by a
     real XGrammar matcher of a grammar whose result region cannot hold the value."""
     import xgrammar as xgr
