@@ -124,6 +124,20 @@ class VllmServer:
                     times.append(time.monotonic())
         return "".join(text), times
 
+    def counters(self) -> dict[str, float]:
+        """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
+        over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
+        tokens), ``spec_decode_num_drafts_total`` (forwards that verified drafts)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:") and " " in line:
+                name, _, value = line.rpartition(" ")
+                key = name[len("vllm:") :].split("{", 1)[0]
+                values[key] = values.get(key, 0.0) + float(value)
+        return values
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
