@@ -433,10 +433,15 @@ class Injector:
             return 0
         phase, binding, mark = state.phase, state.binding, state.mark
         text = self._text
+        table, vocab_n = self._token_bytes, self._vocab_n
+        if phase is _Phase.OUTSIDE:  # the common case: one search over all the drafts' bytes
+            start = max(mark, len(text) - self._max_begin + 1)
+            drafted = b"".join(table[t] for t in token_ids if 0 <= t < vocab_n)
+            if self._begin_pattern.search(bytes(text[start:]) + drafted) is None:
+                return len(token_ids)
         # Only the last few bytes can still be part of an opener or a closing tag.
         base = max(0, len(text) - self._max_tag + 1)
         window = bytearray(text[base:])
-        table, vocab_n = self._token_bytes, self._vocab_n
         for index, token_id in enumerate(token_ids):
             before = base + len(window)
             window += table[token_id] if 0 <= token_id < vocab_n else b""
