@@ -264,7 +264,7 @@ def test_forwards_per_result_from_the_servers_counters(
     One token per step: a request alone takes one step per token, forced or sampled. Through the
     verify step: one forward per result takes its whole region as drafts, all of them kept, and
     the request takes that many steps fewer. Then eight at once: every value is evald's and
-    every forced draft is kept.
+    every forced draft is kept, under greedy sampling and under random sampling.
     """
     from engine_adapter._injector import TokenCodec
 
@@ -310,3 +310,32 @@ def test_forwards_per_result_from_the_servers_counters(
     if forcing == "drafts":
         assert delta("spec_decode_num_drafts_total") == CONCURRENCY * len(regions)
         assert delta("spec_decode_num_accepted_tokens_total") == CONCURRENCY * forced
+    # Random sampling: the verify step's other kernel keeps every forced draft as well.
+    before = server.counters()
+    answers = run_all(
+        [lambda: server.complete("Compute:", max_tokens=120, temperature=1.0, **body)] * CONCURRENCY
+    )
+    after = server.counters()
+    for answer in answers:
+        assert text_of(answer) == text_of(answers[0]), text_of(answer)
+        assert regions[0] in text_of(answer) and regions[1] in text_of(answer)
+    if forcing == "drafts":
+        assert delta("spec_decode_num_accepted_tokens_total") == CONCURRENCY * forced
+
+
+def test_forwards_benchmark_runs(server: VllmServer, daemon: Daemon, specs: Any) -> None:
+    """One round of the forwards benchmark (``evald_lab.bench.vllm_forwards``) on the session
+    server (its numbers are not checked)."""
+    from evald_lab.bench.vllm_forwards import CONTENTS, REGIONS, measure_round
+
+    calc = specs["calc"].binding()
+    tag = fixed_tag("So ", (calc, CONTENTS[0]), " and ", (calc, CONTENTS[1]), ".")
+    result = measure_round(server, tag, TOKEN, 2)
+    assert len(result["batch"]) == 2
+    for run in [result["alone"], *result["batch"]]:
+        assert all(region in run["text"] for region in REGIONS), run["text"]
+        assert [span["steps"] >= 0 and span["latency_ms"] >= 0 for span in run["spans"]] == [
+            True,
+            True,
+        ]
+    assert result["counters"]["iteration_tokens_total_count"] > 0
