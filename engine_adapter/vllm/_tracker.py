@@ -17,6 +17,8 @@ engine step (``EngineCore.step`` in ``vllm==0.32.0``):
    narrowed to that one token, provided the grammar's own row allows it; the sampler can then
    only pick it (all other logits are ``-inf``), whatever the sampling settings. The grammar
    matcher accepts it like any sampled token, so a forced token is never one the grammar refuses.
+3. :meth:`SpanTracker.finish`, when the scheduler frees a finished request: its injector is
+   dropped and its spans are logged (``EVALD_SPAN_LOG``).
 
 **With speculative decoding** (``max_drafts`` > 0: vLLM verifies draft tokens, see
 ``engine_adapter.vllm.proposer``), a request whose value is known gets the rest of its result
@@ -29,8 +31,6 @@ region's forward cannot start before the value is known; one forward fewer). Dra
 server's own proposer are cut before the token that would close a span
 (:meth:`~engine_adapter.Injector.draft_limit`), so a span only ever closes on a step's last,
 sampled token and the region after it is always forced, never verified from a draft.
-3. :meth:`SpanTracker.finish`, when the scheduler frees a finished request: its injector is
-   dropped and its spans are logged (``EVALD_SPAN_LOG``).
 
 Failures never abort a request: evald down, a timeout or an evaluator error become
 ``<result_error>CODE</result_error>`` in the text, and an internal fault (logged) only stops
@@ -60,6 +60,8 @@ logger = logging.getLogger("engine_adapter.vllm")
 #: While every running request is held and nothing waits, the scheduler sleeps on the pending
 #: evaluations in slices this long, so that new requests are still admitted promptly.
 IDLE_WAIT_S = 0.02
+#: vLLM samples greedily below this temperature (``vllm.sampling_params._SAMPLING_EPS``).
+GREEDY_BELOW = 1e-5
 
 
 class _Refusal:
@@ -125,6 +127,10 @@ class SpanTracker:
         max_drafts: vLLM's ``num_speculative_tokens`` when speculative decoding is on (forced
             tokens then go through the verify step as drafts, up to this many per forward),
             0 without it (one forced token per step).
+        greedy_drafts_only: draft forced tokens only while every request on the server samples
+            greedily (else one forced token per step): for a vLLM whose verify step mangles
+            the sampling parameters of draft positions when a request samples randomly
+            (``plugin.random_verify_is_broken``).
         runtime_factory: builds the runtime (client, span log) for a target and token; the
             default shares one evald stream per target and token in the process.
     """
@@ -135,6 +141,7 @@ class SpanTracker:
         codec: TokenCodec,
         *,
         max_drafts: int = 0,
+        greedy_drafts_only: bool = False,
         runtime_factory: Callable[[AdapterConfig], AdapterRuntime] | None = None,
     ) -> None:
         if max_drafts < 0:
@@ -142,6 +149,9 @@ class SpanTracker:
         self.config = config
         self.codec = codec
         self.max_drafts = max_drafts
+        self.greedy_drafts_only = greedy_drafts_only
+        self._sampling: set[str] = set()
+        """Requests that sample randomly (followed only with ``greedy_drafts_only``)."""
         self.allowed = allowed_targets(config)
         self.stats = TrackerStats()
         self._factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
@@ -153,6 +163,8 @@ class SpanTracker:
 
     def add(self, request: Any) -> TrackedRequest | None:
         """Starts following ``request`` if its structural tag holds evaluated spans."""
+        if self.greedy_drafts_only and not _greedy(request):
+            self._sampling.add(str(request.request_id))
         try:
             options = request_options(request.sampling_params, self.config, self.allowed)
             if options is None:
@@ -180,7 +192,8 @@ class SpanTracker:
         requests = scheduler.requests
         pending = self._pending
         finished: list[str] = []
-        drafting = self.max_drafts > 0
+        cutting = self.max_drafts > 0
+        drafting = cutting and not (self.greedy_drafts_only and self._sampling)
         for state in states.values():
             request = requests.get(state.request_id)
             if request is None or request.is_finished():
@@ -204,7 +217,7 @@ class SpanTracker:
                 state.fed = count
             if state.held_until is not None or injector.pending:
                 pending.append(state)
-            elif drafting and request.spec_token_ids:
+            elif cutting and request.spec_token_ids:
                 self._cut_drafts(state, request)
         for request_id in finished:
             self._forget(request_id)
@@ -219,8 +232,8 @@ class SpanTracker:
             if state.fault is not None or request is None:
                 continue
             if state.held_until is None:
-                self._plan(state, request, manager)
-            elif drafting:
+                self._plan(state, request, manager, self.max_drafts if drafting else 0)
+            elif cutting:
                 request.spec_token_ids = []  # no proposer draft enters a pending region
 
     def narrow_bitmask(self, grammar_output: Any, scheduler_output: Any = None) -> None:
@@ -277,6 +290,7 @@ class SpanTracker:
 
     def finish(self, request_id: str) -> None:
         """Forgets a finished request (``Scheduler._free_request``); logs its spans."""
+        self._sampling.discard(request_id)
         self._forget(request_id)
 
     def close(self) -> None:
@@ -364,26 +378,27 @@ class SpanTracker:
             self._stop(state, f"forced_tokens failed: {exc!r}")
             return False
 
-    def _plan(self, state: TrackedRequest, request: Any, manager: Any) -> None:
+    def _plan(self, state: TrackedRequest, request: Any, manager: Any, max_drafts: int) -> None:
         """What the request forces in the coming step; with speculative decoding the region's
-        tokens become its drafts (checked against the grammar, as vLLM checks a proposer's)."""
+        tokens become its drafts, up to ``max_drafts`` (checked against the grammar, as vLLM
+        checks a proposer's)."""
         injector = state.injector
         try:
             forced = injector.forced_tokens() if injector.pending else []
+            if self.max_drafts:
+                # A proposer's drafts never enter a result region: it is forced, or it waits.
+                request.spec_token_ids = []
+                drafts = forced[:max_drafts]
+                if drafts and manager is not None:
+                    valid = manager.validate_tokens(request, list(drafts))
+                    if len(valid) < len(drafts):
+                        self._stop(state, f"the grammar refuses forced token {drafts[len(valid)]}")
+                        return
+                request.spec_token_ids = list(drafts)
         except Exception as exc:
-            self._stop(state, f"forced_tokens failed: {exc!r}")
+            self._stop(state, f"planning the forced tokens failed: {exc!r}")
             return
-        if self.max_drafts:
-            drafts = forced[: self.max_drafts]
-            if drafts and manager is not None:
-                valid = manager.validate_tokens(request, list(drafts))
-                if len(valid) < len(drafts):
-                    request.spec_token_ids = []
-                    self._stop(state, f"the grammar refuses forced token {drafts[len(valid)]}")
-                    return
-            # A proposer's drafts never enter a result region: the region is forced or waits.
-            request.spec_token_ids = list(drafts)
-        state.plan = tuple(forced[: self.max_drafts + 1])
+        state.plan = tuple(forced[: max_drafts + 1])
 
     def _cut_drafts(self, state: TrackedRequest, request: Any) -> None:
         """Cuts a proposer's drafts before the token that would close a span."""
@@ -439,6 +454,13 @@ class SpanTracker:
             state.request_id,
             reason,
         )
+
+
+def _greedy(request: Any) -> bool:
+    """Whether vLLM samples the request greedily (``SamplingParams.sampling_type``)."""
+    params = getattr(request, "sampling_params", None)
+    temperature = getattr(params, "temperature", None)
+    return params is None or (temperature is not None and temperature < GREEDY_BELOW)
 
 
 def _row_starts(ids: Sequence[str], spec: Mapping[str, Sequence[int]]) -> dict[str, int]:

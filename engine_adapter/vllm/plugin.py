@@ -9,9 +9,13 @@ methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler cla
   the scheduler's :class:`~engine_adapter.vllm._tracker.SpanTracker` (the tokenizer's codec is
   built here once, about a second for a 49k vocabulary, never on a request's path);
 - AFTER ``add_request``: follows the request if its structural tag holds evaluated spans;
-- BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, and
-  holds requests whose value is pending (left out of the step, KV blocks kept);
-- AFTER ``get_grammar_bitmask``: narrows the rows of requests with a token to force;
+- BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, holds
+  requests whose value is pending (left out of the step, KV blocks kept); with speculative
+  decoding, puts a known result region into the request's drafts and cuts a proposer's drafts
+  before a span's closing token;
+- AFTER ``get_grammar_bitmask``: narrows the rows of requests with tokens to force (one row per
+  draft and one more with speculative decoding: the verify step keeps every forced draft, so a
+  region takes one forward);
 - AFTER ``_free_request``: forgets a finished request (and logs its spans).
 
 Why the scheduler and not a logits processor: on the CPU platform the model runner (and so every
@@ -38,12 +42,14 @@ from engine_adapter.vllm.proposer import FORCED_ONLY, speculative_config
 
 __all__ = [
     "DRAFT_METHODS",
+    "RANDOM_VERIFY_BROKEN",
     "VLLM_VERSION",
     "PluginError",
     "UnsupportedConfiguration",
     "check_config",
     "install",
     "max_drafts",
+    "random_verify_is_broken",
     "register",
     "tracker_of",
     "verify_installed",
@@ -201,6 +207,42 @@ def max_drafts(vllm_config: Any) -> int:
     return int(getattr(speculative, "num_speculative_tokens", 0) or 0)
 
 
+#: Logged when :func:`random_verify_is_broken` finds the defect.
+RANDOM_VERIFY_BROKEN = (
+    "this vLLM's CPU stand-in for the verify step's expand kernel drops its output "
+    "(vllm-project/vllm#55005), so draft positions of a batch with a randomly sampling request "
+    "get uninitialized temperatures, top-k and top-p"
+)
+
+
+def random_verify_is_broken() -> bool:
+    """Whether vLLM's verify step would mangle draft positions when a request samples randomly.
+
+    On CPUs without Triton, vLLM 0.32.0 replaces the rejection sampler's ``expand_kernel`` with
+    ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, which fills an int64 copy of its float
+    output and drops it (vllm-project/vllm#55005): ``expand_batch_to_tokens`` then hands
+    ``new_empty`` memory to the verify step as the draft positions' temperatures, top-k and
+    top-p. Checked by running the stand-in on a float tensor, so a fixed vLLM is recognised.
+    """
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+    except Exception:
+        return False
+    if not current_platform.is_cpu() or HAS_TRITON:
+        return False
+    try:
+        import torch
+        import vllm._C  # noqa: F401  (loads the CPU kernels into torch.ops._C)
+        from vllm.utils import cpu_triton_utils
+
+        out = torch.zeros(2, dtype=torch.float32)
+        cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5]), torch.tensor([2]), -1, 1)
+        return not bool((out == 0.5).all())
+    except Exception:
+        return True  # the stand-in cannot even be run: assume the worst
+
+
 def _speculative_problem(speculative: Any) -> str | None:
     """Why the adapter cannot run next to this speculative decoding, or None."""
     method = getattr(speculative, "method", None)
@@ -328,11 +370,18 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
     vocab_size = int(scheduler.vllm_config.model_config.get_vocab_size())
     codec = TokenCodec.from_tokenizer(tokenizer, vocab_size=vocab_size)
     drafts = max_drafts(scheduler.vllm_config)
+    greedy_only = bool(drafts) and random_verify_is_broken()
     if drafts:
         logger.info(
             "evald vLLM adapter: result regions go through vLLM's verify step, up to %d "
             "forced tokens a forward",
             drafts + 1,
+        )
+    if greedy_only:
+        logger.warning(
+            "evald vLLM adapter: %s; while a request samples randomly, result regions are "
+            "forced one token per step instead",
+            RANDOM_VERIFY_BROKEN,
         )
     else:
         logger.info(
@@ -340,7 +389,7 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
             "start vLLM with --speculative-config '%s'",
             json.dumps(speculative_config()),
         )
-    return SpanTracker(config, codec, max_drafts=drafts)
+    return SpanTracker(config, codec, max_drafts=drafts, greedy_drafts_only=greedy_only)
 
 
 def _share_vllm_log_handlers() -> None:

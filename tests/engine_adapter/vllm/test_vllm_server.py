@@ -19,6 +19,7 @@ import pytest
 from daemon_harness import Daemon
 from vllm_harness import DEADLINE_MS, TOKEN, VllmServer, fixed_tag, stopped, tag_body
 
+from engine_adapter.vllm.plugin import RANDOM_VERIFY_BROKEN
 from evald.client import Client
 
 pytestmark = pytest.mark.vllm
@@ -264,7 +265,7 @@ def test_forwards_per_result_from_the_servers_counters(
     One token per step: a request alone takes one step per token, forced or sampled. Through the
     verify step: one forward per result takes its whole region as drafts, all of them kept, and
     the request takes that many steps fewer. Then eight at once: every value is evald's and
-    every forced draft is kept, under greedy sampling and under random sampling.
+    every forced draft is kept; then next to randomly sampling requests.
     """
     from engine_adapter._injector import TokenCodec
 
@@ -282,10 +283,10 @@ def test_forwards_per_result_from_the_servers_counters(
     before = server.counters()
     answer = server.complete("Compute:", max_tokens=120, **body)
     after = server.counters()
-    assert (
-        text_of(answer)
-        == f"So <calc>{contents[0]}</calc>{regions[0]} and <calc>1 / 0</calc>{regions[1]}."
+    expected = (
+        f"So <calc>{contents[0]}</calc>{regions[0]} and <calc>{contents[1]}</calc>{regions[1]}."
     )
+    assert text_of(answer) == expected
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -310,17 +311,26 @@ def test_forwards_per_result_from_the_servers_counters(
     if forcing == "drafts":
         assert delta("spec_decode_num_drafts_total") == CONCURRENCY * len(regions)
         assert delta("spec_decode_num_accepted_tokens_total") == CONCURRENCY * forced
-    # Random sampling: the verify step's other kernel keeps every forced draft as well.
+    # Random sampling next to greedy requests: every value is evald's. Where vLLM's verify step
+    # mangles draft positions next to a randomly sampling request (vllm-project/vllm#55005, as
+    # in vLLM 0.32.0 on CPUs; the adapter logs it at start-up), no draft is scheduled while one
+    # runs (the plain ones outlive the evaluated ones); elsewhere every forced draft is kept.
+    broken = RANDOM_VERIFY_BROKEN in server.log()
     before = server.counters()
-    answers = run_all(
-        [lambda: server.complete("Compute:", max_tokens=120, temperature=1.0, **body)] * CONCURRENCY
-    )
+    calls = [lambda: server.complete("Compute:", max_tokens=120, **body)] * 4
+    calls += [lambda: server.complete("Compute:", max_tokens=120, temperature=1.0, **body)] * 2
+    calls += [
+        lambda: server.complete(PLAIN_PROMPTS[0], max_tokens=160, temperature=1.0, ignore_eos=True)
+    ] * 2
+    answers = run_all(calls)
     after = server.counters()
-    for answer in answers:
-        assert text_of(answer) == text_of(answers[0]), text_of(answer)
-        assert regions[0] in text_of(answer) and regions[1] in text_of(answer)
-    if forcing == "drafts":
-        assert delta("spec_decode_num_accepted_tokens_total") == CONCURRENCY * forced
+    for answer in answers[:6]:
+        assert text_of(answer) == expected, text_of(answer)
+    assert all(a["usage"]["completion_tokens"] == 160 for a in answers[6:])
+    if forcing == "drafts" and broken:
+        assert delta("spec_decode_num_drafts_total") == 0
+    elif forcing == "drafts":
+        assert delta("spec_decode_num_accepted_tokens_total") == 6 * forced
 
 
 def test_forwards_benchmark_runs(server: VllmServer, daemon: Daemon, specs: Any) -> None:

@@ -354,3 +354,44 @@ def test_forced_drafts_the_grammar_refuses_are_never_scheduled(codec: TokenCodec
     assert request.spec_token_ids == []
     fault = tracker.requests["r0"].fault
     assert fault is not None and "refuses forced token" in fault
+
+
+def test_greedy_drafts_only_forces_one_token_per_step_while_a_request_samples(
+    codec: TokenCodec, tag: Any
+) -> None:
+    """Where vLLM's verify step mangles draft positions next to a randomly sampling request
+    (``plugin.random_verify_is_broken``), no draft is scheduled while such a request lives."""
+    from engine_adapter._server_config import AdapterConfig
+    from engine_adapter.vllm._tracker import SpanTracker
+
+    answers = _Answers("42")
+    tracker = SpanTracker(
+        AdapterConfig(target="unix:/test.sock"),
+        codec,
+        max_drafts=16,
+        greedy_drafts_only=True,
+        runtime_factory=lambda cfg: answers,  # type: ignore[arg-type,return-value]
+    )
+
+    def params(temperature: float, structural: bool) -> SimpleNamespace:
+        text = json.dumps(tag) if structural else None
+        return SimpleNamespace(
+            structured_outputs=SimpleNamespace(structural_tag=text),
+            extra_args=None,
+            temperature=temperature,
+        )
+
+    evaluated = _Request("r0", params(0.0, True))
+    sampling = _Request("plain", params(0.8, False))
+    scheduler = _Scheduler({"r0": evaluated, "plain": sampling}, [evaluated, sampling])
+    scheduler.waiting.append(object())
+    tracker.add(evaluated)
+    tracker.add(sampling)  # not evaluated, but it samples randomly
+    evaluated.output_token_ids.extend(codec.encode_continuation(b"So <calc>6 * 7</calc>"))
+    tracker.before_schedule(scheduler)
+    region = tracker.requests["r0"].injector.forced_tokens()
+    assert evaluated.spec_token_ids == [] and tracker.requests["r0"].plan == tuple(region[:1])
+    tracker.finish("plain")
+    scheduler.running.remove(sampling)
+    tracker.before_schedule(scheduler)
+    assert evaluated.spec_token_ids == region  # all greedy again: the region is drafted
