@@ -79,15 +79,16 @@ full-test: setup
 	EVALD_FULL=1 $(BIN)/python -m pytest -m ''
 
 lint: setup
-	$(BIN)/ruff check evald engine_adapter evaluators_wasm lab tests
+	$(BIN)/ruff check evald engine_adapter evaluators_wasm lab tests tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Repository tools (tools/, in no wheel): the stubs from proto/, the standard set from its sources.
 proto: setup
-	$(PY) -m evald._protogen
+	$(PY) tools/generate_proto.py
 
 wasm: setup
-	$(PY) -m evaluators_wasm.build
+	$(PY) tools/build_wasm.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -20,6 +20,7 @@ from engine_adapter._grammar import (
     Mode,
     SpanGrammar,
     build_structural_tag,
+    narrow_to_operands,
     special_token_texts,
     standard_evaluators,
 )
@@ -31,6 +32,7 @@ from engine_adapter._instructions import (
     base_prompt,
     render_instructions,
 )
+from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, literals_in_text
 from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
 
 __all__ = [
@@ -42,10 +44,12 @@ __all__ = [
     "EvaluatedTagError",
     "EvaluatorClient",
     "EvaluatorExample",
+    "EvaluatorOperands",
     "EvaluatorSpec",
     "InProcessWasmEvaluator",
     "Injector",
     "Mode",
+    "OperandNarrowing",
     "ReferenceEvaluator",
     "SpanBinding",
     "SpanEvaluator",
@@ -56,7 +60,9 @@ __all__ = [
     "build_structural_tag",
     "contains_evaluated_tag",
     "list_evaluators",
+    "literals_in_text",
     "lower_evaluated_tags",
+    "narrow_to_operands",
     "render_instructions",
     "special_token_texts",
     "standard_evaluators",

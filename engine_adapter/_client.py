@@ -17,7 +17,9 @@ Failure rules, so that a request never stalls on evald:
 - when the daemon cannot be reached or the stream breaks, pending and new spans get
   ``unavailable`` at once, and a background thread reconnects with exponential backoff
   (a submission while disconnected also triggers an early retry);
-- call-level refusals (a bad token) become the daemon's error code for the spans concerned.
+- call-level refusals (a bad token) become the daemon's error code for the spans concerned;
+- a connection the daemon ends cleanly (it closes idle ones, ``idle_timeout_s``) is reopened at
+  once: spans submitted meanwhile, or sent as it closed, go out on the new one rather than fail.
 
 Threads: one reads the stream (and reconnects), one enforces deadlines. gRPC's own threads
 consume the outgoing queue. The client is thread-safe: many injectors may share it.
@@ -92,6 +94,7 @@ class ClientStats:
 class _Pending:
     future: concurrent.futures.Future[EvalResult]
     deadline_at: float
+    request: Any  # the EvaluateRequest, to send again on a new connection after a clean end
 
 
 class _Connection:
@@ -139,6 +142,9 @@ class _Down(NamedTuple):
 
     message: str
     code: str = _UNAVAILABLE
+    #: The daemon ended the connection cleanly (it closes idle ones): reconnect at once, and
+    #: let spans submitted meanwhile wait for the new connection instead of failing.
+    clean: bool = False
 
 
 #: An open connection and the call that reads its results until it ends, or why there is none.
@@ -229,15 +235,14 @@ class EvaluatorClient:
             self.stats.submitted += 1
             state = self._state
             if state in ("connecting", "up"):
-                self._pending[request_id] = _Pending(future, now + deadline_ms / 1000.0)
-                self._unsent.append(
-                    pb.EvaluateRequest(
-                        evaluator=evaluator,
-                        input=content.encode("utf-8", errors="surrogateescape"),
-                        deadline_ms=deadline_ms,
-                        id=request_id,
-                    )
+                request = pb.EvaluateRequest(
+                    evaluator=evaluator,
+                    input=content.encode("utf-8", errors="surrogateescape"),
+                    deadline_ms=deadline_ms,
+                    id=request_id,
                 )
+                self._pending[request_id] = _Pending(future, now + deadline_ms / 1000.0, request)
+                self._unsent.append(request)
                 heapq.heappush(self._deadlines, (now + deadline_ms / 1000.0, request_id))
                 self._deadline_wake.notify()
         if state == "down":
@@ -346,6 +351,10 @@ class EvaluatorClient:
             if self._closed.is_set():
                 return
             self.stats.disconnects += 1
+            if ended.clean:
+                self._reconnect_soon()
+                backoff = self._backoff_initial_s
+                continue
             self._go_down(ended.message, ended.code)
             if ended.code == _UNAVAILABLE:
                 backoff = self._backoff_initial_s  # it was up: retry soon
@@ -397,7 +406,7 @@ class EvaluatorClient:
             while True:
                 message = link.connection.receive()
                 if message is None:
-                    return _Down(f"evald at {target} closed the connection")
+                    return _Down(f"evald at {target} closed the connection", clean=True)
                 for response in message.results:
                     self._complete(response.id, _result_from_proto(response))
         except DataCallError as exc:  # the daemon's ERROR frame
@@ -421,7 +430,7 @@ class EvaluatorClient:
             ):
                 return _Down(failure.details, ErrorCode.PERMISSION_DENIED.value)
             return _Down(f"the stream to evald at {self.target} broke: {failure.details}")
-        return _Down(f"evald at {self.target} closed the stream")
+        return _Down(f"evald at {self.target} closed the stream", clean=True)
 
     def _run_reaper(self) -> None:
         while True:
@@ -454,6 +463,19 @@ class EvaluatorClient:
                 self._state = "down"
                 self._down_code, self._down_message = code, message
         self._fail_all(message, code)
+
+    def _reconnect_soon(self) -> None:
+        """After a clean end: every span still waiting goes out again on the next connection.
+
+        The daemon ends a connection cleanly only with nothing in flight (an idle close), so
+        whatever it had not answered it never read; and an evaluation is a pure function, so
+        even one read by a daemon that then died is safe to send again. Deadlines still hold.
+        """
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "connecting"
+            self._unsent = [item.request for item in self._pending.values()]
 
     def _fail_all(self, message: str, code: str = _UNAVAILABLE) -> None:
         with self._lock:

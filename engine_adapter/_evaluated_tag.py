@@ -34,12 +34,15 @@ from engine_adapter._grammar import (
     free_text_excludes,
     span_format,
 )
+from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
 from engine_adapter._types import SpanBinding
 
 __all__ = ["EvaluatedTagError", "contains_evaluated_tag", "lower_evaluated_tags"]
 
 _TYPE = "evaluated_tag"
-_KEYS = frozenset({"type", "begin", "content", "end", "evaluator", "result", "error"})
+_KEYS = frozenset(
+    {"type", "begin", "content", "end", "evaluator", "result", "error", "operands_from"}
+)
 _REGION_KEYS = frozenset({"begin", "end"})
 _DEFAULT_ERROR = {"begin": "<result_error>", "end": "</result_error>"}
 # Free-text formats that take an ``excludes`` list of strings.
@@ -83,6 +86,7 @@ def lower_evaluated_tags(
     *,
     special_tokens: Sequence[str] = (),
     validate: bool = True,
+    operands_from: str | None = None,
 ) -> SpanGrammar:
     """Lowers every ``evaluated_tag`` inside a structural tag to plain XGrammar formats.
 
@@ -93,6 +97,10 @@ def lower_evaluated_tags(
         special_tokens: extra strings to exclude from every free-text region (chat markers).
         validate: also check the result against XGrammar's own schema (needs ``xgrammar``), so
             a typo anywhere in the tag is reported with its path before compilation.
+        operands_from: operands from the context for every ``evaluated_tag`` without a
+            ``content`` of its own: its evaluator's literal rules are narrowed to the literals
+            of this text (an element's own ``operands_from`` wins). ``SpanGrammar.operands``
+            reports what was narrowed.
 
     Returns:
         A :class:`SpanGrammar` in ``grammar-eval`` mode: the lowered tag (always in the
@@ -114,7 +122,7 @@ def lower_evaluated_tags(
         root, root_path = tag["format"], "/format"
     else:
         root, root_path = tag, ""
-    lowering = _Lowering(evaluators)
+    lowering = _Lowering(evaluators, operands_from)
     lowered = lowering.walk(root, root_path, inside_span=None)
     bindings = tuple(lowering.bindings.values())
     excludes = free_text_excludes(bindings, special_tokens) if bindings else list(special_tokens)
@@ -123,11 +131,14 @@ def lower_evaluated_tags(
     if validate:
         _validate(result, {"type": "structural_tag", "format": root}, root_path)
     used = tuple(dict.fromkeys(lowering.used))
-    return SpanGrammar(result, bindings, Mode.GRAMMAR_EVAL, used)
+    operands = OperandNarrowing(tuple(lowering.operands)) if lowering.operands else None
+    return SpanGrammar(result, bindings, Mode.GRAMMAR_EVAL, used, operands)
 
 
 class _Lowering:
-    def __init__(self, evaluators: Sequence[EvaluatorSpec]) -> None:
+    def __init__(self, evaluators: Sequence[EvaluatorSpec], operands_from: str | None) -> None:
+        self.operands_from = operands_from
+        self.operands: list[EvaluatorOperands] = []
         self.by_name: dict[str, EvaluatorSpec] = {}
         for spec in evaluators:
             self.by_name.setdefault(spec.tag, spec)
@@ -194,6 +205,14 @@ class _Lowering:
         )
         self._register(binding, path)
         self.used.append(spec)
+        text = node.get("operands_from", self.operands_from)
+        if "operands_from" in node and not isinstance(text, str):
+            raise EvaluatedTagError(f"{path}/operands_from", "must be a string (the text)")
+        if "content" in node and "operands_from" in node:
+            raise EvaluatedTagError(
+                f"{path}/operands_from",
+                "narrows the evaluator's own grammar, so it cannot go with a content of your own",
+            )
         if "content" in node:
             content = node["content"]
             if not isinstance(content, Mapping) or not isinstance(content.get("type"), str):
@@ -203,7 +222,12 @@ class _Lowering:
             content = self.walk(content, f"{path}/content", inside_span=path)
             _validate_format(content, f"{path}/content", node["content"])
         else:
-            content = {"type": "grammar", "grammar": spec.input_grammar}
+            grammar = spec.input_grammar
+            if text is not None:
+                narrowed, report = narrow_grammar(grammar, spec.literals, text, spec.name)
+                grammar = narrowed or grammar
+                self.operands.append(report)
+            content = {"type": "grammar", "grammar": grammar}
         return span_format(binding, content, Mode.GRAMMAR_EVAL)
 
     def _register(self, binding: SpanBinding, path: str) -> None:

@@ -32,10 +32,11 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
 from engine_adapter._types import SpanBinding
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "choose_evaluators",
     "common_prefix",
     "free_text_excludes",
+    "narrow_to_operands",
     "result_region_format",
     "span_format",
     "special_token_texts",
@@ -64,7 +66,8 @@ DEFAULT_SPECIAL_EXCLUDES: tuple[str, ...] = ("<|",)
 
 
 class Mode(enum.StrEnum):
-    """The three decoding modes of the accuracy study."""
+    """The three decoding modes: the local engine's ``--mode``, :func:`build_structural_tag`'s
+    ``mode``; the accuracy study and the GPU check compare them. The one list of their names."""
 
     NO_GRAMMAR = "no-grammar"
     """Free text, no structural tag; spans, if any, are neither constrained nor evaluated."""
@@ -121,6 +124,9 @@ class EvaluatorSpec:
     description: str = ""
     examples: tuple[EvaluatorExample, ...] = field(default=(), compare=False)
     """From the manifest's optional ``examples``; empty when the source has none."""
+    literals: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """From the manifest's optional ``literals``: input-grammar rule → literal kind, the rules
+    :func:`narrow_to_operands` narrows to the literals of a request's text."""
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> EvaluatorSpec:
@@ -148,6 +154,9 @@ class EvaluatorSpec:
             examples=tuple(
                 EvaluatorExample.from_manifest(raw) for raw in manifest.get("examples") or ()
             ),
+            literals={
+                str(rule): str(kind) for rule, kind in (manifest.get("literals") or {}).items()
+            },
         )
 
     @classmethod
@@ -166,6 +175,7 @@ class EvaluatorSpec:
             )
         }
         fields["examples"] = list(getattr(info, "examples", ()) or ())
+        fields["literals"] = dict(getattr(info, "literals", {}) or {})
         return cls.from_manifest(fields)
 
     def binding(self, *, begin: str | None = None, end: str | None = None) -> SpanBinding:
@@ -190,12 +200,12 @@ def standard_evaluators(
     Raises:
         FileNotFoundError: a named evaluator has no manifest there.
     """
-    from evaluators_wasm.toolchain import load_manifest_source
+    from evald.contract import load_manifest_source
 
     if source_dir is None:
         import evaluators_wasm
 
-        source_dir = Path(evaluators_wasm.__file__).parent / "src"
+        source_dir = evaluators_wasm.SOURCE_DIR
     root = Path(source_dir)
     if names is None:
         folders = sorted(p.parent for p in root.glob("*/manifest.json"))
@@ -256,6 +266,8 @@ class SpanGrammar:
     bindings: tuple[SpanBinding, ...]
     mode: Mode = Mode.GRAMMAR_EVAL
     evaluators: tuple[EvaluatorSpec, ...] = field(default=(), compare=False)
+    operands: OperandNarrowing | None = field(default=None, compare=False)
+    """What the operands option did (``None`` when the request did not ask for it)."""
 
     def json(self) -> str:
         """The structural tag as compact JSON.
@@ -367,6 +379,35 @@ def check_bindings(bindings: Sequence[SpanBinding]) -> None:
                 )
 
 
+def narrow_to_operands(
+    evaluators: Sequence[EvaluatorSpec], text: str
+) -> tuple[list[EvaluatorSpec], OperandNarrowing]:
+    """The evaluators with their literal rules narrowed to the literals of ``text`` (operands
+    from the context, ``engine_adapter._operands``).
+
+    Each evaluator whose manifest declares ``literals`` gets an input grammar in which every
+    such rule allows only the literals of ``text`` that the rule itself accepts; one for which
+    the text holds none keeps its own grammar, and the report says why.
+
+    Parameters:
+        evaluators: as for :func:`build_structural_tag`.
+        text: where the operands come from, typically the request's user message.
+
+    Returns:
+        ``(evaluators, report)``: the evaluators in the same order, and what was narrowed.
+
+    Raises:
+        ImportError: XGrammar is not installed.
+    """
+    out: list[EvaluatorSpec] = []
+    reports: list[EvaluatorOperands] = []
+    for spec in evaluators:
+        narrowed, report = narrow_grammar(spec.input_grammar, spec.literals, text, spec.name)
+        out.append(spec if narrowed is None else replace(spec, input_grammar=narrowed))
+        reports.append(report)
+    return out, OperandNarrowing(tuple(reports))
+
+
 def build_structural_tag(
     evaluators: Sequence[EvaluatorSpec],
     mode: Mode | str = Mode.GRAMMAR_EVAL,
@@ -374,6 +415,7 @@ def build_structural_tag(
     prefix: str | None = None,
     special_tokens: Sequence[str] = DEFAULT_SPECIAL_EXCLUDES,
     at_least_one: bool = False,
+    operands_from: str | None = None,
 ) -> SpanGrammar:
     """The span grammar for a set of evaluators.
 
@@ -388,6 +430,9 @@ def build_structural_tag(
             ``special_token_texts(tokenizer)``; default ``["<|"]``. Each costs compile time
             (17 SmolLM2 specials: about 0.3 s instead of 0.07 s).
         at_least_one: require at least one span (``triggered_tags.at_least_one``).
+        operands_from: operands from the context: narrow each evaluator's literal rules to
+            the literals of this text, typically the user's message (:func:`narrow_to_operands`;
+            ``SpanGrammar.operands`` says what was narrowed, or why nothing was).
 
     Returns:
         The tag (``None`` in no-grammar mode) and one binding per evaluator.
@@ -402,6 +447,9 @@ def build_structural_tag(
     check_bindings(bindings)
     if mode is Mode.NO_GRAMMAR:
         return SpanGrammar(None, bindings, mode, tuple(evaluators))
+    operands = None
+    if operands_from is not None:
+        evaluators, operands = narrow_to_operands(evaluators, operands_from)
     tags = [
         span_format(binding, {"type": "grammar", "grammar": spec.input_grammar}, mode)
         for binding, spec in zip(bindings, evaluators, strict=True)
@@ -417,7 +465,7 @@ def build_structural_tag(
     if prefix:
         fmt = {"type": "sequence", "elements": [*_prefix_elements(prefix, bindings, tags), free]}
     return SpanGrammar(
-        {"type": "structural_tag", "format": fmt}, bindings, mode, tuple(evaluators)
+        {"type": "structural_tag", "format": fmt}, bindings, mode, tuple(evaluators), operands
     )
 
 

@@ -1,9 +1,12 @@
-"""Evaluators that run inside the engine process, for the overhead comparison and for tests.
+"""Evaluators that run inside the engine process: the local engine's ``--evaluator-mode
+inprocess`` and ``python``, the servers' ``EVALD_INPROCESS``, and the lab's comparisons.
 
 - :class:`InProcessWasmEvaluator`: the daemon's own WASM host (same ABI validation, limits and
   fast call path) on a small thread pool — the cost of evald without the process hop.
 - :class:`ReferenceEvaluator`: the Python reference implementations
-  (``evaluators_wasm.reference``) — the "just call a Python function" baseline.
+  (``evaluators_wasm.reference``, the written semantics in executable form) — the "just call a
+  Python function" baseline. They ship in the wheel with the guests (docs/design.md §8, "The
+  wheel"): ``--evaluator-mode python`` is a documented mode of the local engine.
 
 Both honour the :class:`~engine_adapter.SpanEvaluator` contract: ``submit`` returns at once, the
 future never raises, and it completes by the deadline (``deadline_exceeded``) even when the work

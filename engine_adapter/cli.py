@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_adapter import Mode
 from evald.cli import lab_command_hint
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
@@ -33,7 +34,6 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main"
 EXIT_OK = 0
 EXIT_ERROR = 2
 
-_MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
 _EVALUATOR_MODES = ("evald", "inprocess", "python")
 _BACKENDS = ("llama", "hf")
 #: Temperature used when ``--seed`` asks for sampling without naming a temperature.
@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", metavar="PROMPT", help="the user message")
     gen.add_argument(
         "--mode",
-        choices=_MODES,
-        default="grammar-eval",
+        choices=[mode.value for mode in Mode],
+        default=Mode.GRAMMAR_EVAL.value,
         help="grammar-eval (default): the engine forces evaluated results; grammar-no-eval: "
         "the model writes them; no-grammar: free text",
     )
@@ -98,6 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="add model-facing instructions rendered from the evaluators' manifests (a system "
         "message for a chat model, solved examples for a base model; printed with --timings; "
         "after --system when both are given)",
+    )
+    operands = gen.add_mutually_exclusive_group()
+    operands.add_argument(
+        "--operands",
+        action="store_true",
+        help="operands from the context: every literal a span writes (numbers, words) must be "
+        "one of PROMPT's, still under the evaluator's own grammar (from the manifests' "
+        "literals); number words count as numbers (thirty-eight = 38). Off, with a note on "
+        "stderr, when PROMPT holds none",
+    )
+    operands.add_argument(
+        "--operands-from",
+        default=None,
+        metavar="TEXT",
+        help="as --operands, with the literals of TEXT instead of PROMPT's",
     )
     gen.add_argument(
         "--timings",
@@ -264,6 +279,9 @@ def _generate(args: argparse.Namespace) -> int:
         out.write(text)
         out.flush()
 
+    operands_from: str | bool | None = (
+        args.operands_from if args.operands_from is not None else args.operands or None
+    )
     try:
         result = engine.generate(
             args.prompt,
@@ -274,6 +292,7 @@ def _generate(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             seed=args.seed,
             on_text=stream,
+            operands_from=operands_from,
         )
     except EngineError as exc:
         return _fail(str(exc))
@@ -282,7 +301,12 @@ def _generate(args: argparse.Namespace) -> int:
         engine.close()
     out.write("\n")
     out.flush()
+    for name, entry in (result.operands or {}).get("evaluators", {}).items():
+        if entry["declared"] and not entry["literals"]:
+            print(f"note: operands off for {name}: {entry['reason']}", file=sys.stderr)
     if args.timings:
+        if result.operands is not None and result.operands["applied"]:
+            print(f"operands:\n{format_operands(result.operands)}", file=sys.stderr)
         print(format_timings(result), file=sys.stderr)
     if args.json_path is not None:
         payload = json.dumps(result.to_dict(with_steps=True), indent=2)
@@ -291,6 +315,22 @@ def _generate(args: argparse.Namespace) -> int:
         else:
             args.json_path.write_text(payload + "\n")
     return EXIT_OK
+
+
+def format_operands(operands: dict[str, Any]) -> str:
+    """What the operands option narrowed, one line per evaluator."""
+    lines = []
+    for name, entry in operands["evaluators"].items():
+        rules = ", ".join(
+            f"{rule} in {{{', '.join(literals)}}}" for rule, literals in entry["literals"].items()
+        )
+        reason = entry["reason"]
+        lines.append(
+            f"  {name}: {rules}" + (f" ({reason})" if reason else "")
+            if rules
+            else f"  {name}: off ({reason})"
+        )
+    return "\n".join(lines)
 
 
 def format_timings(result: Any) -> str:

@@ -6,13 +6,18 @@ serves the evald and lab tests; the real SmolLM2-135M-Instruct model (``llama_ba
 under a second on llama.cpp and a few seconds on transformers once the GGUF has been converted
 and cached; tests that use it are marked ``model``.
 
-The harness modules of ``tests/evald`` (``daemon_harness``, ``wat_modules``) are put on
-``sys.path``, so test modules anywhere import them by name whatever the pytest import mode.
+The harness module of ``tests/evald`` (``daemon_harness``: the session config, its tenants and
+their tokens, over the product's :mod:`evald.testing`) is put on ``sys.path``, so test modules
+anywhere import it by name whatever the pytest import mode.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,42 @@ from daemon_harness import Daemon, free_port, session_config, start_daemon
 
 #: Small enough to keep the KV cache cheap, large enough for every test prompt.
 TEST_N_CTX = 2048
+#: How long the suite's leftover processes get to end on their own at the end of the session.
+ORPHANS_GONE_WITHIN_S = 15.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphans() -> Iterator[None]:
+    """The suite's daemons leave no process behind, whatever the tests did to them.
+
+    The test process becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process whose
+    parent dies — a daemon's compile worker after the daemon's ``kill -9`` — is re-parented
+    here instead of to init, where it could no longer be told from other programs'. At the end
+    of the session every such process must have ended; one that has not fails the session (and
+    is killed).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_child_subreaper = 36
+    reaping = libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+    yield
+    if not reaping:
+        return
+    from multiprocessing import resource_tracker
+
+    from evald.testing import process_alive, process_descendants
+
+    own_tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # ends with us
+    give_up = time.monotonic() + ORPHANS_GONE_WITHIN_S
+    left = {pid: cmd for pid, cmd in process_descendants(os.getpid()).items() if pid != own_tracker}
+    while left and time.monotonic() < give_up:
+        time.sleep(0.2)
+        left = {pid: cmd for pid, cmd in left.items() if process_alive(pid)}
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes the suite started outlived it: {left}"
 
 
 @pytest.fixture(scope="session")

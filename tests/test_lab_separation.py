@@ -15,7 +15,7 @@ from setuptools import find_namespace_packages
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("evald", "engine_adapter", "evaluators_wasm")
 #: What only the lab holds: no product module may be named like these.
-LAB_NAMES = ("evald_lab", "fuzz", "bench", "study", "demo", "gpu_check", "wat_corpus")
+LAB_NAMES = ("evald_lab", "fuzz", "bench", "study", "demo", "gpu_check")
 
 #: Runs in a fresh interpreter; ``sys.modules["evald_lab"] = None`` makes any import of the lab
 #: fail, as when it is not installed.

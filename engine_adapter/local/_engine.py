@@ -10,6 +10,7 @@ the compiled grammars) and prepares each request: the prompt's tokens, the gramm
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from engine_adapter.local._backend import Backend
 
 __all__ = ["LocalEngine"]
+
+#: Compiled grammars kept by an engine (each mode and prefix is one; so is every grammar
+#: narrowed to one request's operands).
+_COMPILED_GRAMMARS_KEPT = 32
 
 
 class LocalEngine:
@@ -88,7 +93,9 @@ class LocalEngine:
         )
         self._compiler = xgr.GrammarCompiler(self._tokenizer_info, max_threads=1)
         self._specials = special_token_texts(tokenizer)
-        self._compiled: dict[str, Any] = {}
+        # Least recently used last; bounded, since a grammar narrowed to a request's operands
+        # is compiled for that request alone.
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._bitmask = xgr.allocate_token_bitmask(1, backend.vocab_size)
 
     def close(self) -> None:
@@ -135,6 +142,7 @@ class LocalEngine:
         prefix: str = "",
         *,
         content_grammars: Mapping[str, str] | None = None,
+        operands_from: str | None = None,
     ) -> SpanGrammar:
         """The span grammar of this engine's evaluators for a mode and a forced prefix.
 
@@ -142,6 +150,10 @@ class LocalEngine:
             content_grammars: evaluator name → EBNF that replaces the evaluator's own input
                 grammar inside its spans (a narrower language, e.g. only ``count("…", "…")``;
                 the evaluator still evaluates the span with its full semantics).
+            operands_from: operands from the context: each evaluator's literal rules (its
+                manifest's ``literals``) allow only the literals of this text
+                (:func:`engine_adapter.narrow_to_operands`; the grammar's ``operands`` says
+                what was narrowed, or why nothing was).
 
         Raises:
             EngineError: no-grammar mode, an unknown evaluator, or a prefix the span grammar
@@ -158,25 +170,34 @@ class LocalEngine:
             specs[index] = replace(specs[index], input_grammar=ebnf)
         try:
             return build_structural_tag(
-                specs, mode, prefix=prefix or None, special_tokens=self._specials
+                specs,
+                mode,
+                prefix=prefix or None,
+                special_tokens=self._specials,
+                operands_from=operands_from,
             )
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
 
     def compile(self, grammar: SpanGrammar) -> Any:
-        """The compiled grammar (``xgrammar.CompiledGrammar``), cached by the tag's JSON.
+        """The compiled grammar (``xgrammar.CompiledGrammar``), cached by the tag's JSON (the
+        32 used last).
 
         Raises:
             EngineError: the tag does not compile (the message is XGrammar's).
         """
         key = grammar.json()
         compiled = self._compiled.get(key)
+        if compiled is not None:
+            self._compiled.move_to_end(key)
         if compiled is None:
             try:
                 compiled = self._compiler.compile_structural_tag(key)
             except (RuntimeError, ValueError) as exc:
                 raise EngineError(f"the span grammar does not compile: {exc}") from exc
             self._compiled[key] = compiled
+            while len(self._compiled) > _COMPILED_GRAMMARS_KEPT:
+                self._compiled.popitem(last=False)
         return compiled
 
     # -- generation -----------------------------------------------------------------------
@@ -195,6 +216,7 @@ class LocalEngine:
         grammar: SpanGrammar | None = None,
         evaluator: SpanEvaluator | None = None,
         on_text: TextCallback | None = None,
+        operands_from: str | bool | None = None,
     ) -> GenerationResult:
         """Generates one answer.
 
@@ -216,10 +238,15 @@ class LocalEngine:
             evaluator: overrides the engine's evaluator for this request (benchmarks compare
                 evaluators on one loaded model).
             on_text: streaming callback, called with each new piece of text.
+            operands_from: operands from the context (grammar modes): ``True`` narrows each
+                evaluator's literal rules to the literals of ``prompt`` (numbers, words), a
+                string to those of that text; see :meth:`span_grammar`. When the text holds
+                none, the grammar is the usual one and ``GenerationResult.operands`` says why.
 
         Raises:
             EngineError: the prefix does not fit the grammar, the prompt does not fit the
-                context window, or ``grammar-eval`` without an evaluator.
+                context window, ``grammar-eval`` without an evaluator, or both ``grammar``
+                and ``operands_from`` (a given grammar is used as it is).
         """
         mode = _parse_mode(mode)
         if max_new_tokens < 0:
@@ -229,8 +256,16 @@ class LocalEngine:
         evaluator = evaluator if evaluator is not None else self.evaluator
         if mode is Mode.GRAMMAR_EVAL and evaluator is None:
             raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
+        operands_text = prompt if operands_from is True else operands_from or None
+        if grammar is not None and operands_text is not None:
+            raise EngineError(
+                "operands_from narrows the engine's span grammar; pass it to span_grammar() "
+                "when you give a grammar of your own"
+            )
         clock = GenerationClock()
-        constraint = self._constraint(mode, prefix, grammar, evaluator, clock)
+        constraint, span_grammar = self._constraint(
+            mode, prefix, grammar, evaluator, clock, operands_text
+        )
         prompt_ids = self.prompt_ids(prompt)
         prefix_ids = self._prefix_ids(prefix)
         self._force_prefix(constraint, prefix, prefix_ids, mode)
@@ -256,6 +291,11 @@ class LocalEngine:
             n_forced=len(prefix_ids) + decoded.n_forced,
             stop_reason=decoded.stop_reason,
             spans=decoded.spans,
+            operands=(
+                span_grammar.operands.to_dict()
+                if span_grammar is not None and span_grammar.operands is not None
+                else None
+            ),
         )
         clock.finish(result)
         return result
@@ -267,13 +307,18 @@ class LocalEngine:
         grammar: SpanGrammar | None,
         evaluator: SpanEvaluator | None,
         clock: GenerationClock,
-    ) -> Constraint:
+        operands_from: str | None = None,
+    ) -> tuple[Constraint, SpanGrammar | None]:
         """The request's grammar side: none in no-grammar mode, else the span grammar (built
         and compiled, or from the cache) with a fresh matcher and injector."""
         if mode is Mode.NO_GRAMMAR:
-            return Constraint()
+            return Constraint(), None
         with clock.grammar_compile:
-            span_grammar = grammar if grammar is not None else self.span_grammar(mode, prefix)
+            span_grammar = (
+                grammar
+                if grammar is not None
+                else self.span_grammar(mode, prefix, operands_from=operands_from)
+            )
             compiled = self.compile(span_grammar)
         matcher = self._xgr.GrammarMatcher(compiled)
         # Without an evaluator the injector only records the spans the model writes.
@@ -283,7 +328,7 @@ class LocalEngine:
             evaluator if mode is Mode.GRAMMAR_EVAL else None,
             deadline_ms=self.deadline_ms,
         )
-        return SpanConstraint(matcher, injector, self._bitmask)
+        return SpanConstraint(matcher, injector, self._bitmask), span_grammar
 
     def _prefix_ids(self, prefix: str) -> list[int]:
         if not prefix:

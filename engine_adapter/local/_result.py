@@ -78,6 +78,9 @@ class GenerationResult:
     decode_us: int = 0
     total_us: int = 0
     grammar_compile_us: int = 0
+    operands: dict[str, Any] | None = None
+    """What the operands option did (:meth:`engine_adapter.OperandNarrowing.to_dict`): the
+    literals each evaluator's rules were narrowed to, or why not; ``None`` when not asked."""
 
     @property
     def n_forwards(self) -> int:

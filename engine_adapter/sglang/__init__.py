@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine_adapter._server_config import DEFAULT_DEADLINE_MS, AdapterConfig, ConfigError
 from engine_adapter.sglang.request import (
+    OperandsOff,
     generate_sampling_params,
     instruction_messages,
     structural_tag_for,
@@ -29,6 +30,7 @@ __all__ = [
     "AdapterConfig",
     "ConfigError",
     "EvaluatorGrammar",
+    "OperandsOff",
     "generate_sampling_params",
     "instruction_messages",
     "structural_tag_for",

@@ -15,6 +15,9 @@ Needs only the evald client (no SGLang, no torch)::
     # the request's tenant (a server may serve many): its token travels in custom_params
     client.chat.completions.create(..., extra_body={"custom_params": tenant_params(token)})
 
+    # operands from the context: the span's numbers (and strop's words) must be the question's
+    tag = structural_tag_for(target, token, ["calc"], operands_from=question)
+
 The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter._lowered_spans``), so
 it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,11 +40,17 @@ from engine_adapter._request_options import (
 )
 
 __all__ = [
+    "OperandsOff",
     "generate_sampling_params",
     "instruction_messages",
     "structural_tag_for",
     "tenant_params",
 ]
+
+
+class OperandsOff(UserWarning):
+    """The operands option narrowed nothing for this request (the text holds no literal any
+    evaluator accepts); the grammar is the usual one. The message says why per evaluator."""
 
 
 def structural_tag_for(
@@ -51,6 +61,7 @@ def structural_tag_for(
     prefix: str | None = None,
     at_least_one: bool = False,
     special_tokens: Sequence[str] = ("<|",),
+    operands_from: str | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """The structural tag for a request whose spans the server's adapter evaluates.
@@ -66,6 +77,10 @@ def structural_tag_for(
             (``"The expression is <calc>"``) makes the model write a span at once.
         at_least_one: require at least one span.
         special_tokens: texts free text must not contain (the model's chat markers).
+        operands_from: operands from the context, typically the user's message: every literal
+            rule the evaluators' manifests declare (numbers, strings) allows only the literals
+            of this text (:func:`engine_adapter.narrow_to_operands`). The grammar is then this
+            request's own (compiled for it, never a cache hit).
         timeout_s: for the ``ListEvaluators`` call.
 
     Returns:
@@ -75,6 +90,9 @@ def structural_tag_for(
     Raises:
         evald.CallError: evald refused or could not be reached.
         ValueError: an evaluator that the tenant cannot call (the message lists those it can).
+
+    Warns:
+        OperandsOff: ``operands_from`` narrowed nothing; the tag is the usual one.
     """
     specs = list_evaluators(target, token, timeout_s=timeout_s)
     chosen = choose_evaluators(specs, evaluators)
@@ -84,8 +102,13 @@ def structural_tag_for(
         prefix=prefix,
         special_tokens=special_tokens,
         at_least_one=at_least_one,
+        operands_from=operands_from,
     )
     assert grammar.structural_tag is not None
+    if grammar.operands is not None and not grammar.operands.applied:
+        warnings.warn(
+            f"the operands option is off: {grammar.operands.reason}", OperandsOff, stacklevel=2
+        )
     return grammar.structural_tag
 
 

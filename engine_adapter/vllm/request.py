@@ -27,6 +27,7 @@ from engine_adapter._client import list_evaluators
 from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
 from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
 from engine_adapter._instructions import render_instructions
+from engine_adapter._operands import OperandNarrowing
 from engine_adapter._request_options import (
     EXTRA_ARG_EVALUATORS,
     EXTRA_ARG_TARGET,
@@ -48,6 +49,9 @@ class EvaluatedRequest:
     """Model-facing instructions for the request's evaluators, rendered from their manifests
     (:func:`engine_adapter.render_instructions`). Opt-in: nothing is sent unless the caller
     adds them (:meth:`with_instructions`)."""
+    operands: OperandNarrowing | None = None
+    """What ``operands_from`` narrowed (``applied``), or why nothing (``reason``); ``None``
+    when the request did not ask for it."""
 
     def with_instructions(self, messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
         """``messages`` for the chat API with the instructions as a leading system message."""
@@ -86,6 +90,7 @@ def evaluated_request(
     special_tokens: Sequence[str] = ("<|",),
     send_target: bool = False,
     answer_prefix: str = "",
+    operands_from: str | None = None,
     timeout_s: float = 10.0,
 ) -> EvaluatedRequest:
     """The structural tag and extra arguments for a request whose spans the server evaluates.
@@ -104,6 +109,11 @@ def evaluated_request(
             ``EVALD_TARGET`` or one of ``EVALD_ALLOWED_TARGETS``).
         answer_prefix: the text before the span in the instructions' examples (the request's
             forced prefix without its opener, if any).
+        operands_from: operands from the context, typically the user's message: every literal
+            rule the evaluators' manifests declare (numbers, strings) allows only the literals
+            of this text (:func:`engine_adapter.narrow_to_operands`; with ``tag``, for each
+            ``evaluated_tag`` without a content of its own). ``EvaluatedRequest.operands``
+            says what was narrowed, or why nothing was.
         timeout_s: for the ``ListEvaluators`` call.
 
     Raises:
@@ -118,8 +128,9 @@ def evaluated_request(
         chosen = choose_evaluators(specs, evaluators)
     else:
         chosen = list(specs)
+    operands: OperandNarrowing | None = None
     if tag is not None:
-        lowered = lower_for_vllm(tag, specs, special_tokens=special_tokens)
+        lowered, operands = _lowered(tag, specs, special_tokens, operands_from)
     else:
         grammar = build_structural_tag(
             chosen,
@@ -127,9 +138,10 @@ def evaluated_request(
             prefix=prefix,
             special_tokens=special_tokens,
             at_least_one=at_least_one,
+            operands_from=operands_from,
         )
         assert grammar.structural_tag is not None
-        lowered = grammar.structural_tag
+        lowered, operands = grammar.structural_tag, grammar.operands
     extra: dict[str, str] = {}
     token = token if token is not None else os.environ.get("EVALD_TOKEN")
     if token:
@@ -140,7 +152,7 @@ def evaluated_request(
     if renamed:
         extra[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
     instructions = render_instructions(chosen, style="system", answer_prefix=answer_prefix)
-    return EvaluatedRequest(lowered, extra, instructions)
+    return EvaluatedRequest(lowered, extra, instructions, operands)
 
 
 def lower_for_vllm(
@@ -150,9 +162,20 @@ def lower_for_vllm(
     special_tokens: Sequence[str] = ("<|",),
 ) -> dict[str, Any]:
     """``tag`` with its ``evaluated_tag`` elements lowered (unchanged if it has none)."""
+    return _lowered(tag, specs, special_tokens, None)[0]
+
+
+def _lowered(
+    tag: Mapping[str, Any] | str,
+    specs: Sequence[EvaluatorSpec],
+    special_tokens: Sequence[str],
+    operands_from: str | None,
+) -> tuple[dict[str, Any], OperandNarrowing | None]:
     parsed = json.loads(tag) if isinstance(tag, str) else dict(tag)
     if not contains_evaluated_tag(parsed):
-        return dict(parsed)
-    grammar = lower_evaluated_tags(parsed, specs, special_tokens=special_tokens)
+        return dict(parsed), None
+    grammar = lower_evaluated_tags(
+        parsed, specs, special_tokens=special_tokens, operands_from=operands_from
+    )
     assert grammar.structural_tag is not None
-    return dict(grammar.structural_tag)
+    return dict(grammar.structural_tag), grammar.operands

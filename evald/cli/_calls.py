@@ -159,7 +159,7 @@ def _register(parser: argparse.ArgumentParser) -> Runner:
         if args.path.is_dir():
             from evald.cli._sdk import build_for_cli, print_failure
             from evald.contract import EvaldError
-            from evaluators_wasm.toolchain import BuildError
+            from evald.sdk import BuildError
 
             try:
                 module = build_for_cli(args.path, check_grammars=not args.no_grammar_check).wasm

@@ -16,8 +16,7 @@ from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
 
 if TYPE_CHECKING:
     from evald.contract import EvaldError
-    from evald.sdk import BuildResult, CaseResult, DaemonSettings
-    from evaluators_wasm.toolchain import BuildError
+    from evald.sdk import BuildError, BuildResult, CaseResult, DaemonSettings
 
 __all__ = ["build_for_cli", "print_failure"]
 
@@ -32,7 +31,7 @@ def _fail(code: str, message: str) -> int:
 def print_failure(exc: BuildError | EvaldError) -> int:
     """Prints a compile failure's diagnostics verbatim, then ``error: CODE: message``; returns
     the exit status (2)."""
-    from evaluators_wasm.toolchain import BuildError
+    from evald.sdk import BuildError
 
     if isinstance(exc, BuildError):
         if exc.output:
@@ -45,7 +44,7 @@ def print_failure(exc: BuildError | EvaldError) -> int:
 def _guarded(run: Runner) -> Runner:
     def wrapper(args: argparse.Namespace) -> int:
         from evald.contract import EvaldError
-        from evaluators_wasm.toolchain import BuildError
+        from evald.sdk import BuildError
 
         try:
             return run(args)

@@ -5,8 +5,12 @@ Everything two sides must agree on lives here and nowhere else:
 * the generated gRPC stubs (:data:`pb`, :data:`pb_grpc`, from ``proto/evald/v1/evald.proto``);
 * the error codes, :class:`ErrorCode`, tied to the proto enum by name, and how they travel
   (:data:`ERROR_CODE_METADATA_KEY`, :func:`decode_rpc_error`);
-* the evaluator manifest (:class:`Manifest`, :func:`parse_manifest`) and the rule that no
+* the evaluator ABI's names and numbers (:data:`ABI_VERSION`, :data:`MANIFEST_SECTION`, the
+  exports) and the one writer of a module's custom section (:func:`append_custom_section`);
+* the evaluator manifest (:class:`Manifest`, :func:`parse_manifest`), its source form and
+  section payload (:func:`load_manifest_source`, :func:`encode_manifest`), and the rule that no
   evaluator can produce ``<`` (:func:`check_no_angle_bracket`);
+* the standard evaluators' names (:data:`STANDARD_EVALUATORS`);
 * addresses and channels (:func:`default_target`, :func:`unix_socket_path`, :class:`Endpoint`);
 * the data path's framing (:func:`encode_frame`, :func:`read_frame`, :class:`FrameWriter`).
 
@@ -16,6 +20,15 @@ imports ``evald.v1`` directly (an import-linter contract in pyproject.toml check
 
 from __future__ import annotations
 
+from evald.contract._abi import (
+    ABI_VERSION,
+    BUFFER_EXPORTS,
+    EVAL_EXPORT,
+    MANIFEST_SECTION,
+    VERSION_EXPORT,
+    append_custom_section,
+    encode_uleb128,
+)
 from evald.contract._addresses import default_target, unix_socket_path
 from evald.contract._alphabet import check_no_angle_bracket, may_produce
 from evald.contract._channel import (
@@ -42,25 +55,35 @@ from evald.contract._frames import (
     read_frame,
 )
 from evald.contract._manifest import (
-    ABI_VERSION,
+    LITERAL_KINDS,
     MANIFEST_MAX_BYTES,
     MAX_EXAMPLES,
+    MAX_LITERAL_RULES,
     Manifest,
     parse_manifest,
 )
+from evald.contract._manifest_source import encode_manifest, load_manifest_source
+from evald.contract._standard_set import STANDARD_EVALUATORS
 from evald.v1 import evald_pb2 as pb
 from evald.v1 import evald_pb2_grpc as pb_grpc
 
 __all__ = [
     "ABI_VERSION",
+    "BUFFER_EXPORTS",
     "CLIENT_MAX_MESSAGE_BYTES",
     "ERROR_CODE_METADATA_KEY",
+    "EVAL_EXPORT",
     "GUEST_ERROR_CODES",
     "HEADER",
     "HELLO_MAGIC",
+    "LITERAL_KINDS",
     "MANIFEST_MAX_BYTES",
+    "MANIFEST_SECTION",
     "MAX_EXAMPLES",
     "MAX_HELLO_BYTES",
+    "MAX_LITERAL_RULES",
+    "STANDARD_EVALUATORS",
+    "VERSION_EXPORT",
     "Endpoint",
     "ErrorCode",
     "EvaldError",
@@ -70,10 +93,14 @@ __all__ = [
     "Manifest",
     "RpcFailure",
     "WriterStalled",
+    "append_custom_section",
     "check_no_angle_bracket",
     "decode_rpc_error",
     "default_target",
     "encode_frame",
+    "encode_manifest",
+    "encode_uleb128",
+    "load_manifest_source",
     "may_produce",
     "parse_manifest",
     "pb",

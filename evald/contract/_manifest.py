@@ -13,12 +13,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from evald.contract._abi import ABI_VERSION
 from evald.contract._alphabet import check_no_angle_bracket
 from evald.contract._errors import ErrorCode, EvaldError
 
-__all__ = ["ABI_VERSION", "MANIFEST_MAX_BYTES", "MAX_EXAMPLES", "Manifest", "parse_manifest"]
+__all__ = [
+    "LITERAL_KINDS",
+    "MANIFEST_MAX_BYTES",
+    "MAX_EXAMPLES",
+    "MAX_LITERAL_RULES",
+    "Manifest",
+    "parse_manifest",
+]
 
-ABI_VERSION: Final = 1
 MANIFEST_MAX_BYTES: Final = 64 * 1024
 _IDENT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _SEMVER = re.compile(
@@ -39,10 +46,19 @@ _FIELDS: Final = (
     "result_regex",
 )
 #: Optional manifest fields (docs/abi.md): ``examples``, a few ``{"question", "input", "value"}``
-#: objects that request helpers render into model-facing instructions.
-_OPTIONAL_FIELDS: Final = ("examples",)
+#: objects that request helpers render into model-facing instructions; ``literals``, the input
+#: grammar's rules whose strings are literals (numbers, strings) a request may narrow to those
+#: of its text.
+_OPTIONAL_FIELDS: Final = ("examples", "literals")
 _EXAMPLE_KEYS: Final = ("question", "input", "value")
 MAX_EXAMPLES: Final = 8
+#: The kinds of literal a manifest may declare (docs/abi.md, Manifest): how the engine adapter
+#: finds a rule's literals in a request's text. ``number``: numerals and number words, written in
+#: digits; ``string``: words and quoted phrases, as a double-quoted string with JSON escapes;
+#: ``token``: whitespace-separated pieces of the text as written (dates, ISBNs).
+LITERAL_KINDS: Final = ("number", "string", "token")
+MAX_LITERAL_RULES: Final = 16
+_RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -60,12 +76,17 @@ class Manifest:
     examples: tuple[dict[str, str], ...] = field(default=(), hash=False)
     """Each ``{"input", "value"}`` plus an optional ``question``: the span content, the value
     the evaluator gives it, and a request it answers."""
+    literals: dict[str, str] = field(default_factory=dict, hash=False)
+    """Input-grammar rule name → literal kind (one of :data:`LITERAL_KINDS`): the rules whose
+    strings are literals, which a request may narrow to the literals of its text."""
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object of the custom section."""
         out: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
         if self.examples:
             out["examples"] = [dict(example) for example in self.examples]
+        if self.literals:
+            out["literals"] = dict(self.literals)
         return out
 
 
@@ -144,7 +165,39 @@ def parse_manifest(payload: bytes) -> Manifest:
         raise _refuse("manifest field result_regex must not be empty")
     check_no_angle_bracket(data["input_grammar"], data["result_regex"])
     examples = _parse_examples(data.get("examples", []))
-    return Manifest(**{name: data[name] for name in _FIELDS}, examples=examples)
+    literals = _parse_literals(data.get("literals", {}), data["input_grammar"])
+    return Manifest(
+        **{name: data[name] for name in _FIELDS}, examples=examples, literals=literals
+    )
+
+
+def _parse_literals(raw: Any, grammar: str) -> dict[str, str]:
+    """The optional ``literals``: rules of the input grammar, each with a known kind.
+
+    The rule must be defined in the grammar (a line ``NAME ::= …``); that it compiles as a
+    grammar root is checked with XGrammar where installed (``evald build``).
+    """
+    if not isinstance(raw, dict) or len(raw) > MAX_LITERAL_RULES:
+        raise _refuse(
+            f"manifest field literals must be an object of at most {MAX_LITERAL_RULES} "
+            'rule: kind pairs, such as {"number": "number"}'
+        )
+    out: dict[str, str] = {}
+    for rule, kind in raw.items():
+        if not _RULE_NAME.fullmatch(rule):
+            raise _refuse(f"manifest literals: {rule!r} is not a grammar rule name")
+        if not re.search(rf"^\s*{re.escape(rule)}\s*::=", grammar, re.MULTILINE):
+            raise _refuse(
+                f"manifest literals names the rule {rule!r}, which input_grammar does not "
+                f"define (a line starting with `{rule} ::=`)"
+            )
+        if kind not in LITERAL_KINDS:
+            raise _refuse(
+                f"manifest literals[{rule!r}] is {kind!r}; the literal kinds are "
+                f"{', '.join(LITERAL_KINDS)}"
+            )
+        out[rule] = kind
+    return out
 
 
 def _parse_examples(raw: Any) -> tuple[dict[str, str], ...]:

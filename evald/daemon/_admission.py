@@ -3,12 +3,15 @@
 Why one module: every transport (gRPC calls, the gRPC gatekeeper before a body is read, the data
 path's connections) must apply the same rules, and each rule must be written once. So:
 
-* :meth:`Admission.tenant_for` / :meth:`Admission.authenticate` map a bearer token (hashed,
+* :meth:`Admission.tenant_for` maps a bearer token (hashed,
   compared in constant time with every tenant's) or a tokenless unix-socket call to its tenant;
-* :class:`_TenantState` holds a tenant's live quota counters: evaluations in flight and its rate
+* :class:`Tenant` holds a tenant's live quota counters: evaluations in flight and its rate
   bucket (``max_concurrency``, ``rate_per_s``), calls in flight (``max_calls``: unary calls,
   streams and data connections alike) and its unread output bytes (``unread_bytes``, shared by
   its streams and data connections, with the waiters woken when room is freed);
+* :meth:`Admission.enter` counts a call or a connection against its tenant's ``max_calls`` and
+  its share of the transport's shared pool (:mod:`evald.daemon._shares`);
+  :meth:`Admission.enter_unauthenticated` against the small pool of callers with no tenant yet;
 * :meth:`Admission.check_batch_size` and :meth:`Admission.prepare` refuse what is too large or
   over quota with a typed error, and turn an admitted item into the scheduler's work item.
 
@@ -23,19 +26,24 @@ import hashlib
 import hmac
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from evald.contract import ErrorCode, EvaldError, pb
 from evald.daemon._config import Config, TenantConfig, TenantLimits
 from evald.daemon._gatekeeping import error_response
 from evald.daemon._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
-from evald.daemon._scheduler import TenantQueue, _Work
+from evald.daemon._scheduler import TenantQueue, Work
+from evald.daemon._shares import SharedPool, Slots
 from evald.host import Limits
 
 if TYPE_CHECKING:
     from evald.daemon._registry import Registry
 
-__all__ = ["Admission", "UnreadWaiter", "host_limits"]
+__all__ = ["Admission", "Tenant", "Transport", "UnreadWaiter", "host_limits"]
+
+#: The door a call came through: a gRPC call, or a data-path connection.
+Transport = Literal["grpc", "data"]
 
 
 def host_limits(limits: TenantLimits) -> Limits:
@@ -50,17 +58,18 @@ def host_limits(limits: TenantLimits) -> Limits:
         deadline_ms=limits.deadline_ms,
         input_bytes=limits.input_bytes,
         output_bytes=limits.output_bytes,
+        instance_cache_bytes=limits.instance_cache_bytes,
     )
 
 
 class UnreadWaiter(Protocol):
-    """Something that waits for room in its tenant's ``unread_bytes``: a stream or a data
-    connection. ``wake`` may be called from any thread."""
+    """Something that waits for room in its tenant's ``unread_bytes`` or ``request_bytes``: a
+    stream or a data connection. ``wake`` may be called from any thread."""
 
     def wake(self) -> None: ...
 
 
-class _TenantState(TenantQueue):
+class Tenant(TenantQueue):
     """A tenant's live state: its config, host limits and quota counters (thread-safe).
 
     It is the tenant's :class:`~evald.daemon._scheduler.TenantQueue` too, so the scheduler reaches
@@ -80,6 +89,7 @@ class _TenantState(TenantQueue):
         # path's connections (threads): both guarded by _lock, so one budget holds for both.
         self.calls = 0  # calls in flight: unary calls, open streams and data connections
         self.unread = 0  # output bytes reserved by its streams and data connections
+        self.requests = 0  # request bytes held until their items are admitted
         # Woken (wake()) when unread bytes are freed: its streams and data connections.
         self.sinks: set[UnreadWaiter] = set()
         self._rate = config.limits.rate_per_s
@@ -168,6 +178,36 @@ class _TenantState(TenantQueue):
             for waiter in waiters:
                 waiter.wake()
 
+    def reserve_request(self, size: int) -> bool:
+        """Counts ``size`` bytes of a request about to be read (any thread); False when the
+        tenant's ``request_bytes`` has no room for them (a lone request always fits, so a
+        message within ``max_message_bytes`` never waits for nothing)."""
+        with self._lock:
+            if self.requests and self.requests + size > self.config.limits.request_bytes:
+                return False
+            self.requests += size
+            return True
+
+    def charge_request(self, size: int) -> None:
+        """Counts ``size`` bytes of a request that has already arrived (gRPC reads a message
+        whole before the daemon sees it): the tenant's next reads wait until it is below its
+        ``request_bytes`` again."""
+        with self._lock:
+            self.requests += size
+
+    def request_room(self) -> bool:
+        """Whether the tenant may start reading another request."""
+        return self.requests < self.config.limits.request_bytes
+
+    def free_request(self, size: int) -> None:
+        """Returns request bytes once their items are admitted, and wakes what waits."""
+        if size:
+            with self._lock:
+                self.requests -= size
+                waiters = list(self.sinks)
+            for waiter in waiters:
+                waiter.wake()
+
     def add_waiter(self, waiter: UnreadWaiter) -> None:
         with self._lock:
             self.sinks.add(waiter)
@@ -193,7 +233,7 @@ class Admission:
         #: The evaluators; set once they are loaded (:meth:`prepare` needs them).
         self.registry: Registry | None = None
         self.tenants = {
-            tenant.name: _TenantState(tenant, metrics, threads, shared=len(config.tenants) > 1)
+            tenant.name: Tenant(tenant, metrics, threads, shared=len(config.tenants) > 1)
             for tenant in config.tenants
         }
         self._tokened = [
@@ -204,22 +244,102 @@ class Admission:
         self._tokenless = next(
             (state for state in self.tenants.values() if state.config.tokenless), None
         )
+        server = config.server
+        self._shared = {
+            "grpc": SharedPool(
+                server.max_concurrent_rpcs,
+                self.tenants,
+                setting="max_concurrent_rpcs",
+                what="gRPC calls in flight",
+            ),
+            "data": SharedPool(
+                server.data_max_connections,
+                self.tenants,
+                setting="data_max_connections",
+                what="data-path connections",
+            ),
+        }
+        # Streams to services that need no token (health Watch) may take half the open calls
+        # at most: a flood of them leaves room for the probes' Check calls.
+        self._open_streams = Slots(
+            max(1, server.open_calls // 2),
+            setting="half of open_calls",
+            what="streams that need no token",
+        )
+        self._unauthenticated = {
+            "grpc": Slots(
+                server.open_calls, setting="open_calls", what="calls that need no token"
+            ),
+            "data": Slots(
+                server.data_unauthenticated_connections,
+                setting="data_unauthenticated_connections",
+                what="data-path connections that have not authenticated",
+            ),
+        }
 
-    def authenticate(self, context: Any) -> _TenantState:
-        """The tenant a call belongs to.
+    def enter(self, tenant: Tenant, transport: Transport) -> Callable[[], None]:
+        """Counts one call (a gRPC call, a data-path connection) of ``tenant``: against its
+        ``max_calls`` and its share of the transport's pool. Returns the call's ``leave``
+        (idempotent, any thread).
+
+        Raises:
+            EvaldError: ``quota_exceeded``, saying which bound was reached.
+        """
+        pool = self._shared[transport]
+        tenant.enter_call()
+        try:
+            pool.take(tenant.name)
+        except EvaldError:
+            tenant.leave_call()
+            raise
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                pool.give(tenant.name)
+                tenant.leave_call()
+
+        return leave
+
+    def enter_unauthenticated(
+        self, transport: Transport, *, stream: bool = False
+    ) -> Callable[[], None]:
+        """Counts one caller with no tenant (yet): a call to a service that needs no token (a
+        ``stream`` of responses, such as a health Watch, in at most half of them), a data-path
+        connection before its HELLO. Returns its ``leave`` (idempotent).
+
+        Raises:
+            EvaldError: ``unavailable`` when the transport's small pool for them is full.
+        """
+        taken = [self._unauthenticated[transport]]
+        if stream:
+            taken.append(self._open_streams)
+        for index, slots in enumerate(taken):
+            try:
+                slots.take()
+            except EvaldError:
+                for held in taken[:index]:
+                    held.give()
+                raise
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                for slots in taken:
+                    slots.give()
+
+        return leave
+
+    def tenant_for(self, metadata: Any, *, over_unix: bool) -> Tenant:
+        """The tenant a call belongs to, from its metadata alone (what an interceptor sees
+        before gRPC reads the request body).
 
         A bearer token is hashed and compared in constant time with every tenant's hash; a call
         without one is the tokenless tenant's only when it arrives over the unix socket.
-
-        Raises:
-            EvaldError: ``permission_denied`` with what to fix.
-        """
-        over_unix = str(context.peer()).startswith("unix:")
-        return self.tenant_for(context.invocation_metadata(), over_unix=over_unix)
-
-    def tenant_for(self, metadata: Any, *, over_unix: bool) -> _TenantState:
-        """:meth:`authenticate` from the call's metadata alone (what an interceptor sees before
-        gRPC reads the request body).
 
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
@@ -245,7 +365,7 @@ class Admission:
                 "malformed authorization metadata: expected `Bearer TOKEN`",
             )
         digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
-        found: _TenantState | None = None
+        found: Tenant | None = None
         for expected, state in self._tokened:
             if hmac.compare_digest(digest, expected):
                 found = state
@@ -268,8 +388,8 @@ class Admission:
             )
 
     def prepare(
-        self, tenant: _TenantState, request: pb.EvaluateRequest, index: int
-    ) -> _Work | pb.EvaluateResponse:
+        self, tenant: Tenant, request: pb.EvaluateRequest, index: int
+    ) -> Work | pb.EvaluateResponse:
         """Resolves and admits one evaluation, or answers it at once with the refusal."""
         registry = self.registry
         assert registry is not None, "the evaluators are not loaded yet"
@@ -286,7 +406,7 @@ class Admission:
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
             return error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
-        return _Work(
+        return Work(
             index=index,
             request_id=request.id,
             evaluator=evaluator,

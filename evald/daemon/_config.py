@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from evald.contract import default_target
-from evald.host import HostConfig, Limits
-from evaluators_wasm import STANDARD_EVALUATORS
+from evald.contract import STANDARD_EVALUATORS, default_target
+from evald.host import DEFAULT_COMPILE_MEMORY_BYTES, HostConfig, Limits
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -115,7 +114,14 @@ class TenantLimits:
     deadline then stops a loop). ``max_running`` caps the guest workers the tenant holds at once,
     so one tenant's slow work cannot take every worker from the others; its admitted items over
     the cap wait in the tenant's queue. ``0`` means ``max(1, threads - 1)``: with two or more
-    workers one is always left for other tenants.
+    workers one is always left for other tenants. ``max_calls`` counts the tenant's unary
+    calls, streams and data-path connections; ``unread_bytes`` the output of its streams and
+    connections that their clients have not read yet; ``request_bytes`` the request bytes the
+    daemon holds for it (a data-path frame from its header on, a gRPC message once received)
+    until the items in them are admitted: past it the daemon stops reading the tenant's streams
+    and connections. ``instance_cache_bytes`` bounds the linear memory of the instances kept
+    for reuse for the tenant, every worker together (``0``: none is kept; every call
+    instantiates).
     """
 
     fuel: int = _LIMITS.fuel
@@ -129,6 +135,8 @@ class TenantLimits:
     max_running: int = 0
     max_calls: int = 256
     unread_bytes: int = 64 * MIB
+    request_bytes: int = 64 * MIB
+    instance_cache_bytes: int = _LIMITS.instance_cache_bytes
 
     def running_cap(self, threads: int, *, shared: bool = True) -> int:
         """Workers the tenant may hold at once on a pool of ``threads``.
@@ -175,13 +183,22 @@ class TenantConfig:
 class ServerSettings:
     """The ``[server]`` table: transport, storage and process-wide behaviour.
 
-    ``max_concurrent_rpcs`` bounds the calls in flight over all tenants (gRPC refuses more with
-    ``RESOURCE_EXHAUSTED``), ``max_streams_per_connection`` the HTTP/2 streams one connection
-    may open. ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
+    ``max_concurrent_rpcs`` bounds the tenants' gRPC calls in flight, each tenant guaranteed an
+    equal share (more get ``quota_exceeded``); calls to the services that need no token (health)
+    have their own ``open_calls`` (more get ``unavailable``) and requests of at most
+    ``open_request_bytes``; ``max_streams_per_connection`` bounds the HTTP/2 streams one
+    connection may open. ``data_max_connections`` is shared the same way by the data path's
+    tenants, and ``data_unauthenticated_connections`` bounds its connections that have not
+    authenticated yet. A request message must arrive whole within ``frame_timeout_s`` (a data
+    path frame from its header, a unary call's request from the call's start); a stream or
+    connection with nothing in flight that receives nothing for ``idle_timeout_s`` is closed
+    (0: never). ``stream_unread_bytes`` bounds one stream's output its client has not read yet;
     a stream whose client reads nothing for ``stream_stall_s`` while at that bound is ended
     with ``quota_exceeded``. Registrations compile in a separate, niced worker process, one at
-    a time: at most ``compile_queue`` wait (more are refused with ``unavailable``), and one that
-    uses more than ``compile_cpu_s`` of CPU or ``compile_timeout_s`` of wall time is refused.
+    a time: at most ``compile_queue`` wait or compile, at most ``compile_queue_per_tenant`` of
+    them one tenant's (more are refused with ``unavailable``), served round-robin across
+    tenants; one that uses more than ``compile_cpu_s`` of CPU, ``compile_memory_bytes`` of
+    memory or ``compile_timeout_s`` of wall time is refused.
     """
 
     listen: str = ""
@@ -199,13 +216,20 @@ class ServerSettings:
     stream_unread_bytes: int = 16 * MIB
     stream_stall_s: float = 30.0
     compile_queue: int = 8
+    compile_queue_per_tenant: int = 2
     compile_cpu_s: float = 10.0
     compile_timeout_s: float = 30.0
+    compile_memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES
     socket_mode: int = 0o600
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
     data_listen: str = ""
     data_max_connections: int = 128
+    data_unauthenticated_connections: int = 16
+    open_calls: int = 16
+    open_request_bytes: int = 4 * KIB
+    frame_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
 
     @property
     def resolved_listen(self) -> str:
@@ -397,6 +421,10 @@ def _limits(table: _Table, base: TenantLimits) -> TenantLimits:
         max_running=table.get_int("max_running", base.max_running),
         max_calls=table.get_int("max_calls", base.max_calls, minimum=1),
         unread_bytes=table.get_size("unread_bytes", base.unread_bytes, minimum=64 * KIB),
+        request_bytes=table.get_size("request_bytes", base.request_bytes, minimum=64 * KIB),
+        instance_cache_bytes=table.get_size(
+            "instance_cache_bytes", base.instance_cache_bytes, minimum=0
+        ),
     )
     table.finish()
     return limits
@@ -444,6 +472,12 @@ def _server(table: _Table) -> ServerSettings:
         ),
         stream_stall_s=table.get_float("stream_stall_s", base.stream_stall_s, minimum=0.1),
         compile_queue=table.get_int("compile_queue", base.compile_queue, minimum=1),
+        compile_queue_per_tenant=table.get_int(
+            "compile_queue_per_tenant", base.compile_queue_per_tenant, minimum=1
+        ),
+        compile_memory_bytes=table.get_size(
+            "compile_memory_bytes", base.compile_memory_bytes, minimum=64 * MIB
+        ),
         compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
         compile_timeout_s=table.get_float(
             "compile_timeout_s", base.compile_timeout_s, minimum=1.0
@@ -455,6 +489,15 @@ def _server(table: _Table) -> ServerSettings:
         data_max_connections=table.get_int(
             "data_max_connections", base.data_max_connections, minimum=1
         ),
+        data_unauthenticated_connections=table.get_int(
+            "data_unauthenticated_connections", base.data_unauthenticated_connections, minimum=1
+        ),
+        open_calls=table.get_int("open_calls", base.open_calls, minimum=1),
+        open_request_bytes=table.get_size(
+            "open_request_bytes", base.open_request_bytes, minimum=256
+        ),
+        frame_timeout_s=table.get_float("frame_timeout_s", base.frame_timeout_s, minimum=0.1),
+        idle_timeout_s=table.get_float("idle_timeout_s", base.idle_timeout_s),
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise table.error("tls_cert", "tls_cert and tls_key must be given together")

@@ -7,13 +7,15 @@ So ``[server] data_listen`` opens a unix socket that carries exactly the message
 ``EvaluateStream`` in the frames of :mod:`evald.contract._frames`; gRPC stays the control plane
 (listing, registration, health) and the only TCP/TLS transport.
 
-It is the same daemon behind another door, not a second implementation. A connection is
-authenticated by :meth:`EvaldServer.authenticate` (its first frame, a HELLO of at most
+It is the same daemon behind another door, not a second implementation: this module sees the
+daemon as the :class:`~evald.daemon._transport.Core` the gRPC service sees, and admits a
+message's items with the same :class:`~evald.daemon._transport.Intake`. A connection is
+authenticated by :meth:`Core.authenticate` (its first frame, a HELLO of at most
 :data:`~evald.contract.MAX_HELLO_BYTES`, carries the bearer token; it is read straight from
 the socket, so nothing past it is buffered before it passes, and it must come within
 :data:`HELLO_TIMEOUT_S`); each item goes through
-:meth:`EvaldServer.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
-(:meth:`EvaldServer.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
+:meth:`Core.prepare` (evaluator resolution, quotas, rate) and the daemon's fair scheduler
+(:meth:`Core.enqueue`: the same per-tenant queues, ``max_running`` caps and round-robin
 as gRPC calls, on the same worker threads); evaluation errors are the same ``EvaluateResponse``
 values, call-level errors the same codes (an ERROR frame, then the connection closes).
 
@@ -24,11 +26,20 @@ non-blocking send: the common case costs no thread hand-off); results that finis
 items of their message still run are sent by the flusher within :data:`COALESCE_S`, so one
 slow item never holds back the fast ones. Results go out in frames of at most
 ``max_message_bytes`` of values (:func:`~evald.daemon._gatekeeping.pack_responses`, as on the gRPC
-stream). Backpressure is in bytes (see :class:`_Connection`): past ``stream_unread_bytes`` for
-the connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
-reading, so a client that sends without reading stalls itself (the socket buffer fills) and
-nobody else, and one that reads nothing for ``stream_stall_s`` is cut off. A connection is one
-call of its tenant's ``max_calls``.
+stream). Backpressure is in bytes (:class:`~evald.daemon._transport.OutputBudget`): past
+``stream_unread_bytes`` for the connection or the tenant's ``unread_bytes`` (shared with its gRPC
+streams) the reader stops reading, so a client that sends without reading stalls itself (the
+socket buffer fills) and nobody else, and one that reads nothing for ``stream_stall_s`` is cut
+off.
+
+What a connection may take from others: before its HELLO it counts in the small pool of
+connections with no tenant yet (``data_unauthenticated_connections``; a silent one past
+:data:`HELLO_GRACE_S` makes room for a new one); then it is one call of its tenant's
+``max_calls`` and one of its share of ``data_max_connections`` (:meth:`Core.enter`). Its frames
+are read by :class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within
+``frame_timeout_s`` of its header, and counts in its tenant's ``request_bytes`` from the header
+until its items are admitted (the reader waits for room before reading the payload). A
+connection with nothing in flight that sends nothing for ``idle_timeout_s`` is ended cleanly.
 """
 
 from __future__ import annotations
@@ -40,8 +51,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 from google.protobuf.message import DecodeError
 
@@ -59,16 +71,21 @@ from evald.contract import (
     read_frame,
 )
 from evald.contract import unix_socket_path as socket_file
-from evald.daemon._gatekeeping import pack_responses, reservation
+from evald.daemon._admission import Tenant
+from evald.daemon._frame_reader import FrameReader, Idle
+from evald.daemon._gatekeeping import pack_responses
 from evald.daemon._lifecycle import check_unix_socket
-from evald.daemon._scheduler import _Batch
+from evald.daemon._scheduler import Batch, Work
+from evald.daemon._transport import Core, Intake, OutputBudget, shutting_down
 
-if TYPE_CHECKING:
-    from evald.daemon._admission import _TenantState
-    from evald.daemon._scheduler import _Work
-    from evald.daemon._server import EvaldServer
-
-__all__ = ["COALESCE_S", "HELLO_TIMEOUT_S", "METHOD", "DataServer", "unix_socket_path"]
+__all__ = [
+    "COALESCE_S",
+    "HELLO_GRACE_S",
+    "HELLO_TIMEOUT_S",
+    "METHOD",
+    "DataServer",
+    "unix_socket_path",
+]
 
 _log = logging.getLogger("evald.data")
 
@@ -76,9 +93,11 @@ _log = logging.getLogger("evald.data")
 METHOD: Final = "DataStream"
 #: A connection that has not sent its HELLO within this long is closed.
 HELLO_TIMEOUT_S: Final = 5.0
+#: A connection still without HELLO after this long may be closed to make room for a new one.
+HELLO_GRACE_S: Final = 0.25
+_CHUNK_BYTES: Final = 256 * 1024
 #: How long a finished result may wait for others of its burst before the flusher sends it.
 COALESCE_S: Final = 0.0002
-_READ_BUFFER_BYTES: Final = 256 * 1024
 
 
 def unix_socket_path(target: str) -> Path:
@@ -93,20 +112,6 @@ def unix_socket_path(target: str) -> Path:
     return path
 
 
-class _HelloContext:
-    """What :meth:`EvaldServer.authenticate` asks of a call, answered from a HELLO frame."""
-
-    def __init__(self, token: str, peer: str) -> None:
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._peer = peer
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    def peer(self) -> str:
-        return self._peer
-
-
 def _error_frame(code: ErrorCode, message: str) -> bytes:
     error = pb.Error(code=code.proto_value, message=message)  # type: ignore[arg-type]
     return encode_frame(Kind.ERROR, error.SerializeToString())
@@ -116,19 +121,26 @@ class _Connection:
     """One data-path connection: its reader thread's loop and the results it owes.
 
     Backpressure is in bytes, as on a gRPC stream: every admitted item reserves the most its
-    response can take (:func:`~evald.daemon._gatekeeping.reservation`) from the connection's
-    ``stream_unread_bytes`` and the tenant's ``unread_bytes`` (the budget its gRPC streams
-    share), until the frame carrying its result is in the socket buffer. At either bound the
-    reader stops reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
+    response can take from the connection's :class:`~evald.daemon._transport.OutputBudget`
+    until the frame carrying its result is in the socket buffer. At the bound the reader stops
+    reading; a client that then takes nothing for ``stream_stall_s`` is cut off.
     """
 
-    def __init__(self, server: DataServer, sock: socket.socket, number: int) -> None:
+    def __init__(
+        self,
+        server: DataServer,
+        sock: socket.socket,
+        number: int,
+        leave_unauthenticated: Callable[[], None],
+    ) -> None:
         self._server = server
-        self._daemon = server.daemon
-        settings = self._daemon.config.server
+        self._leave_unauthenticated = leave_unauthenticated
+        self.accepted_at = time.monotonic()
+        self.authenticating = True  # no HELLO yet
+        self._core = server.core
+        settings = self._core.settings
         self._sock = sock
         self._name = f"evald-data-{number}"
-        self._reader: Any = None  # buffered, made only once the connection has authenticated
         self._writer = FrameWriter(
             sock,
             f"{self._name}-writer",
@@ -140,9 +152,8 @@ class _Connection:
         self._changed = threading.Condition(self._lock)  # room freed, or closed
         self._flush_wake = threading.Condition(self._lock)
         self._results: list[tuple[pb.EvaluateResponse, int]] = []
-        self._reserved = 0  # output bytes reserved for results not yet in the socket buffer
-        self._tenant: _TenantState | None = None
-        self._live: dict[int, _Batch] = {}  # batches with items not yet answered, by id()
+        self._budget: OutputBudget | None = None  # once authenticated
+        self._live: dict[int, Batch] = {}  # batches with items not yet answered, by id()
         self._flusher: threading.Thread | None = None
         self._closed = False
         self._aborted = False  # the daemon's grace ran out: stop waiting for results
@@ -154,41 +165,29 @@ class _Connection:
     # -- the reader thread ---------------------------------------------------------------
 
     def _serve(self) -> None:
-        daemon = self._daemon
+        core = self._core
         tenant_label = "unauthenticated"
         code = "ok"
         failure: tuple[ErrorCode, str] | None = None
         authenticated = False
-        entered: _TenantState | None = None
+        leave: Callable[[], None] | None = None
         try:
-            tenant = self._hello()
+            try:
+                tenant = self._hello()
+            finally:
+                self.authenticating = False
+                self._leave_unauthenticated()
             tenant_label = tenant.name
-            tenant.enter_call()  # a connection is one call of its tenant's max_calls
-            entered = tenant
-            self._tenant = tenant
-            tenant.add_waiter(self)
+            # One call of its tenant's max_calls, and one of its share of the connections.
+            leave = core.enter(tenant, "data")
+            budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
             self._sock.settimeout(None)
-            self._reader = self._sock.makefile("rb", buffering=_READ_BUFFER_BYTES)
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
-            while not daemon.stopping:
-                if self._writer.failed is not None:
-                    raise self._writer.failed  # the peer is gone: what it sent is moot
-                frame = read_frame(self._reader.read, self._max_frame)
-                if frame is None:
-                    break  # the client is done sending: answer what it sent, then close
-                kind, payload = frame
-                if kind is not Kind.BATCH:
-                    raise FrameError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
-                    )
-                self._submit(tenant, payload)
-            if daemon.stopping:
-                failure = (
-                    ErrorCode.UNAVAILABLE,
-                    "the daemon is shutting down; reconnect to another",
-                )
+            self._read_batches(tenant, budget)
+        except Idle:
+            _log.info("data connection closed: idle", extra={"fields": {"tenant": tenant_label}})
+            self._close_idle()
         except (FrameError, EvaldError) as exc:
             failure = (exc.code, exc.message)
         except TimeoutError:
@@ -206,7 +205,7 @@ class _Connection:
             if isinstance(self._writer.failed, WriterStalled):
                 _log.info(
                     "data connection cut off: its client stopped reading",
-                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._reserved}},
+                    extra={"fields": {"tenant": tenant_label, "unread_bytes": self._unread()}},
                 )
                 failure = (
                     ErrorCode.QUOTA_EXCEEDED,
@@ -228,13 +227,55 @@ class _Connection:
                     },
                 )
             self._finish(failure, authenticated)
-            if entered is not None:
-                entered.remove_waiter(self)
-                entered.leave_call()
-            daemon.metrics.observe_rpc(METHOD, tenant_label, code)
+            if leave is not None:
+                leave()
+            core.observe_call(METHOD, tenant_label, code)
             self._server.forget(self)
 
-    def _hello(self) -> _TenantState:
+    def _read_batches(self, tenant: Tenant, budget: OutputBudget) -> None:
+        """Reads and admits BATCH frames until the client is done or the daemon stops.
+
+        A frame's bytes count in the tenant's ``request_bytes`` from its header until its items
+        are admitted (the reader waits for room before reading them), and must arrive within
+        ``frame_timeout_s`` of the header.
+
+        Raises:
+            Idle: nothing arrived for ``idle_timeout_s`` while nothing was in flight.
+            FrameError, EvaldError: a protocol error, a frame too slow, the daemon stopping.
+            OSError: the peer left.
+        """
+        core = self._core
+        frames = FrameReader(self._sock, self._max_frame, core.settings.frame_timeout_s)
+        idle_timeout_s = core.settings.idle_timeout_s
+
+        def busy() -> bool:
+            return budget.reserved > 0 or core.stopping
+
+        while not core.stopping:
+            if self._writer.failed is not None:
+                raise self._writer.failed  # the peer is gone: what it sent is moot
+            header = frames.next_header(idle_timeout_s, busy)
+            if header is None:
+                break  # the client is done sending: answer what it sent, then close
+            kind, length = header
+            if kind is not Kind.BATCH:
+                raise FrameError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"expected a BATCH frame, got {kind.name}; HELLO comes once, first",
+                )
+            while True:
+                seen = budget.freed
+                if tenant.reserve_request(length):
+                    break
+                self._wait_for_room(budget, seen)
+            try:
+                self._submit(tenant, budget, frames.payload(length))
+            finally:
+                tenant.free_request(length)
+        if core.stopping:
+            raise shutting_down()
+
+    def _hello(self) -> Tenant:
         """Reads the HELLO straight from the socket: at most MAX_HELLO_BYTES are ever taken
         from an unauthenticated peer (no buffered reader yet), all within one deadline (a
         client sending a byte every few seconds does not hold the connection open)."""
@@ -267,40 +308,16 @@ class _Connection:
             token = payload[len(HELLO_MAGIC) :].decode("utf-8").strip()
         except UnicodeDecodeError:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
-        return self._daemon.authenticate(_HelloContext(token, f"unix:{self._server.path}"))
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return self._core.authenticate(metadata, over_unix=True)
 
-    def _reserve(self, tenant: _TenantState, size: int) -> None:
-        """Reserves one item's output bytes, waiting (the reader stops reading) while neither
-        this connection's nor the tenant's budget has room.
-
-        Raises:
-            OSError: the writer failed (the peer left, or stopped reading too long).
-            EvaldError: ``unavailable`` when the daemon stops meanwhile.
-        """
-        daemon = self._daemon
-        with self._lock:
-            while True:
-                if self._writer.failed is not None:
-                    raise self._writer.failed
-                if daemon.stopping:
-                    raise EvaldError(
-                        ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
-                    )
-                if (not self._reserved or self._reserved + size <= self._bound) and (
-                    tenant.reserve_unread(size)
-                ):
-                    self._reserved += size
-                    return
-                self._changed.wait(0.5)
+    def _unread(self) -> int:
+        return self._budget.reserved if self._budget is not None else 0
 
     def _release(self, credit: int) -> None:
-        """Results of ``credit`` reserved bytes left (any thread): back to both budgets."""
-        with self._lock:
-            credit = min(credit, self._reserved)  # what _finish already returned is not twice
-            self._reserved -= credit
-            self._changed.notify_all()
-        if credit and self._tenant is not None:
-            self._tenant.free_unread(credit)
+        """Results of ``credit`` reserved bytes are in the socket buffer (the writer thread)."""
+        if self._budget is not None:
+            self._budget.release(credit)
 
     def wake(self) -> None:
         """The tenant freed output bytes (any thread): a reader waiting for room looks again."""
@@ -311,8 +328,7 @@ class _Connection:
         self.wake()
         self.shut_reading()  # a reader blocked on the socket sees the end
 
-    def _submit(self, tenant: _TenantState, payload: bytes) -> None:
-        daemon = self._daemon
+    def _submit(self, tenant: Tenant, budget: OutputBudget, payload: bytes) -> None:
         try:
             message = pb.EvaluateBatchRequest.FromString(payload)
         except DecodeError:
@@ -321,38 +337,32 @@ class _Connection:
                 "a BATCH frame is not a valid evald.v1.EvaluateBatchRequest (corrupt protobuf, "
                 "or a string field that is not UTF-8)",
             ) from None
-        items = message.items
-        daemon.check_batch_size(len(items))
-        output_bytes = tenant.limits.output_bytes
-        queue: collections.deque[_Work] = collections.deque()
-        refused: list[tuple[pb.EvaluateResponse, int]] = []
-        try:
-            for index, item in enumerate(items):
-                size = reservation(output_bytes, item.id)
-                if queue or refused:
-                    with self._lock:
-                        fits = not self._reserved or self._reserved + size <= self._bound
-                    if not (fits and tenant.reserve_unread(size)):
-                        # No room: what is admitted runs first, so its results free some.
-                        self._dispatch(queue, refused)
-                        queue, refused = collections.deque(), []
-                        self._reserve(tenant, size)
-                    else:
-                        with self._lock:
-                            self._reserved += size
-                else:
-                    self._reserve(tenant, size)
-                prepared = daemon.prepare(tenant, item, index)
-                if isinstance(prepared, pb.EvaluateResponse):
-                    refused.append((prepared, size))
-                else:
-                    prepared.reserved = size
-                    queue.append(prepared)
-        finally:
-            self._dispatch(queue, refused)
+        intake = Intake(self._core, tenant, budget, message.items)
+        while True:
+            admitted = intake.advance()
+            self._dispatch(admitted.queue, admitted.refused)
+            if not admitted.blocked:
+                return
+            # No room: what is admitted runs first, so its results free some.
+            self._wait_for_room(budget, admitted.seen)
+
+    def _wait_for_room(self, budget: OutputBudget, seen: int) -> None:
+        """Waits (the reader stops reading) until room may have been freed since ``seen``.
+
+        Raises:
+            OSError: the writer failed (the peer left, or stopped reading too long).
+            EvaldError: ``unavailable`` when the daemon stops meanwhile.
+        """
+        with self._lock:
+            while budget.freed == seen:
+                if self._writer.failed is not None:
+                    raise self._writer.failed
+                if self._core.stopping:
+                    raise shutting_down()
+                self._changed.wait(0.5)
 
     def _dispatch(
-        self, queue: collections.deque[_Work], refused: list[tuple[pb.EvaluateResponse, int]]
+        self, queue: collections.deque[Work], refused: list[tuple[pb.EvaluateResponse, int]]
     ) -> None:
         """Answers the refused items and schedules the admitted ones."""
         if refused:
@@ -368,7 +378,7 @@ class _Connection:
             return
         left = [len(queue)]
 
-        def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+        def deliver(work: Work, response: pb.EvaluateResponse) -> None:
             with self._lock:
                 if self._closed:
                     return
@@ -385,12 +395,12 @@ class _Connection:
                     return
             self._send(results)
 
-        batch = _Batch(None, queue, deliver)
+        batch = Batch(None, queue, deliver)
         with self._lock:
             self._live[id(queue)] = batch
-        added, scheduled = self._daemon.enqueue(batch)
+        added, scheduled = self._core.enqueue(batch)
         if not scheduled:
-            self._daemon.abandon(batch, added)
+            self._core.abandon(batch, added)
 
     # -- results ------------------------------------------------------------------------
 
@@ -435,22 +445,20 @@ class _Connection:
 
     def _finish(self, failure: tuple[ErrorCode, str] | None, authenticated: bool) -> None:
         """Answers what was admitted (unless the peer left), sends the error, closes."""
-        daemon = self._daemon
         if authenticated:  # every admitted item ends within its deadline
             with self._lock:
-                while self._reserved > 0 and self._writer.failed is None and not self._aborted:
+                while self._unread() > 0 and self._writer.failed is None and not self._aborted:
                     self._changed.wait(0.5)
         with self._lock:
             self._closed = True
             live = list(self._live.values())
             self._live.clear()
-            unsent, self._reserved = self._reserved, 0
             self._flush_wake.notify_all()
             self._changed.notify_all()
-        if unsent and self._tenant is not None:
-            self._tenant.free_unread(unsent)  # results that will never be sent
+        if self._budget is not None:
+            self._budget.close()  # results that will never be sent
         for batch in live:
-            daemon.abandon(batch, True)
+            self._core.abandon(batch, True)
         if failure is not None:
             with contextlib.suppress(ConnectionError):
                 self._writer.send(_error_frame(*failure))
@@ -459,6 +467,26 @@ class _Connection:
                     self._sock.send(_error_frame(*failure), socket.MSG_DONTWAIT)
         self._writer.close(timeout_s=1.0)
         self.close_socket()
+
+    def _close_idle(self) -> None:
+        """Ends an idle connection cleanly: end-of-stream first, then what the client sent in
+        the meantime is read and dropped until it closes its end (at most a second). A frame
+        that crossed the end-of-stream is never answered, and the client, seeing a clean end,
+        sends it again on a new connection; closing with it unread would reset the connection
+        instead, which the client must treat as a failure."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+            give_up = time.monotonic() + 1.0
+            while (left := give_up - time.monotonic()) > 0:
+                self._sock.settimeout(left)
+                if not self._sock.recv(_CHUNK_BYTES):
+                    break
+
+    def evict(self) -> None:
+        """Ends a connection that sent no HELLO, now (the accept thread, making room)."""
+        self.authenticating = False
+        self._leave_unauthenticated()
+        self.shut_reading()
 
     def abort(self) -> None:
         """Stops waiting for results still running (the daemon's grace ran out)."""
@@ -472,20 +500,16 @@ class _Connection:
             self._sock.shutdown(socket.SHUT_RD)
 
     def close_socket(self) -> None:
-        if self._reader is not None:
-            with contextlib.suppress(OSError):
-                self._reader.close()
         with contextlib.suppress(OSError):
             self._sock.close()
 
 
 class DataServer:
-    """The data path's listener and connections, for one :class:`EvaldServer`."""
+    """The data path's listener and connections, for one daemon."""
 
-    def __init__(self, daemon: EvaldServer, target: str) -> None:
-        self.daemon = daemon
+    def __init__(self, core: Core, target: str) -> None:
+        self.core = core
         self.path = unix_socket_path(target)
-        self._max_connections = daemon.config.server.data_max_connections
         self._listener: socket.socket | None = None
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
@@ -505,7 +529,7 @@ class DataServer:
         """
         check_unix_socket(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mode = self.daemon.config.server.socket_mode
+        mode = self.core.settings.socket_mode
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         previous = os.umask(0o777 & ~mode)  # no window in which others may connect
         try:
@@ -534,33 +558,49 @@ class DataServer:
                     return
                 time.sleep(0.05)  # out of descriptors: let some close
                 continue
+            try:
+                leave = self._enter_unauthenticated()
+            except EvaldError as exc:
+                with contextlib.suppress(OSError):
+                    sock.send(_error_frame(exc.code, exc.message), socket.MSG_DONTWAIT)
+                sock.close()
+                self.core.observe_call(METHOD, "unauthenticated", exc.code.value)
+                continue
             with self._lock:
                 if self._stopping:
+                    leave()
                     sock.close()
                     return
-                if len(self._connections) >= self._max_connections:
-                    refuse = True
-                else:
-                    refuse = False
-                    self._count += 1
-                    connection = _Connection(self, sock, self._count)
-                    self._connections.add(connection)
-            if refuse:
-                with contextlib.suppress(OSError):
-                    sock.send(
-                        _error_frame(
-                            ErrorCode.UNAVAILABLE,
-                            f"the data path already serves {self._max_connections} connections "
-                            "(data_max_connections); retry later or share a connection",
-                        ),
-                        socket.MSG_DONTWAIT,
-                    )
-                sock.close()
-                self.daemon.metrics.observe_rpc(
-                    METHOD, "unauthenticated", ErrorCode.UNAVAILABLE.value
-                )
-                continue
+                self._count += 1
+                connection = _Connection(self, sock, self._count, leave)
+                self._connections.add(connection)
             connection.thread.start()
+
+    def _enter_unauthenticated(self) -> Callable[[], None]:
+        """Counts a new connection in the small pool of peers with no tenant yet (until its
+        HELLO passes; then it counts in its tenant's share of ``data_max_connections``).
+
+        When that pool is full, the oldest connection that has had :data:`HELLO_GRACE_S` to
+        send its HELLO and sent none makes room: a client sends its HELLO as it connects, so
+        peers that open silent connections cannot keep a tenant's new connection out.
+
+        Raises:
+            EvaldError: ``unavailable`` when the pool is full of connections younger than that.
+        """
+        try:
+            return self.core.enter_unauthenticated("data")
+        except EvaldError:
+            now = time.monotonic()
+            with self._lock:
+                silent = [
+                    c
+                    for c in self._connections
+                    if c.authenticating and now - c.accepted_at >= HELLO_GRACE_S
+                ]
+            if not silent:
+                raise
+            min(silent, key=lambda c: c.accepted_at).evict()
+            return self.core.enter_unauthenticated("data")
 
     def forget(self, connection: _Connection) -> None:
         with self._lock:

@@ -1,53 +1,44 @@
-"""What the daemon does before and around a call's body: the gatekeeper and the byte budgets.
+"""What bounds a call's messages on both transports: message limits, byte budgets, typed
+answers.
 
-* :class:`Gatekeeper`, a ``grpc.aio`` interceptor: a call to ``evald.v1.Evaluator`` (or to
-  reflection) without a valid token is refused from its metadata, by a handler that never reads
-  a request, so an unauthenticated caller costs the daemon its headers and nothing more.
 * :func:`receive_limit` / :func:`send_limit`: the gRPC message limits, sized from the input,
   batch and message caps.
 * :class:`ResponseBudget`: the value bytes one response message may carry; a value past it
   becomes its own ``output_too_large`` (every item of a batch is answered, typed);
-  :func:`pack_responses` splits a burst of stream results into messages of that budget.
+  :func:`pack_responses` splits a burst of stream results into messages of that budget;
+* :func:`lenient` deserializers, so a malformed request is a typed ``invalid_argument``
+  (:class:`Malformed`), and :func:`error_response`, an item's typed error.
+
+Who may call and how many calls at once is :mod:`evald.daemon._grpc_gate`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, cast
 
-import grpc
-from grpc_reflection.v1alpha import reflection
+from google.protobuf.message import DecodeError, Message
 
-from evald.contract import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError, pb
+from evald.contract import ErrorCode, pb
 
 __all__ = [
     "ITEM_FRAMING",
     "PROTO_CODES",
     "RESPONSE_OVERHEAD",
     "SERVICE_NAME",
-    "Gatekeeper",
+    "Malformed",
     "ResponseBudget",
     "error_response",
+    "lenient",
     "pack_responses",
     "receive_limit",
-    "refusal",
     "reservation",
     "send_limit",
 ]
 
 #: The gRPC service every tenant call goes to (``evald.v1.Evaluator``).
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Evaluator"].full_name
-
-
-class _Authenticator(Protocol):
-    """What the gatekeeper needs of the daemon."""
-
-    listen: str
-
-    def tenant_for(self, metadata: Any, *, over_unix: bool) -> Any: ...
-
-    def observe_refusal(self, method: str, code: str) -> None: ...
 
 
 #: evald's codes as the protobuf enum (the stubs type the field as ``pb.ErrorCode``).
@@ -148,51 +139,31 @@ def pack_responses(
         yield batch, credit
 
 
-class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses calls without a valid token from their metadata, before gRPC reads the body.
+class Malformed:
+    """A request whose bytes do not parse as the method's message.
 
-    An interceptor runs when the call's headers have arrived and no message has been read. A
-    call that does not authenticate gets a stream handler that aborts at once and never
-    iterates its requests, so an unauthenticated client cannot make the daemon receive, buffer
-    or parse its message (up to the receive limit, on as many connections as it likes): the
-    call costs its headers. Authenticated calls pass to the service unchanged, which
-    authenticates again with the peer in hand (the tokenless tenant needs the unix socket).
+    grpc answers a deserializer that raises with an untyped ``UNKNOWN`` status (and a stream
+    reader with an exception); the lenient deserializers (:func:`lenient`) return this instead,
+    so the handler refuses the call with ``invalid_argument`` like any other bad request.
     """
 
-    def __init__(self, daemon: _Authenticator) -> None:
-        self._daemon = daemon
-        self._prefix = f"/{SERVICE_NAME}/"
-        # Reflection is a stream of requests of any size: only for callers with a token (or
-        # the tokenless tenant on the socket). Health stays open (probes carry no token).
-        self._guarded = (self._prefix, f"/{reflection.SERVICE_NAME}/")
-        self._over_unix = daemon.listen.startswith("unix:")
+    __slots__ = ("reason",)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        method = str(handler_call_details.method)
-        if method.startswith(self._guarded):
-            try:
-                self._daemon.tenant_for(
-                    handler_call_details.invocation_metadata, over_unix=self._over_unix
-                )
-            except EvaldError as exc:
-                self._daemon.observe_refusal(method.rpartition("/")[2], exc.code.value)
-                return refusal(exc)
-        return await continuation(handler_call_details)
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-def refusal(error: EvaldError) -> Any:
-    """A handler that fails the call with ``error`` without reading a single request message."""
+def lenient(message_type: type[Message]) -> Callable[[bytes], Any]:
+    """A deserializer for ``message_type`` that returns a :class:`Malformed` instead of raising."""
+    name = message_type.DESCRIPTOR.full_name
 
-    async def refuse(_requests: AsyncIterator[Any], context: Any) -> None:
-        await context.abort(
-            error.code.grpc_status,
-            error.message,
-            trailing_metadata=((ERROR_CODE_METADATA_KEY, error.code.value),),
-        )
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return Malformed(
+                f"the request is not a valid {name} message (corrupt protobuf, or a string "
+                "field that is not UTF-8); send the evald.v1 messages of proto/evald/v1"
+            )
 
-    # No deserializer: nothing is parsed, and the handler never asks for a message.
-    return grpc.stream_stream_rpc_method_handler(refuse)
+    return parse

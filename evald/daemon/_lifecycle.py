@@ -24,7 +24,7 @@ import signal
 import socket
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -33,14 +33,13 @@ from grpc_reflection.v1alpha import reflection
 
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon import _sdnotify
-from evald.daemon._config import ServerSettings
-from evald.daemon._gatekeeping import SERVICE_NAME, Gatekeeper, receive_limit, send_limit
-from evald.daemon._service import add_service
+from evald.daemon._config import Config, ServerSettings
+from evald.daemon._gatekeeping import SERVICE_NAME, receive_limit, send_limit
+from evald.daemon._grpc_gate import Gatekeeper
+from evald.daemon._service import ControlPlane, add_service
+from evald.daemon._transport import Core
 
-if TYPE_CHECKING:
-    from evald.daemon._server import EvaldServer
-
-__all__ = ["bind", "check_unix_socket", "grpc_server", "run_until_signal"]
+__all__ = ["Served", "bind", "check_unix_socket", "grpc_server", "run_until_signal"]
 
 _log = logging.getLogger("evald.server")
 
@@ -49,12 +48,24 @@ _MAX_UNIX_PATH: Final = 107
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
+class Served(Core, ControlPlane, Protocol):
+    """The daemon as its process sees it: what the gRPC server serves, and how it starts and
+    stops (:class:`evald.daemon.EvaldServer` is one)."""
+
+    config: Config
+    listen: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float | None = None) -> None: ...
+
+
+def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
     """The daemon's ``grpc.aio`` server, not yet bound or started, and its health servicer.
 
     Message limits come from ``max_message_bytes``, ``max_batch_items`` and the largest
-    ``input_bytes`` of any tenant; calls without a valid token are refused by the gatekeeper
-    before their body is read.
+    ``input_bytes`` of any tenant; every call passes the gatekeeper
+    (:mod:`evald.daemon._grpc_gate`) before its body is read.
     """
     config = daemon.config
     settings = config.server
@@ -63,7 +74,7 @@ def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
         default=config.default_limits.input_bytes,
     )
     server = grpc.aio.server(
-        interceptors=(Gatekeeper(daemon),),
+        interceptors=(Gatekeeper(daemon, over_unix=daemon.listen.startswith("unix:")),),
         options=(
             (
                 "grpc.max_receive_message_length",
@@ -78,10 +89,15 @@ def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
             # before the daemon reads it stays at HTTP/2's 64 KiB per stream.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.so_reuseport", 0),
+            # Connections with no call for this long are closed (the clients reconnect).
+            *_idle_option(settings.idle_timeout_s),
         ),
-        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        # No gRPC call cap: its refusal is an untyped RESOURCE_EXHAUSTED for everyone alike. The
+        # gatekeeper counts every call instead: tenants in their shares of max_concurrent_rpcs,
+        # callers without a token in open_calls.
+        maximum_concurrent_rpcs=None,
     )
-    add_service(daemon, server)
+    add_service(daemon, daemon, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -93,6 +109,12 @@ def grpc_server(daemon: EvaldServer) -> tuple[Any, health_aio.HealthServicer]:
         server,
     )
     return server, health
+
+
+def _idle_option(idle_timeout_s: float) -> tuple[tuple[str, int], ...]:
+    if idle_timeout_s <= 0:
+        return ()
+    return (("grpc.max_connection_idle_ms", max(1, int(idle_timeout_s * 1000))),)
 
 
 def bind(server: Any, listen: str, settings: ServerSettings) -> Path | None:
@@ -193,7 +215,7 @@ def check_unix_socket(path: Path) -> None:
     )
 
 
-async def run_until_signal(daemon: EvaldServer) -> None:
+async def run_until_signal(daemon: Served) -> None:
     """Starts ``daemon``, serves until SIGTERM or SIGINT, then drains it and returns.
 
     A second signal while draining exits the process at once (status 1). SIGHUP is logged and

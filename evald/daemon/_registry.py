@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evald.contract import ErrorCode, EvaldError, parse_manifest
+from evald.contract import STANDARD_EVALUATORS, ErrorCode, EvaldError, parse_manifest
 from evald.daemon._config import TenantConfig
 from evald.daemon._store import IndexEntry, ModuleStore, StoreError
 from evald.host import (
@@ -27,7 +27,6 @@ from evald.host import (
     compile_module,
     peek_manifest_section,
 )
-from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = ["STANDARD_OWNER", "Evaluator", "Registry", "check_not_reserved"]
 
@@ -155,8 +154,10 @@ class Registry:
     def load_registered(self, limits_for: dict[str, Limits]) -> dict[str, int]:
         """Reloads every module tenants registered before the last stop.
 
-        Modules that no longer load (corrupt file, a limit lowered since) are logged and left in
-        the index, so fixing the config brings them back. Indexes of tenants that are no longer
+        Every entry is held to the rules of registration (:meth:`_load_entry`). An entry that
+        breaks one, or whose module no longer loads (corrupt file, a limit lowered since), is
+        logged, not served and left in the index, so fixing the config or the index brings it
+        back; the tenant's other modules are served. Indexes of tenants that are no longer
         configured are kept on disk and not served. Unreferenced module files are removed.
 
         Returns:
@@ -185,11 +186,12 @@ class Registry:
                 owned: dict[str, Evaluator] = {}
                 for entry in index.values():
                     try:
-                        wasm = self._store.read_module(entry.sha256)
-                        module = self._host.load(wasm, limits=limits_for[tenant])
+                        owned[entry.name] = self._load_entry(
+                            self._tenants[tenant], owned, entry, limits_for[tenant]
+                        )
                     except EvaldError as exc:
                         _log.error(
-                            "registered module failed to load",
+                            "registered module not served",
                             extra={
                                 "fields": {
                                     "tenant": tenant,
@@ -198,8 +200,6 @@ class Registry:
                                 }
                             },
                         )
-                        continue
-                    owned[entry.name] = Evaluator(name=entry.name, owner=tenant, module=module)
                 self._owned[tenant] = owned
                 counts[tenant] = len(owned)
             self._rebuild()
@@ -211,6 +211,35 @@ class Registry:
         if removed:
             _log.info("removed unreferenced files", extra={"fields": {"files": removed}})
         return counts
+
+    def _load_entry(
+        self,
+        tenant: TenantConfig,
+        owned: dict[str, Evaluator],
+        entry: IndexEntry,
+        limits: Limits,
+    ) -> Evaluator:
+        """One index entry, loaded and held to the rules of registration: its name is not
+        reserved, its module's manifest names it, its tag is not reserved and clashes with
+        none of the tenant's other modules, and the tenant is within ``max_modules``.
+
+        An index is the daemon's own file, but it is a file: edited by hand, restored from an
+        old backup or damaged, it must not make a tenant's ``calc`` run the tenant's module.
+
+        Raises:
+            EvaldError: the rule it breaks, or why the module does not load.
+        """
+        check_not_reserved(entry.name, entry.name, self._reserved)
+        wasm = self._store.read_module(entry.sha256)
+        module = self._host.load(wasm, limits=limits)
+        if module.manifest.name != entry.name:
+            raise EvaldError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"the index names the module {entry.sha256[:12]} {entry.name!r}, but its "
+                f"manifest names it {module.manifest.name!r}",
+            )
+        self._check_rules(tenant, owned, entry.name, str(module.manifest.tag), replace=False)
+        return Evaluator(name=entry.name, owner=tenant.name, module=module)
 
     def _rebuild(self) -> None:
         visible: dict[str, dict[str, Evaluator]] = {}
@@ -255,7 +284,7 @@ class Registry:
             raise EvaldError(
                 ErrorCode.UNKNOWN_EVALUATOR,
                 f"the standard evaluator {standard_name!r} is not installed on this daemon "
-                "(build it with `python -m evaluators_wasm.build`)",
+                "(build it with `make wasm`)",
             )
         shown = name_or_tag if len(name_or_tag) <= 64 else name_or_tag[:64] + "..."
         raise EvaldError(
@@ -364,6 +393,19 @@ class Registry:
         """The name, tag and count rules (caller holds the lock); returns a copy of the
         tenant's modules."""
         owned = dict(self._owned.get(tenant.name, {}))
+        self._check_rules(tenant, owned, name, tag, replace)
+        return owned
+
+    def _check_rules(
+        self,
+        tenant: TenantConfig,
+        owned: dict[str, Evaluator],
+        name: str,
+        tag: str,
+        replace: bool,
+    ) -> None:
+        """The name, tag and count rules against ``owned``, the tenant's other modules; the
+        same at registration and at load."""
         check_not_reserved(name, tag, self._reserved)
         for other in owned.values():
             if other.name == name:
@@ -381,7 +423,6 @@ class Registry:
                 "(`evald register --replace`)",
             )
         self._check_room(tenant, owned, name)
-        return owned
 
     def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
         """Stops serving and removes one of the tenant's modules.

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from evald.daemon._registry import Evaluator
     from evald.host import Limits
 
-__all__ = ["SLICE_S", "Scheduler", "TenantQueue"]
+__all__ = ["SLICE_S", "Batch", "Deliver", "Scheduler", "TenantQueue", "Work"]
 
 #: A worker returns to the ready queue after running one tenant's items for this long, so other
 #: tenants' calls interleave with a large batch.
@@ -50,7 +50,7 @@ class TenantQueue:
     """One tenant's place in the scheduler: its queued batches and the workers it holds.
 
     The counters are guarded by the scheduler's lock. The daemon's tenant state
-    (:class:`evald.daemon._admission._TenantState`) is one, so the scheduler reads them without an
+    (:class:`evald.daemon._admission.Tenant`) is one, so the scheduler reads them without an
     indirection per item.
     """
 
@@ -59,7 +59,7 @@ class TenantQueue:
         self.running_cap = running_cap  # at most this many workers at once
         self.running = 0  # workers this tenant holds
         self.queued = 0  # items queued and not yet counted as taken (never an undercount)
-        self.batches: collections.deque[_Batch] = collections.deque()
+        self.batches: collections.deque[Batch] = collections.deque()
         self.ready = False  # in the scheduler's round-robin queue
 
     def release(self) -> None:
@@ -71,7 +71,7 @@ class TenantQueue:
 
 
 @dataclasses.dataclass(slots=True)
-class _Work:
+class Work:
     """One admitted evaluation waiting for a worker.
 
     Made once per item on the caller's thread: a plain slotted class costs about a third of a
@@ -87,10 +87,10 @@ class _Work:
     reserved: int = 0  # stream output bytes reserved for this item's response
 
 
-_Deliver = Callable[[_Work, pb.EvaluateResponse], None]
+Deliver = Callable[[Work, pb.EvaluateResponse], None]
 
 
-class _Batch:
+class Batch:
     """Items of one call being drained by worker jobs; ``done`` resolves when all finished.
 
     Without a loop (the data path, whose threads wait on nothing) there is no ``done``:
@@ -100,8 +100,8 @@ class _Batch:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop | None,
-        queue: collections.deque[_Work],
-        deliver: _Deliver,
+        queue: collections.deque[Work],
+        deliver: Deliver,
     ) -> None:
         self.loop = loop
         self.queue = queue
@@ -113,7 +113,7 @@ class _Batch:
         self._lock = threading.Lock()
         self.tenant: TenantQueue = queue[0].tenant
 
-    def finish(self, work: _Work, response: pb.EvaluateResponse) -> None:
+    def finish(self, work: Work, response: pb.EvaluateResponse) -> None:
         """Delivers one result (any thread); the last one resolves ``done``."""
         self.deliver(work, response)
         with self._lock:
@@ -146,7 +146,7 @@ class Scheduler:
 
     def __init__(
         self,
-        run: Callable[[_Work], pb.EvaluateResponse],
+        run: Callable[[Work], pb.EvaluateResponse],
         workers: int,
         *,
         flush: Callable[[], None] = _nothing,
@@ -161,7 +161,7 @@ class Scheduler:
         self._free = workers
         self._closed = False
 
-    async def drain(self, queue: collections.deque[_Work], deliver: _Deliver) -> None:
+    async def drain(self, queue: collections.deque[Work], deliver: Deliver) -> None:
         """Runs every queued evaluation on the workers and returns when all have finished.
 
         ``deliver`` is called on a worker thread as each finishes. When the caller is
@@ -169,7 +169,7 @@ class Scheduler:
         """
         if not queue:
             return
-        batch = _Batch(asyncio.get_running_loop(), queue, deliver)
+        batch = Batch(asyncio.get_running_loop(), queue, deliver)
         added, scheduled = self.enqueue(batch)
         try:
             if scheduled:
@@ -177,7 +177,7 @@ class Scheduler:
         finally:
             self.abandon(batch, added)
 
-    def enqueue(self, batch: _Batch) -> tuple[bool, bool]:
+    def enqueue(self, batch: Batch) -> tuple[bool, bool]:
         """Puts a batch in its tenant's queue and wakes workers; any thread.
 
         Returns:
@@ -197,7 +197,7 @@ class Scheduler:
                 scheduled = not self._closed or tenant.running > 0
         return added, scheduled
 
-    def abandon(self, batch: _Batch, added: bool) -> None:
+    def abandon(self, batch: Batch, added: bool) -> None:
         """Answers the batch's items no worker has taken ``unavailable`` and releases their
         quota (its caller was cancelled, or the daemon is shutting down); any thread."""
         tenant = batch.tenant

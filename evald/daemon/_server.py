@@ -18,9 +18,10 @@ Threading: the event loop only parses requests, authenticates, resolves evaluato
 against quotas and sends responses. Guest code always runs on the scheduler's worker threads (a
 ctypes call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's
 slow evaluation never delays the loop. Registration and deletion (fsync) run on a separate
-single control thread, so they never take a worker from evaluations; validating and compiling an
-upload runs in a niced, CPU-limited worker process (:class:`evald.host.Compiler`), so it holds
-neither the GIL nor every core.
+single control thread, so they never take a worker from evaluations, one registration at a
+time from a queue shared fairly between tenants (:mod:`evald.daemon._compile_queue`);
+validating and compiling an upload runs in a niced, CPU- and memory-limited worker process
+(:class:`evald.host.Compiler`), so it holds neither the GIL nor every core.
 """
 
 from __future__ import annotations
@@ -31,26 +32,25 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from grpc_health.v1 import health_pb2
 
-from evald.contract import ErrorCode, EvaldError, pb
-from evald.daemon._admission import Admission, _TenantState, host_limits
-from evald.daemon._config import Config, HostSettings
+from evald.contract import ErrorCode, pb
+from evald.daemon._admission import Admission, Tenant, host_limits
+from evald.daemon._compile_queue import CompileQueue
+from evald.daemon._config import Config, HostSettings, ServerSettings
 from evald.daemon._data_path import DataServer
 from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
 from evald.daemon._lifecycle import bind, grpc_server, run_until_signal
 from evald.daemon._logging import configure_logging
 from evald.daemon._metrics import Metrics
 from evald.daemon._registry import Evaluator, Registry
-from evald.daemon._scheduler import Scheduler, _Work
+from evald.daemon._scheduler import Scheduler, Work
+from evald.daemon._standard_modules import standard_module_paths
 from evald.daemon._store import ModuleStore
+from evald.daemon._transport import Stoppable
 from evald.host import CompiledModule, Compiler, EvalOutcome, HostConfig, WasmHost
-from evaluators_wasm import STANDARD_EVALUATORS, wasm_path
-
-if TYPE_CHECKING:
-    from evald.daemon._service import _Sink
 
 __all__ = ["SERVICE_NAME", "EvaldServer", "host_config", "serve"]
 
@@ -88,7 +88,10 @@ class EvaldServer:
     """The daemon: state, host, registry and the gRPC server. Use from one event loop.
 
     ``await start()`` loads every evaluator and starts listening; ``await stop()`` drains
-    in-flight calls (at most ``shutdown_grace_s``) and releases everything.
+    in-flight calls (at most ``shutdown_grace_s``) and releases everything. Its transports see
+    it through two small interfaces it implements: :class:`~evald.daemon._transport.Core`
+    (evaluations, for the gRPC service and the data path alike) and
+    :class:`~evald.daemon._service.ControlPlane` (modules, for the gRPC service).
     """
 
     def __init__(self, config: Config) -> None:
@@ -102,21 +105,26 @@ class EvaldServer:
         self.stopping = False
         self.admission = Admission(config, self.metrics, self.threads)
         self.scheduler = Scheduler(self.run, self.threads, flush=self.metrics.flush_tally)
-        # What the transports (the gRPC service, the gatekeeper, the data path) call per call
-        # and per item, bound once here: no forwarding call on the evaluation path.
-        self.authenticate = self.admission.authenticate
-        self.tenant_for = self.admission.tenant_for
+        # Core's operations that run per call and per item, bound once here: no forwarding
+        # call on the evaluation path.
+        self.authenticate = self.admission.tenant_for
+        self.enter = self.admission.enter
+        self.enter_unauthenticated = self.admission.enter_unauthenticated
         self.check_batch_size = self.admission.check_batch_size
         self.prepare = self.admission.prepare
         self.drain = self.scheduler.drain
         self.enqueue = self.scheduler.enqueue
         self.abandon = self.scheduler.abandon
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
-        self._registrations = 0  # waiting or compiling (event loop only)
-        self._compiler = Compiler(
-            cpu_s=settings.compile_cpu_s, wall_s=settings.compile_timeout_s
+        self._compile_queue = CompileQueue(
+            capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant
         )
-        self._sinks: set[_Sink] = set()
+        self._compiler = Compiler(
+            cpu_s=settings.compile_cpu_s,
+            wall_s=settings.compile_timeout_s,
+            memory_bytes=settings.compile_memory_bytes,
+        )
+        self._streams: set[Stoppable] = set()
         self._store: ModuleStore | None = None
         self._host: WasmHost | None = None
         self._registry: Registry | None = None
@@ -125,7 +133,33 @@ class EvaldServer:
         self._socket_path: Path | None = None
         self._data: DataServer | None = None  # the data path, when [server] data_listen is set
 
-    # Accessors used by the service ----------------------------------------------------------
+    # Core and ControlPlane, beyond the operations bound in __init__ ------------------------
+
+    @property
+    def settings(self) -> ServerSettings:
+        return self.config.server
+
+    def observe_call(self, method: str, tenant: str, code: str) -> None:
+        self.metrics.observe_rpc(method, tenant, code)
+
+    def track(self, stream: Stoppable) -> None:
+        """Remembers an open stream, so :meth:`stop` wakes it to end."""
+        self._streams.add(stream)
+
+    def untrack(self, stream: Stoppable) -> None:
+        self._streams.discard(stream)
+
+    def evaluators(self, tenant: Tenant) -> list[Evaluator]:
+        return self.registry.visible(tenant.name)
+
+    async def delete(self, tenant: Tenant, name: str) -> Evaluator:
+        """Deletes one of the tenant's modules on the control thread."""
+        evaluator = await self.control(self.registry.delete, tenant.config, name)
+        self._count_modules(tenant)
+        return evaluator
+
+    def _count_modules(self, tenant: Tenant) -> None:
+        self.metrics.modules.labels(tenant.name).set(self.registry.owned_count(tenant.name))
 
     @property
     def registry(self) -> Registry:
@@ -142,18 +176,7 @@ class EvaldServer:
         assert self._host is not None, "EvaldServer.start() has not run"
         return self._host
 
-    def register_sink(self, sink: _Sink) -> None:
-        """Tracks an open stream, so :meth:`stop` wakes it to end."""
-        self._sinks.add(sink)
-
-    def unregister_sink(self, sink: _Sink) -> None:
-        self._sinks.discard(sink)
-
-    def observe_refusal(self, method: str, code: str) -> None:
-        """Counts a call the gatekeeper refused before authentication."""
-        self.metrics.observe_rpc(method, "unauthenticated", code)
-
-    def run(self, work: _Work) -> pb.EvaluateResponse:
+    def run(self, work: Work) -> pb.EvaluateResponse:
         """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics
         wait in the thread's tally until its batch's last item or the slice's end
         (``Metrics.flush_tally``)."""
@@ -209,22 +232,16 @@ class EvaldServer:
             )
         return response
 
-    async def register(self, tenant: _TenantState, wasm: bytes, replace: bool) -> Evaluator:
-        """Queues one registration for the control thread (at most ``compile_queue`` wait)."""
-        limit = self.config.server.compile_queue
-        if self._registrations >= limit:
-            raise EvaldError(
-                ErrorCode.UNAVAILABLE,
-                f"{self._registrations} registrations are already waiting to compile "
-                f"(compile_queue is {limit}); retry shortly",
-            )
-        self._registrations += 1
-        try:
-            return await self.control(
-                self.registry.register, tenant.config, wasm, tenant.limits, replace
-            )
-        finally:
-            self._registrations -= 1
+    async def register(self, tenant: Tenant, wasm: bytes, replace: bool) -> Evaluator:
+        """Queues one registration for the control thread, in the tenant's share of the compile
+        queue (:mod:`evald.daemon._compile_queue`)."""
+        registry = self.registry
+        evaluator = await self._compile_queue.submit(
+            tenant.name,
+            lambda: self.control(registry.register, tenant.config, wasm, tenant.limits, replace),
+        )
+        self._count_modules(tenant)
+        return evaluator
 
     async def control(self, function: Callable[..., _T], *args: Any) -> _T:
         """Runs a control-plane operation on the control thread."""
@@ -250,7 +267,7 @@ class EvaldServer:
 
         registry = Registry(self._host, store, self.config.tenants, compile=compile_upload)
         standard = registry.load_standard(
-            {name: wasm_path(name) for name in STANDARD_EVALUATORS},
+            standard_module_paths(),
             host_limits(self.config.default_limits),
         )
         counts = registry.load_registered(
@@ -315,10 +332,17 @@ class EvaldServer:
         self.stopping = True
         grace = self.config.server.shutdown_grace_s if grace_s is None else grace_s
         _log.info("draining", extra={"fields": {"grace_s": grace}})
+        # Registrations waiting to compile end now; one compiling ends shortly before the grace
+        # period does, so its caller still gets a typed answer before its call is cut.
+        self._compile_queue.close(
+            "the daemon is shutting down; the module was not compiled (register it again "
+            "once the daemon is back)"
+        )
+        self._compiler.stop(grace - min(1.0, grace / 4))
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
-        for sink in list(self._sinks):
-            sink.event.set()
+        for stream in list(self._streams):
+            stream.wake_to_stop()
         data, self._data = self._data, None
         data_stopped = (
             asyncio.get_running_loop().run_in_executor(None, data.stop, grace)

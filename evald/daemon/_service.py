@@ -7,89 +7,63 @@ authenticated and admitted (:mod:`evald.daemon._admission`), its items run on th
 registration) is a gRPC status plus the trailing metadata ``evald-error-code``, aborted in one
 place (:meth:`_Service._call`).
 
-Requests are parsed by lenient deserializers (:func:`_lenient`): grpc answers a deserializer
-that raises with an untyped ``UNKNOWN``, so a malformed message becomes a :class:`_Malformed`
-that the handler refuses with ``invalid_argument``. Every response fits ``max_message_bytes``
-(:class:`~evald.daemon._gatekeeping.ResponseBudget`), and a stream's unread output is bounded in
-bytes per stream and per tenant (docs/daemon.md, "What a caller can make the daemon hold").
+Requests are parsed by lenient deserializers (:func:`~evald.daemon._gatekeeping.lenient`): grpc
+answers a deserializer that raises with an untyped ``UNKNOWN``, so a malformed message becomes a
+:class:`~evald.daemon._gatekeeping.Malformed` that the handler refuses with ``invalid_argument``.
+Every response fits ``max_message_bytes`` (:class:`~evald.daemon._gatekeeping.ResponseBudget`);
+``EvaluateStream`` is :mod:`evald.daemon._grpc_stream`. The servicer sees the daemon as two small
+interfaces: :class:`~evald.daemon._transport.Core` (evaluations, as the data path sees them too)
+and :class:`ControlPlane` (modules).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from evald.contract import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError, pb, pb_grpc
-from evald.daemon._admission import _TenantState
+from evald.daemon._admission import Tenant
 from evald.daemon._gatekeeping import (
     PROTO_CODES,
     SERVICE_NAME,
+    Malformed,
     ResponseBudget,
-    pack_responses,
-    reservation,
+    lenient,
 )
+from evald.daemon._grpc_gate import release_call_slot
+from evald.daemon._grpc_stream import METHOD as STREAM_METHOD
+from evald.daemon._grpc_stream import serve_stream
 from evald.daemon._registry import Evaluator
-from evald.daemon._scheduler import _Work
+from evald.daemon._scheduler import Work
+from evald.daemon._transport import Core
 
-if TYPE_CHECKING:
-    from evald.daemon._server import EvaldServer
-
-__all__ = ["add_service"]
+__all__ = ["ControlPlane", "add_service"]
 
 _log = logging.getLogger("evald.server")
 _T = TypeVar("_T")
 
 
-class _Sink:
-    """Where a stream's workers drop finished results; wakes the sender once per burst.
+class ControlPlane(Protocol):
+    """What the gRPC service asks of the daemon beyond evaluations: its modules."""
 
-    Each result travels with the output bytes reserved for it at admission, freed when the
-    sender hands the result to gRPC.
-    """
+    def evaluators(self, tenant: Tenant) -> list[Evaluator]:
+        """The evaluators ``tenant`` may call: the standard ones it is allowed, and its own."""
+        ...
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._results: list[tuple[pb.EvaluateResponse, int]] = []
-        self.event = asyncio.Event()
-        self.room = asyncio.Event()
-        self.outstanding = 0  # items admitted and not yet sent
-        self.reserved = 0  # output bytes reserved for them
-        self._loop_thread = threading.get_ident()  # made on the loop's thread
+    async def register(self, tenant: Tenant, wasm: bytes, replace: bool) -> Evaluator:
+        """Validates, compiles and stores one of ``tenant``'s modules (typed refusals)."""
+        ...
 
-    def wake(self) -> None:
-        """Room was freed in the tenant's budget (any thread): the reader looks again."""
-        if threading.get_ident() == self._loop_thread:
-            self.room.set()
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                self._loop.call_soon_threadsafe(self.room.set)
+    async def delete(self, tenant: Tenant, name: str) -> Evaluator:
+        """Removes one of ``tenant``'s modules (typed refusals)."""
+        ...
 
-    def put_threadsafe(self, work: _Work, response: pb.EvaluateResponse) -> None:
-        with self._lock:
-            self._results.append((response, work.reserved))
-            first = len(self._results) == 1
-        if first:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
-                self._loop.call_soon_threadsafe(self.event.set)
-
-    def put_local(self, responses: Iterable[tuple[pb.EvaluateResponse, int]]) -> None:
-        with self._lock:
-            self._results.extend(responses)
-        self.event.set()
-
-    def take(self) -> list[tuple[pb.EvaluateResponse, int]]:
-        with self._lock:
-            results, self._results = self._results, []
-        return results
 
 def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
     manifest = evaluator.module.manifest
@@ -111,36 +85,8 @@ def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
             )
             for example in getattr(manifest, "examples", ())
         ],
+        literals=dict(getattr(manifest, "literals", {})),
     )
-
-
-class _Malformed:
-    """A request whose bytes do not parse as the method's message.
-
-    grpc answers a deserializer that raises with an untyped ``UNKNOWN`` status (and a stream
-    reader with an exception); the lenient deserializers below return this instead, so the
-    handler refuses the call with ``invalid_argument`` like any other bad request.
-    """
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _lenient(message_type: type[Message]) -> Callable[[bytes], Any]:
-    name = message_type.DESCRIPTOR.full_name
-
-    def parse(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except DecodeError:
-            return _Malformed(
-                f"the request is not a valid {name} message (corrupt protobuf, or a string "
-                "field that is not UTF-8); send the evald.v1 messages of proto/evald/v1"
-            )
-
-    return parse
 
 
 class _CallFailed(Exception):
@@ -152,18 +98,22 @@ class _CallFailed(Exception):
         self.message = message
 
 
-def _ignore_result(task: asyncio.Task[Any]) -> None:
-    """Retrieves an abandoned task's outcome so asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
 class _Service(pb_grpc.EvaluatorServicer):
     """``evald.v1.Evaluator``: authenticates every call, then evaluates on worker threads."""
 
-    def __init__(self, daemon: EvaldServer) -> None:
-        self._daemon = daemon
-        self._max_message_bytes = daemon.config.server.max_message_bytes
+    def __init__(self, core: Core, control: ControlPlane) -> None:
+        self._core = core
+        self._control = control
+        self._max_message_bytes = core.settings.max_message_bytes
+
+    def _tenant_of(self, context: Any) -> Tenant:
+        """The call's tenant (the tokenless one only over the unix socket).
+
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix.
+        """
+        over_unix = str(context.peer()).startswith("unix:")
+        return self._core.authenticate(context.invocation_metadata(), over_unix=over_unix)
 
     def _response_budget(self) -> ResponseBudget:
         """A fresh value budget for one response message (``max_message_bytes``)."""
@@ -175,20 +125,15 @@ class _Service(pb_grpc.EvaluatorServicer):
         self,
         method: str,
         context: Any,
-        body: Callable[[_TenantState], Awaitable[_T]],
+        body: Callable[[Tenant], Awaitable[_T]],
     ) -> _T:
-        daemon = self._daemon
         tenant_label = "unauthenticated"
         code = "ok"
         failure: _CallFailed | None = None
         try:
-            tenant = daemon.authenticate(context)
+            tenant = self._tenant_of(context)
             tenant_label = tenant.name
-            tenant.enter_call()
-            try:
-                return await body(tenant)
-            finally:
-                tenant.leave_call()
+            return await body(tenant)
         except EvaldError as exc:
             failure = _CallFailed(exc.code, exc.message)
         except asyncio.CancelledError:
@@ -212,7 +157,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                         }
                     },
                 )
-            daemon.metrics.observe_rpc(method, tenant_label, code)
+            self._core.observe_call(method, tenant_label, code)
         assert failure is not None
         await context.abort(
             failure.code.grpc_status,
@@ -224,19 +169,19 @@ class _Service(pb_grpc.EvaluatorServicer):
     # RPCs -----------------------------------------------------------------------------------
 
     async def Evaluate(self, request: pb.EvaluateRequest, context: Any) -> pb.EvaluateResponse:
-        async def body(tenant: _TenantState) -> pb.EvaluateResponse:
-            daemon = self._daemon
-            prepared = daemon.prepare(tenant, request, 0)
+        async def body(tenant: Tenant) -> pb.EvaluateResponse:
+            core = self._core
+            prepared = core.prepare(tenant, request, 0)
             if isinstance(prepared, pb.EvaluateResponse):
                 return prepared
             result: list[pb.EvaluateResponse] = []
 
-            def deliver(_work: _Work, response: pb.EvaluateResponse) -> None:
+            def deliver(_work: Work, response: pb.EvaluateResponse) -> None:
                 result.append(response)
 
             # Through the tenant's queue like a batch item, so it counts against max_running.
-            await daemon.drain(collections.deque((prepared,)), deliver)
-            if daemon.stopping and result[0].error.code == PROTO_CODES[ErrorCode.UNAVAILABLE]:
+            await core.drain(collections.deque((prepared,)), deliver)
+            if core.stopping and result[0].error.code == PROTO_CODES[ErrorCode.UNAVAILABLE]:
                 raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
             return self._response_budget().fit(result[0])
 
@@ -245,13 +190,13 @@ class _Service(pb_grpc.EvaluatorServicer):
     async def EvaluateBatch(
         self, request: pb.EvaluateBatchRequest, context: Any
     ) -> pb.EvaluateBatchResponse:
-        async def body(tenant: _TenantState) -> pb.EvaluateBatchResponse:
-            daemon = self._daemon
-            daemon.check_batch_size(len(request.items))
+        async def body(tenant: Tenant) -> pb.EvaluateBatchResponse:
+            core = self._core
+            core.check_batch_size(len(request.items))
             results: list[pb.EvaluateResponse | None] = [None] * len(request.items)
-            queue: collections.deque[_Work] = collections.deque()
+            queue: collections.deque[Work] = collections.deque()
             for index, item in enumerate(request.items):
-                prepared = daemon.prepare(tenant, item, index)
+                prepared = core.prepare(tenant, item, index)
                 if isinstance(prepared, pb.EvaluateResponse):
                     results[index] = prepared
                 else:
@@ -262,12 +207,12 @@ class _Service(pb_grpc.EvaluatorServicer):
                 if refused is not None:
                     results[index] = budget.fit(refused)
 
-            def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+            def deliver(work: Work, response: pb.EvaluateResponse) -> None:
                 # Counted as each finishes, so the daemon never holds more than one response's
                 # worth of values for the call.
                 results[work.index] = budget.fit(response)
 
-            await daemon.drain(queue, deliver)
+            await core.drain(queue, deliver)
             return pb.EvaluateBatchResponse(results=cast("list[pb.EvaluateResponse]", results))
 
         return await self._call("EvaluateBatch", context, body)
@@ -275,192 +220,24 @@ class _Service(pb_grpc.EvaluatorServicer):
     async def EvaluateStream(
         self, request_iterator: AsyncIterator[pb.EvaluateBatchRequest], context: Any
     ) -> None:
-        daemon = self._daemon
-        method = "EvaluateStream"
+        core = self._core
         try:
-            tenant = daemon.authenticate(context)
-            tenant.enter_call()
+            tenant = self._tenant_of(context)
         except EvaldError as exc:
-            daemon.metrics.observe_rpc(method, "unauthenticated", exc.code.value)
+            core.observe_call(STREAM_METHOD, "unauthenticated", exc.code.value)
             await context.abort(
                 exc.code.grpc_status,
                 exc.message,
                 trailing_metadata=((ERROR_CODE_METADATA_KEY, exc.code.value),),
             )
             return
-        left = False
-
-        def leave() -> None:
-            nonlocal left
-            if not left:
-                left = True
-                tenant.leave_call()
-
-        try:
-            await self._stream(tenant, request_iterator, context, leave)
-        finally:
-            leave()
-
-    async def _stream(
-        self,
-        tenant: _TenantState,
-        request_iterator: AsyncIterator[pb.EvaluateBatchRequest],
-        context: Any,
-        on_end: Callable[[], None],
-    ) -> None:
-        daemon = self._daemon
-        method = "EvaluateStream"
-        settings = daemon.config.server
-        loop = asyncio.get_running_loop()
-        sink = _Sink(loop)
-        drains: set[asyncio.Task[None]] = set()
-        tenant.add_waiter(sink)
-
-        # Backpressure in bytes: every admitted item reserves the most its response can take
-        # (its output cap, its id, an error message) until the response is handed to gRPC. At
-        # the stream's or the tenant's bound the daemon stops reading the stream (HTTP/2 flow
-        # control then stalls the client), so a client that sends without reading can make the
-        # daemon hold at most stream_unread_bytes, and all of a tenant's streams unread_bytes.
-        stream_bound = settings.stream_unread_bytes
-
-        def reserve(size: int) -> bool:
-            if sink.reserved and sink.reserved + size > stream_bound:
-                return False
-            if not tenant.reserve_unread(size):
-                return False
-            sink.reserved += size
-            sink.outstanding += 1
-            return True
-
-        def start(queue: collections.deque[_Work]) -> None:
-            task = loop.create_task(daemon.drain(queue, sink.put_threadsafe))
-            drains.add(task)
-            task.add_done_callback(drains.discard)
-
-        async def read() -> None:
-            async for message in request_iterator:
-                if isinstance(message, _Malformed):
-                    raise EvaldError(ErrorCode.INVALID_ARGUMENT, message.reason)
-                daemon.check_batch_size(len(message.items))
-                queue: collections.deque[_Work] = collections.deque()
-                refused: list[tuple[pb.EvaluateResponse, int]] = []
-                for index, item in enumerate(message.items):
-                    size = reservation(tenant.limits.output_bytes, item.id)
-                    while not reserve(size):
-                        if queue:
-                            start(queue)
-                            queue = collections.deque()
-                        if refused:
-                            sink.put_local(refused)
-                            refused = []
-                        sink.room.clear()
-                        await sink.room.wait()
-                    prepared = daemon.prepare(tenant, item, index)
-                    if isinstance(prepared, pb.EvaluateResponse):
-                        refused.append((prepared, size))
-                    else:
-                        prepared.reserved = size
-                        queue.append(prepared)
-                if refused:
-                    sink.put_local(refused)
-                if queue:
-                    start(queue)
-
-        async def send(results: list[tuple[pb.EvaluateResponse, int]]) -> None:
-            for batch, freed in pack_responses(results, settings.max_message_bytes):
-                await write(batch, freed)
-
-        async def write(batch: list[pb.EvaluateResponse], freed: int) -> None:
-            # Not asyncio.wait_for: it waits without bound for the cancelled write.
-            writing = loop.create_task(context.write(pb.EvaluateBatchResponse(results=batch)))
-            done, _ = await asyncio.wait((writing,), timeout=settings.stream_stall_s)
-            if not done:
-                # The pending write would hold the status back until the client reads: drop it
-                # (gRPC may have taken part of it; the call ends here either way).
-                writing.add_done_callback(_ignore_result)
-                writing.cancel()
-                await asyncio.wait((writing,), timeout=1.0)
-                _log.info(
-                    "stream cut off: its client stopped reading",
-                    extra={"fields": {"tenant": tenant.name, "unread_bytes": sink.reserved}},
-                )
-                raise EvaldError(
-                    ErrorCode.QUOTA_EXCEEDED,
-                    f"the client read no results for {settings.stream_stall_s:g} s while "
-                    f"{sink.reserved} bytes of them waited (stream_unread_bytes is "
-                    f"{stream_bound}); the stream is ended: read results as they come",
-                )
-            writing.result()
-            sink.outstanding -= len(batch)
-            sink.reserved -= freed
-            tenant.free_unread(freed)
-            sink.room.set()
-
-        reader = loop.create_task(read())
-        reader.add_done_callback(lambda _task: sink.event.set())
-
-        def release() -> None:
-            """Ends the stream's work and gives its budget back (idempotent)."""
-            daemon.unregister_sink(sink)
-            tenant.remove_waiter(sink)
-            reader.cancel()
-            for task in list(drains):
-                task.cancel()
-            # Whatever was not sent (the call ended or was cancelled) goes back to the tenant.
-            tenant.free_unread(sink.reserved)
-            sink.reserved = 0
-            on_end()
-
-        daemon.register_sink(sink)
-        code = "ok"
-        try:
-            failure: EvaldError | None = None
-            try:
-                while True:
-                    await sink.event.wait()
-                    sink.event.clear()
-                    results = sink.take()
-                    if results:
-                        await send(results)
-                    if daemon.stopping and not reader.done():
-                        reader.cancel()
-                    if reader.done() and sink.outstanding <= 0:
-                        break
-            except EvaldError as exc:  # the client stopped reading
-                failure = exc
-            if failure is None and not reader.cancelled() and reader.exception() is not None:
-                error = reader.exception()
-                if isinstance(error, EvaldError):
-                    failure = error
-                else:
-                    _log.error("stream reader failed", exc_info=error)
-                    failure = EvaldError(ErrorCode.INTERNAL, "internal error in the daemon")
-            elif daemon.stopping:
-                failure = EvaldError(
-                    ErrorCode.UNAVAILABLE, "the daemon is shutting down; reconnect to another"
-                )
-            if failure is not None:
-                code = failure.code.value
-                # Released before the abort: gRPC sends the status only after a message it has
-                # started, which a client that stopped reading may never take.
-                release()
-                await context.abort(
-                    failure.code.grpc_status,
-                    failure.message,
-                    trailing_metadata=((ERROR_CODE_METADATA_KEY, failure.code.value),),
-                )
-        except asyncio.CancelledError:
-            code = "cancelled"
-            raise
-        finally:
-            release()
-            daemon.metrics.observe_rpc(method, tenant.name, code)
+        await serve_stream(core, tenant, request_iterator, context, release_call_slot)
 
     async def ListEvaluators(
         self, request: pb.ListEvaluatorsRequest, context: Any
     ) -> pb.ListEvaluatorsResponse:
-        async def body(tenant: _TenantState) -> pb.ListEvaluatorsResponse:
-            evaluators = self._daemon.registry.visible(tenant.name)
+        async def body(tenant: Tenant) -> pb.ListEvaluatorsResponse:
+            evaluators = self._control.evaluators(tenant)
             return pb.ListEvaluatorsResponse(evaluators=[_evaluator_info(ev) for ev in evaluators])
 
         return await self._call("ListEvaluators", context, body)
@@ -468,8 +245,7 @@ class _Service(pb_grpc.EvaluatorServicer):
     async def RegisterEvaluator(
         self, request: pb.RegisterEvaluatorRequest, context: Any
     ) -> pb.RegisterEvaluatorResponse:
-        async def body(tenant: _TenantState) -> pb.RegisterEvaluatorResponse:
-            daemon = self._daemon
+        async def body(tenant: Tenant) -> pb.RegisterEvaluatorResponse:
             if not tenant.config.allow_register:
                 raise EvaldError(
                     ErrorCode.PERMISSION_DENIED,
@@ -477,8 +253,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                     "(set allow_register = true for it in the daemon config)",
                 )
             wasm = bytes(request.module)
-            evaluator = await daemon.register(tenant, wasm, request.replace)
-            daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
+            evaluator = await self._control.register(tenant, wasm, request.replace)
             _log.info(
                 "registered evaluator",
                 extra={
@@ -498,10 +273,8 @@ class _Service(pb_grpc.EvaluatorServicer):
     async def DeleteEvaluator(
         self, request: pb.DeleteEvaluatorRequest, context: Any
     ) -> pb.DeleteEvaluatorResponse:
-        async def body(tenant: _TenantState) -> pb.DeleteEvaluatorResponse:
-            daemon = self._daemon
-            evaluator = await daemon.control(daemon.registry.delete, tenant.config, request.name)
-            daemon.metrics.modules.labels(tenant.name).set(daemon.registry.owned_count(tenant.name))
+        async def body(tenant: Tenant) -> pb.DeleteEvaluatorResponse:
+            evaluator = await self._control.delete(tenant, request.name)
             _log.info(
                 "deleted evaluator",
                 extra={"fields": {"tenant": tenant.name, "evaluator": evaluator.name}},
@@ -511,17 +284,17 @@ class _Service(pb_grpc.EvaluatorServicer):
         return await self._call("DeleteEvaluator", context, body)
 
 
-def add_service(daemon: EvaldServer, server: Any) -> None:
-    """Serves ``evald.v1.Evaluator`` for ``daemon`` on ``server``: as the generated
+def add_service(core: Core, control: ControlPlane, server: Any) -> None:
+    """Serves ``evald.v1.Evaluator`` on ``server``: as the generated
     ``add_EvaluatorServicer_to_server`` registers it, but with lenient deserializers, so a
     malformed message gets ``invalid_argument``."""
-    service = _Service(daemon)
+    service = _Service(core, control)
 
     def guarded(method: str, handler: Callable[[Any, Any], Awaitable[Any]]) -> Any:
         async def unary(request: Any, context: Any) -> Any:
-            if isinstance(request, _Malformed):
+            if isinstance(request, Malformed):
 
-                async def refuse(_tenant: _TenantState) -> Any:
+                async def refuse(_tenant: Tenant) -> Any:
                     raise EvaldError(ErrorCode.INVALID_ARGUMENT, request.reason)
 
                 return await service._call(method, context, refuse)
@@ -551,14 +324,14 @@ def add_service(daemon: EvaldServer, server: Any) -> None:
     handlers: dict[str, Any] = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, handler),
-            request_deserializer=_lenient(request_type),
+            request_deserializer=lenient(request_type),
             response_serializer=response_type.SerializeToString,
         )
         for name, (handler, request_type, response_type) in unary_methods.items()
     }
     handlers["EvaluateStream"] = grpc.stream_stream_rpc_method_handler(
         service.EvaluateStream,
-        request_deserializer=_lenient(pb.EvaluateBatchRequest),
+        request_deserializer=lenient(pb.EvaluateBatchRequest),
         response_serializer=pb.EvaluateBatchResponse.SerializeToString,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -15,7 +15,14 @@ from evald.host._abi import (
     inspect_module,
     validate_module,
 )
-from evald.host._compiler import CompiledModule, Compiler, compile_module, peek_manifest_section
+from evald.host._compile_cost import MAX_FUNCTION_BRANCHES, MAX_FUNCTION_LOCAL_BRANCHES
+from evald.host._compiler import (
+    DEFAULT_COMPILE_MEMORY_BYTES,
+    CompiledModule,
+    Compiler,
+    compile_module,
+    peek_manifest_section,
+)
 from evald.host._host import WasmHost
 from evald.host._instance import MAX_TABLE_ELEMENTS
 from evald.host._limits import HostConfig, Limits
@@ -23,8 +30,11 @@ from evald.host._loaded_module import LoadedModule
 from evald.host._outcome import EvalOutcome
 
 __all__ = [
+    "DEFAULT_COMPILE_MEMORY_BYTES",
     "MAX_CODE_BYTES",
     "MAX_FUNCTIONS",
+    "MAX_FUNCTION_BRANCHES",
+    "MAX_FUNCTION_LOCAL_BRANCHES",
     "MAX_TABLE_ELEMENTS",
     "CompiledModule",
     "Compiler",

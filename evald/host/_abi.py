@@ -19,9 +19,10 @@ from typing import Final
 import wasmtime
 
 from evald.contract import (
-    ABI_VERSION,
-    MANIFEST_MAX_BYTES,
-    MAX_EXAMPLES,
+    BUFFER_EXPORTS,
+    EVAL_EXPORT,
+    MANIFEST_SECTION,
+    VERSION_EXPORT,
     ErrorCode,
     EvaldError,
     Manifest,
@@ -30,25 +31,15 @@ from evald.contract import (
 from evald.host._instrument import RESERVED_EXPORT_PREFIX
 from evald.host._limits import HostConfig, Limits
 from evald.host._wasm_binary import FuncType, ModuleInfo, WasmFormatError, parse_module
-from evaluators_wasm.toolchain import MANIFEST_SECTION
 
 __all__ = [
-    "ABI_VERSION",
-    "BUFFER_EXPORTS",
     "DEFAULT_MAX_MEMORY_BYTES",
     "DEFAULT_MAX_MODULE_BYTES",
-    "EVAL_EXPORT",
-    "MANIFEST_MAX_BYTES",
-    "MANIFEST_SECTION",
     "MAX_CODE_BYTES",
-    "MAX_EXAMPLES",
     "MAX_FUNCTIONS",
-    "VERSION_EXPORT",
     "WASM_PAGE_BYTES",
-    "Manifest",
     "check_manifest_grammars",
     "inspect_module",
-    "parse_manifest",
     "validate_module",
 ]
 
@@ -61,16 +52,6 @@ DEFAULT_MAX_MEMORY_BYTES: Final = Limits().memory_bytes
 #: evaluators have at most 102 functions and 50 KB of code.
 MAX_FUNCTIONS: Final = 10_000
 MAX_CODE_BYTES: Final = 1 * 2**20
-
-VERSION_EXPORT: Final = "evald_abi_version"
-EVAL_EXPORT: Final = "evald_eval"
-#: The buffer getters, in the order the host reads them.
-BUFFER_EXPORTS: Final = (
-    "evald_input_ptr",
-    "evald_input_cap",
-    "evald_output_ptr",
-    "evald_output_cap",
-)
 
 _I32 = 0x7F
 _GETTER = FuncType((), (_I32,))
@@ -89,7 +70,8 @@ def _refuse(message: str) -> EvaldError:
 
 
 def check_manifest_grammars(manifest: Manifest) -> bool:
-    """Compiles the manifest's grammar and regex with XGrammar, if XGrammar is installed.
+    """Compiles the manifest's grammar and regex with XGrammar, if XGrammar is installed, and
+    each rule its ``literals`` names as a grammar root.
 
     XGrammar is not a daemon dependency (the engine adapter compiles the grammars it uses);
     this is the stricter check for ``evald build`` and for hosts that have it. Importing it
@@ -118,6 +100,18 @@ def check_manifest_grammars(manifest: Manifest) -> bool:
             reason = _XGRAMMAR_LOCATION.sub("", detail[-1]) if detail else repr(exc)
             raise _refuse(
                 f"manifest field {label} does not compile with XGrammar: {reason}"
+            ) from exc
+    for rule in manifest.literals:
+        # A literal rule is narrowed on its own (docs/abi.md, Manifest): it must be a grammar
+        # of its own when made the root.
+        try:
+            xgrammar.Grammar.from_ebnf(manifest.input_grammar, root_rule_name=rule)
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()
+            reason = _XGRAMMAR_LOCATION.sub("", detail[-1]) if detail else repr(exc)
+            raise _refuse(
+                f"manifest literals: the rule {rule!r} does not compile as a grammar root "
+                f"with XGrammar: {reason}"
             ) from exc
     return True
 
@@ -240,7 +234,7 @@ def inspect_module(
     if not sections:
         raise _refuse(
             f"the module has no {MANIFEST_SECTION} custom section; build it with "
-            "`evald build` (or evaluators_wasm.toolchain.append_custom_section)"
+            "`evald build` (or evald.contract.append_custom_section)"
         )
     if len(sections) > 1:
         raise _refuse(

@@ -18,7 +18,8 @@ function of its own. What the call does, in order:
   value, or the error payload (:func:`~evald.host._guest_output.read_output`), from the
   output buffer;
 * in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); a trap or a
-  malformed output discards the instance instead.
+  malformed output discards the instance instead, and a call that grew the memory charges the
+  growth to the pool key's budget (``Limits.instance_cache_bytes``).
 
 Five foreign calls in all: fuel set and read, the epoch deadline, the guest call, the memory
 size.
@@ -113,11 +114,19 @@ class CallPath:
             key = (pool_key, module.sha256)
             known = instances.get(key)
             if known is not None and known.module is module and known.memory_cap == memory_cap:
-                instances.move_to_end(key)
+                try:
+                    instances.move_to_end(key)
+                except KeyError:  # another thread forgot or evicted it just now; still usable
+                    pass
                 instance = known
             else:
                 instance = self._pool.instance(
-                    module, memory_cap, fuel, limits.deadline_ms, pool_key
+                    module,
+                    memory_cap,
+                    fuel,
+                    limits.deadline_ms,
+                    pool_key,
+                    limits.instance_cache_bytes,
                 )
         context = instance.context
         if size:
@@ -150,6 +159,8 @@ class CallPath:
         used = fuel - context.fuel()
         if instance.memory.size() != instance.view_size:
             instance.refresh_view()  # the guest grew its memory: the old view may be stale
+            if not fresh:
+                self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
         value: str | None = None
         if 0 <= result <= instance.out_cap and result <= limits.output_bytes:
             # The common case, inline: a value inside the output buffer, which lies inside the

@@ -1,12 +1,32 @@
 """Registration's expensive step, validating and compiling an uploaded module, in a child process.
 
 Why a process: validation reads and rewrites the module in pure Python (holding the GIL the
-event loop needs) and wasmtime's compiler uses every core and cannot be interrupted. Run in the
-daemon, one tenant registering 1 MiB modules back to back moved every other tenant's latency.
-Here it runs in one spawned worker process at the lowest CPU priority (``nice 19``) with a CPU
-time limit per module (``RLIMIT_CPU``; the kernel ends a compilation past it) and a wall-clock
-limit, behind a bounded queue; the daemon only deserializes the result (about 0.1 ms) and
-trial-instantiates it under the load budget.
+event loop needs) and wasmtime's compiler cannot be interrupted. Run in the daemon, one tenant
+registering 1 MiB modules back to back moved every other tenant's latency. Here it runs in one
+spawned worker process, itself a sandbox:
+
+* CPU: the lowest priority (``nice 19``), one compiler thread, and a CPU-time limit per module
+  (``RLIMIT_CPU``; the kernel ends a compilation past it) plus a wall-clock limit.
+* Memory: ``RLIMIT_DATA`` of ``memory_bytes``. Not ``RLIMIT_AS``: wasmtime reserves address
+  space it never touches (guard regions; the pooling allocator's slots reserve tens of GiB for
+  an engine configured like the daemon's in ``fresh`` mode), and an address-space limit would
+  refuse those reservations, not the memory a compilation really uses. ``RLIMIT_DATA`` counts
+  what the process made writable (heap, anonymous mappings, thread stacks), which is where a
+  compilation's memory goes. Not a cgroup: the daemon would need a delegated cgroup of its own
+  (systemd ``Delegate=``, root elsewhere), and the limit must hold wherever the daemon runs.
+  A compilation past the limit fails its allocation and the worker ends; the caller gets
+  ``invalid_module`` saying so. What a function costs the compiler is also checked before it
+  compiles (:mod:`evald.host._compile_cost`), so the known expensive shapes are refused early.
+* Lifetime: the worker watches a pipe whose only writer is the daemon; when the daemon dies
+  (``kill -9`` included) the pipe ends and the worker exits, and multiprocessing's resource
+  tracker, which stays only while a process holds its pipe, follows. A pipe rather than
+  ``PR_SET_PDEATHSIG``: the death signal follows the *thread* that started the worker, and the
+  pool starts replacement workers from its own threads.
+* Shutdown: :meth:`Compiler.stop` refuses new compilations and gives the running one until a
+  deadline; past it the worker is killed and the caller gets ``unavailable``.
+
+The daemon only deserializes the result (about 0.1 ms) and trial-instantiates it under the
+load budget.
 
 Every registration compiles here, whatever was compiled before: nothing is looked up in a cache
 keyed by the bytes, so registering bytes another tenant uploaded takes the same time as unseen
@@ -18,27 +38,42 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import resource
+import signal
 import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, Final
 
 import wasmtime
 
-from evald.contract import ErrorCode, EvaldError
-from evald.host._abi import EVAL_EXPORT, MANIFEST_SECTION, WASM_PAGE_BYTES, Manifest, inspect_module
+from evald.contract import EVAL_EXPORT, MANIFEST_SECTION, ErrorCode, EvaldError, Manifest
+from evald.host._abi import WASM_PAGE_BYTES, inspect_module
+from evald.host._compile_cost import check_compile_cost
 from evald.host._instrument import GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
 from evald.host._wasm_binary import MAGIC, VERSION_1, Reader, WasmFormatError
 
-__all__ = ["CompiledModule", "Compiler", "compile_module", "peek_manifest_section"]
+__all__ = [
+    "DEFAULT_COMPILE_MEMORY_BYTES",
+    "CompiledModule",
+    "Compiler",
+    "compile_module",
+    "peek_manifest_section",
+]
 
 _log = logging.getLogger("evald.compiler")
 #: Compilations one worker process runs before it is replaced.
 _TASKS_PER_WORKER = 32
+#: The worker's memory limit unless the caller gives one (``[server] compile_memory_bytes``).
+DEFAULT_COMPILE_MEMORY_BYTES: Final = 512 * 2**20
+#: What the worker answers when Python's side of a compilation ran out of memory.
+_OVER_MEMORY: Final = "over_memory"
 
 
 @dataclass(frozen=True)
@@ -83,7 +118,12 @@ def peek_manifest_section(wasm: bytes) -> bytes | None:
 def _engine(config: HostConfig) -> wasmtime.Engine:
     from evald.host._engine import make_engine_config
 
-    return wasmtime.Engine(make_engine_config(config, pooling=config.pooling))
+    engine_config = make_engine_config(config, pooling=config.pooling)
+    # One function at a time: the memory a compilation needs is then that of its costliest
+    # function (docs/design.md §5), not of as many functions as the machine has cores. The
+    # code is the same; the daemon's engine deserializes it.
+    engine_config.parallel_compilation = False
+    return wasmtime.Engine(engine_config)
 
 
 _ENGINES: dict[HostConfig, wasmtime.Engine] = {}
@@ -103,6 +143,7 @@ def compile_module(config: HostConfig, wasm: bytes, memory_cap: int) -> Compiled
     manifest, info = inspect_module(
         wasm, max_module_bytes=config.module_bytes, max_memory_bytes=memory_cap, engine=engine
     )
+    check_compile_cost(wasm, info)
     eval_index = next(e.index for e in info.exports if e.name == EVAL_EXPORT)
     try:
         code = instrument_memory_grow(wasm, info, eval_index) or wasm
@@ -124,8 +165,23 @@ def compile_module(config: HostConfig, wasm: bytes, memory_cap: int) -> Compiled
     )
 
 
-def _child_init() -> None:
+def _child_init(parent: Connection, memory_bytes: int) -> None:
+    """The worker's set-up: lowest CPU priority, the memory limit, and the watch on the daemon."""
     os.nice(19)
+    os.environ["RUST_BACKTRACE"] = "0"  # a refused allocation prints one line, not a backtrace
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+    def watch() -> None:
+        try:
+            while parent.recv_bytes():
+                pass  # the daemon never writes
+        except (EOFError, OSError):
+            pass
+        os._exit(0)  # the daemon is gone: nobody will ever read what this worker compiles
+
+    threading.Thread(target=watch, name="evald-compile-parent", daemon=True).start()
 
 
 def _child_compile(
@@ -143,45 +199,69 @@ def _child_compile(
         return compile_module(config, wasm, memory_cap)
     except EvaldError as exc:  # exceptions with extra fields do not pickle: send the parts
         return (exc.code.value, exc.message)
+    except MemoryError:  # Python's side ran out under RLIMIT_DATA (wasmtime's side aborts)
+        return (_OVER_MEMORY, "")
 
 
 class Compiler:
-    """One niced, CPU-limited worker process that compiles uploaded modules.
+    """One niced, CPU- and memory-limited worker process that compiles uploaded modules.
 
     ``compile`` blocks the calling thread (the daemon's control thread, which takes one
-    registration at a time from a bounded queue), never the event loop. A compilation past its
-    CPU or wall-clock limit ends the worker (a new one is started for the next) and is refused
-    with ``invalid_module``.
+    registration at a time from its queue), never the event loop. A compilation past its CPU,
+    memory or wall-clock limit ends the worker (a new one is started for the next) and is
+    refused with ``invalid_module``; one still running when :meth:`stop`'s deadline passes
+    ends the same way and is refused with ``unavailable``.
     """
 
-    def __init__(self, *, cpu_s: float, wall_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        cpu_s: float = 10.0,
+        wall_s: float = 30.0,
+        memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES,
+    ) -> None:
         self._cpu_s = cpu_s
         self._wall_s = wall_s
-        self._lock = threading.Lock()
+        self._memory_bytes = memory_bytes
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._closed = False
+        self._stop_at = math.inf
+        # The worker's watch: it holds the read end; the write end stays here, with nobody else.
+        context = multiprocessing.get_context("spawn")
+        self._context = context
+        self._parent_watch, self._parent_link = context.Pipe(duplex=False)
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._lock:
             if self._closed:
-                raise EvaldError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
+                raise EvaldError(
+                    ErrorCode.UNAVAILABLE,
+                    "the daemon is shutting down; register the module again once it is back",
+                )
             if self._pool is None:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=1,
-                    mp_context=multiprocessing.get_context("spawn"),
+                    mp_context=self._context,
                     initializer=_child_init,
+                    initargs=(self._parent_watch, self._memory_bytes),
                     # a fresh worker now and then: what compilations leave behind is returned
                     max_tasks_per_child=_TASKS_PER_WORKER,
                 )
             return self._pool
 
+    def _workers(self) -> list[Any]:
+        with self._lock:
+            pool = self._pool
+        return list((getattr(pool, "_processes", None) or {}).values()) if pool else []
+
     def _reset(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            processes: dict[Any, Any] = dict(getattr(pool, "_processes", None) or {})
-            for process in processes.values():
-                with contextlib.suppress(OSError):
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError):
                     process.kill()
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -189,33 +269,101 @@ class Compiler:
         """Validates and compiles ``wasm`` in the worker.
 
         Raises:
-            EvaldError: ``invalid_module`` (refused, or over the CPU or time limit),
+            EvaldError: ``invalid_module`` (refused, or over the CPU, memory or time limit),
                 ``unavailable`` (the daemon is stopping).
         """
         future = self._executor().submit(_child_compile, config, wasm, memory_cap, self._cpu_s)
-        try:
-            result = future.result(timeout=self._wall_s)
-        except concurrent.futures.TimeoutError:
+        workers = self._workers()
+        future.add_done_callback(self._notify)
+        give_up = time.monotonic() + self._wall_s
+        with self._changed:
+            while not future.done():
+                remaining = min(give_up, self._stop_at) - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            stopped = not future.done() and time.monotonic() >= self._stop_at
+        if not future.done():
             self._reset()
+            if stopped:
+                raise EvaldError(
+                    ErrorCode.UNAVAILABLE,
+                    "the daemon is shutting down: the module's compilation was ended at the "
+                    "shutdown grace period; register it again once the daemon is back",
+                )
             raise EvaldError(
                 ErrorCode.INVALID_MODULE,
                 f"compiling the module took longer than {self._wall_s:g} s; an evaluator "
                 "compiles in milliseconds (build with -O ReleaseSmall, fewer functions)",
-            ) from None
-        except BrokenProcessPool:
+            )
+        try:
+            result = future.result()
+        except (BrokenProcessPool, concurrent.futures.CancelledError):
             self._reset()
-            raise EvaldError(
-                ErrorCode.INVALID_MODULE,
-                f"compiling the module used more than {self._cpu_s:g} s of CPU or the "
-                "compiler failed; an evaluator compiles in milliseconds",
-            ) from None
+            raise self._worker_died(workers) from None
         if isinstance(result, tuple):
             code, message = result
+            if code == _OVER_MEMORY:
+                raise self._over_memory()
             raise EvaldError(ErrorCode(code), message)
         return result
 
-    def close(self) -> None:
-        """Stops the worker process (pending compilations are refused)."""
+    def _notify(self, _future: object) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _over_memory(self) -> EvaldError:
+        return EvaldError(
+            ErrorCode.INVALID_MODULE,
+            f"compiling the module needed more than {self._memory_bytes // 2**20} MiB of "
+            "memory (compile_memory_bytes); an evaluator compiles in a few MiB: split large "
+            "functions and use fewer locals",
+        )
+
+    def _worker_died(self, workers: list[Any]) -> EvaldError:
+        """Why the worker ended mid-compilation, from how it ended."""
         with self._lock:
+            if self._closed:
+                return EvaldError(
+                    ErrorCode.UNAVAILABLE,
+                    "the daemon is shutting down: the module's compilation was ended at the "
+                    "shutdown grace period; register it again once the daemon is back",
+                )
+        codes = set()
+        for process in workers:
+            with contextlib.suppress(ValueError, AttributeError):
+                process.join(timeout=1.0)
+                codes.add(process.exitcode)
+        if -signal.SIGXCPU in codes:
+            return EvaldError(
+                ErrorCode.INVALID_MODULE,
+                f"compiling the module used more than {self._cpu_s:g} s of CPU "
+                "(compile_cpu_s); an evaluator compiles in milliseconds",
+            )
+        if -signal.SIGABRT in codes:  # wasmtime aborts when an allocation is refused
+            return self._over_memory()
+        return EvaldError(
+            ErrorCode.INVALID_MODULE,
+            f"the compiler ended without a result (exit status {sorted(codes, key=str)}); "
+            "the module was not registered",
+        )
+
+    def stop(self, grace_s: float) -> None:
+        """Refuses new compilations from now on; one running may go on for ``grace_s``, then
+        it is ended and its caller gets ``unavailable``. Does not wait."""
+        with self._changed:
             self._closed = True
+            self._stop_at = min(self._stop_at, time.monotonic() + max(0.0, grace_s))
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Stops the worker process now (a running compilation is refused with
+        ``unavailable``, pending ones too)."""
+        self.stop(0.0)
         self._reset()
+        # Let any worker the pool started behind our back go as well: it reads end-of-file and
+        # exits. Without this, one left running would deadlock the daemon's exit, where
+        # multiprocessing joins its children while they wait for the daemon to end.
+        for end in (self._parent_link, self._parent_watch):
+            with contextlib.suppress(OSError):
+                end.close()

@@ -40,8 +40,9 @@ How each limit is enforced (docs/design.md §5):
 * input / output size: checked by the host before and after the call.
 
 Instances: in ``reuse`` mode each thread keeps one instance per (pool key, module) — the daemon
-passes the tenant as pool key, so tenants never share an instance — and after every call zeroes
-what crossed the boundary (the input written, the output returned; what the guest keeps
+passes the tenant as pool key, so tenants never share an instance; what one key's instances
+hold, all threads together, stays within ``Limits.instance_cache_bytes`` — and after every call
+zeroes what crossed the boundary (the input written, the output returned; what the guest keeps
 elsewhere in its memory persists, as any guest state does); in ``fresh`` mode each call gets a
 new store and instance (wasmtime's pooling allocator by default) and shares nothing. An instance
 is discarded after any trap (the guest's shadow stack pointer is not unwound) and after any
@@ -160,12 +161,15 @@ class WasmHost:
         return self._loader.cache.collect(keep)
 
     def forget(self, module: LoadedModule) -> None:
-        """Drops the compiled code kept for ``module``'s hash (after the daemon deletes it).
-
-        Instances already made by other threads are released as their LRU turns over.
-        """
+        """Drops the compiled code kept for ``module``'s hash and every thread's instances of
+        it (after the daemon deletes or replaces it); a call running on one finishes first."""
         self._loader.forget(module.sha256)
         self._pool.forget(module.sha256)
+
+    def cached_bytes(self, pool_key: str) -> int:
+        """The linear memory that reuse mode's kept instances of ``pool_key`` hold now, every
+        thread together (at most its ``Limits.instance_cache_bytes`` after each call)."""
+        return self._pool.held_bytes(pool_key)
 
     def memory_cap(self, limits: Limits) -> int:
         """The memory cap a module runs under with ``limits`` (the pool slot bounds it)."""

@@ -63,6 +63,7 @@ class Instance:
         "context",
         "eval",
         "flag",
+        "held_bytes",
         "in_cap",
         "in_ptr",
         "memory",
@@ -86,6 +87,8 @@ class Instance:
         self.flag: wasmtime.Global | None = None
         self.view = memoryview(bytearray())
         self.view_size = 0
+        #: The memory the instance pool charged for it (its size when last counted).
+        self.held_bytes = 0
 
     def refresh_view(self) -> None:
         """Takes a new view of the memory (after instantiation, or a call that grew it)."""

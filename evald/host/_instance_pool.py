@@ -1,21 +1,38 @@
 """Reuse mode's instances: one per (pool key, module) in each thread, least recently used first
-out.
+out, and a memory budget per pool key over every thread.
 
 Instantiating costs tens of microseconds and a reused call a few, so in ``reuse`` mode each
 worker thread keeps its instances in a thread-local ordered dict. The daemon passes the tenant
 as pool key, so tenants never share an instance; a store is single-threaded, so threads never
-do either, and no lock is taken. A trap or a malformed output discards the instance (the
-guest's shadow stack pointer is not unwound). An instance made under another memory cap is
-adjusted in place when its memory fits the new cap, else replaced.
+do either. A trap or a malformed output discards the instance (the guest's shadow stack pointer
+is not unwound). An instance made under another memory cap is adjusted in place when its memory
+fits the new cap, else replaced.
 
-The hit — the instance exists with this module and cap — is the hot path, and the call path
-(:mod:`evald.host._call_path`) tests it inline on :attr:`InstancePool.local`; everything else
-goes through :meth:`InstancePool.instance`.
+What the kept instances hold is bounded twice (docs/design.md §5):
+
+* per thread, at most ``instances_per_thread`` instances (the least recently used go);
+* per pool key, every thread together, at most ``Limits.instance_cache_bytes`` of linear
+  memory. An instance is charged its memory size when it is made and again whenever a call
+  grows it; past the budget the key's other instances go, the calling thread's least recently
+  used first, then other threads'; an instance over the budget on its own serves its call and
+  is not kept.
+
+A module that is deleted or replaced leaves every thread at once (:meth:`InstancePool.forget`),
+not only the thread that deleted it: an idle worker would otherwise keep its instances, and
+their memory, until its LRU turned over.
+
+Other threads' dicts are changed only under the pool's lock, and so are the owner's on every
+path but the hit. The hit — the instance exists with this module and cap — is the hot path:
+the call path (:mod:`evald.host._call_path`) tests it inline on :attr:`InstancePool.local`
+and takes no lock; it tolerates the entry vanishing under it (another thread forgot the module
+or evicted the instance meanwhile: the call still runs on the instance it holds, which is not
+kept afterwards).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
 import wasmtime
@@ -30,10 +47,21 @@ __all__ = ["InstancePool", "ThreadInstances"]
 ThreadInstances = OrderedDict[tuple[str, str], Instance]
 
 
-class InstancePool:
-    """Each thread's reused instances; every method acts on the calling thread's only."""
+class _ThreadToken:
+    """Kept in a thread's local storage beside its instances: when the thread ends it is freed,
+    and its finalizer returns the thread's instances to the pool's accounts."""
 
-    __slots__ = ("_deadlines", "_engine", "_per_thread", "local")
+    __slots__ = ("__weakref__",)
+
+
+class InstancePool:
+    """Every thread's reused instances and what they hold per pool key; thread-safe.
+
+    :meth:`instances`, :meth:`instance`, :meth:`discard` and :meth:`resized` act on the
+    calling thread's instances; :meth:`forget` and :meth:`clear` on every thread's.
+    """
+
+    __slots__ = ("_deadlines", "_engine", "_held", "_lock", "_per_thread", "_threads", "local")
 
     def __init__(self, engine: wasmtime.Engine, deadlines: EpochDeadlines, per_thread: int) -> None:
         self._engine = engine
@@ -41,20 +69,40 @@ class InstancePool:
         self._per_thread = per_thread
         #: ``local.instances`` is the calling thread's :data:`ThreadInstances` once it has any.
         self.local = threading.local()
+        # Reentrant: a thread's finalizer may run while its own thread holds the lock.
+        self._lock = threading.RLock()
+        #: Every live thread's instances (the dicts themselves; a thread's leaves when it ends).
+        self._threads: list[ThreadInstances] = []
+        #: Bytes of linear memory the kept instances of each pool key hold, all threads.
+        self._held: dict[str, int] = {}
+
+    # -- the calling thread ----------------------------------------------------------------
 
     def instances(self) -> ThreadInstances:
         """The calling thread's instances (created empty on first use)."""
         instances: ThreadInstances | None = getattr(self.local, "instances", None)
         if instances is None:
             instances = OrderedDict()
+            token = _ThreadToken()
+            with self._lock:
+                self._threads.append(instances)
             self.local.instances = instances
+            self.local.token = token
+            weakref.finalize(token, self._thread_ended, instances)
         return instances
 
     def instance(
-        self, module: LoadedModule, memory_cap: int, fuel: int, deadline_ms: int, pool_key: str
+        self,
+        module: LoadedModule,
+        memory_cap: int,
+        fuel: int,
+        deadline_ms: int,
+        pool_key: str,
+        budget_bytes: int,
     ) -> Instance:
         """This thread's instance of ``module`` for ``pool_key`` under ``memory_cap``, made
-        (with ``fuel`` and ``deadline_ms`` for its start) when there is none.
+        (with ``fuel`` and ``deadline_ms`` for its start) when there is none, and kept within
+        ``budget_bytes`` for the key (see the module docstring).
 
         Raises:
             Failure: from instantiation.
@@ -63,35 +111,110 @@ class InstancePool:
         key = (pool_key, module.sha256)
         instance = instances.get(key)
         if instance is not None and instance.module is module:
-            if instance.memory_cap != memory_cap:
-                if instance.memory.size() > memory_cap:
-                    del instances[key]
-                    return self.instance(module, memory_cap, fuel, deadline_ms, pool_key)
+            if instance.memory_cap == memory_cap:
+                self._touch(instances, key)
+                return instance
+            if instance.memory.size() <= memory_cap:
                 instance.store.set_limits(memory_size=memory_cap)
                 instance.memory_cap = memory_cap
-            instances.move_to_end(key)
-            return instance
+                self._touch(instances, key)
+                return instance
         instance = instantiate(
             self._engine, module, memory_cap, fuel, self._deadlines.ticks(deadline_ms)
         )
-        instances[key] = instance
-        while len(instances) > self._per_thread:
-            instances.popitem(last=False)
+        with self._lock:
+            old = instances.get(key)
+            if old is not None:
+                self._remove(instances, key, old)
+            instance.held_bytes = instance.view_size
+            instances[key] = instance
+            self._held[pool_key] = self._held.get(pool_key, 0) + instance.held_bytes
+            while len(instances) > self._per_thread:
+                oldest = next(iter(instances))
+                self._remove(instances, oldest, instances[oldest])
+            self._within_budget(instances, key, instance, budget_bytes)
         return instance
+
+    def resized(self, instance: Instance, pool_key: str, budget_bytes: int) -> None:
+        """Charges ``instance``'s memory as it is now (after a call grew it), if it is kept."""
+        instances = self.instances()
+        key = (pool_key, instance.module.sha256)
+        with self._lock:
+            if instances.get(key) is not instance:
+                return  # not kept (forgotten or evicted meanwhile): nothing is charged for it
+            grown = instance.view_size - instance.held_bytes
+            instance.held_bytes = instance.view_size
+            self._held[pool_key] = self._held.get(pool_key, 0) + grown
+            self._within_budget(instances, key, instance, budget_bytes)
 
     def discard(self, instance: Instance, pool_key: str) -> None:
         """Drops ``instance`` if it is this thread's for ``pool_key`` (after a trap)."""
         instances = self.instances()
         key = (pool_key, instance.module.sha256)
-        if instances.get(key) is instance:
-            del instances[key]
+        with self._lock:
+            if instances.get(key) is instance:
+                self._remove(instances, key, instance)
+
+    # -- every thread ----------------------------------------------------------------------
 
     def forget(self, sha256: str) -> None:
-        """Drops this thread's instances of the module with this hash, for every pool key."""
-        instances = self.instances()
-        for key in [k for k in instances if k[1] == sha256]:
-            del instances[key]
+        """Drops every thread's instances of the module with this hash, for every pool key."""
+        with self._lock:
+            for instances in self._threads:
+                for key in [k for k in list(instances) if k[1] == sha256]:
+                    self._remove(instances, key, instances[key])
 
     def clear(self) -> None:
-        """Drops all of this thread's instances."""
-        self.instances().clear()
+        """Drops every thread's instances."""
+        with self._lock:
+            for instances in self._threads:
+                instances.clear()
+            self._held.clear()
+
+    def held_bytes(self, pool_key: str) -> int:
+        """The linear memory the kept instances of ``pool_key`` hold now, all threads."""
+        with self._lock:
+            return self._held.get(pool_key, 0)
+
+    # -- accounts (caller holds the lock) ---------------------------------------------------
+
+    @staticmethod
+    def _touch(instances: ThreadInstances, key: tuple[str, str]) -> None:
+        try:
+            instances.move_to_end(key)
+        except KeyError:  # another thread forgot or evicted it meanwhile
+            pass
+
+    def _remove(self, instances: ThreadInstances, key: tuple[str, str], instance: Instance) -> None:
+        if instances.pop(key, None) is not None:
+            left = self._held.get(key[0], 0) - instance.held_bytes
+            if left > 0:
+                self._held[key[0]] = left
+            else:
+                self._held.pop(key[0], None)
+
+    def _within_budget(
+        self,
+        own: ThreadInstances,
+        key: tuple[str, str],
+        current: Instance,
+        budget_bytes: int,
+    ) -> None:
+        """Evicts ``key``'s tenant's other instances until it holds at most ``budget_bytes``:
+        this thread's least recently used first, then other threads'; ``current`` last."""
+        pool_key = key[0]
+        if self._held.get(pool_key, 0) <= budget_bytes:
+            return
+        for instances in (own, *(other for other in self._threads if other is not own)):
+            for victim in [k for k in list(instances) if k[0] == pool_key and k != key]:
+                self._remove(instances, victim, instances[victim])
+                if self._held.get(pool_key, 0) <= budget_bytes:
+                    return
+        if own.get(key) is current:
+            self._remove(own, key, current)  # over the budget on its own: serves this call only
+
+    def _thread_ended(self, instances: ThreadInstances) -> None:
+        with self._lock:
+            for key, instance in list(instances.items()):
+                self._remove(instances, key, instance)
+            self._threads = [other for other in self._threads if other is not instances]

@@ -23,6 +23,9 @@ class Limits:
         deadline_ms: wall-clock budget per evaluation, enforced by epoch interruption.
         input_bytes: a longer input is refused with ``input_too_large``; the guest is not called.
         output_bytes: a longer value (or error payload) is ``output_too_large``.
+        instance_cache_bytes: in ``reuse`` mode, the linear memory that the instances kept for
+            this caller's pool key (the daemon: the tenant) may hold, every worker thread
+            together; past it the least recently used go (docs/design.md §5).
     """
 
     fuel: int = 200_000_000
@@ -30,9 +33,17 @@ class Limits:
     deadline_ms: int = 100
     input_bytes: int = 1 * 2**20
     output_bytes: int = 64 * 2**10
+    instance_cache_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
-        for name in ("fuel", "memory_bytes", "deadline_ms", "input_bytes", "output_bytes"):
+        for name in (
+            "fuel",
+            "memory_bytes",
+            "deadline_ms",
+            "input_bytes",
+            "output_bytes",
+            "instance_cache_bytes",
+        ):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"Limits.{name} must be a non-negative int, not {value!r}")
@@ -63,7 +74,7 @@ class HostConfig:
         pool_memory_bytes: per-slot memory reservation of the pooling allocator; also an upper
             bound on any tenant's memory cap in pooling mode.
         instances_per_thread: reuse mode keeps at most this many instances per thread (least
-            recently used are dropped).
+            recently used are dropped); ``Limits.instance_cache_bytes`` bounds their memory.
         signals_based_traps: let wasmtime catch out-of-bounds accesses with guard pages and a
             SIGSEGV handler instead of explicit bounds checks. Off by default: a library that
             installs its own SIGSEGV handler later in the process (``tvm_ffi``, imported by

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import wasmtime
 
-from evald.contract import Manifest
-from evald.host._abi import EVAL_EXPORT
+from evald.contract import EVAL_EXPORT, Manifest
 from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT
 
 __all__ = ["LoadedModule"]

@@ -6,8 +6,9 @@ Everything that can refuse a module happens here, once, and ends in ``EvaldError
 
 1. **Validate** against ABI v1 (:func:`~evald.host._abi.inspect_module`): size, exports, no
    imports, the manifest, the declared memory against the cap it will run under.
-2. **Compile**, after rewriting the module so a refused ``memory.grow`` is recorded
-   (:mod:`evald.host._instrument`) — or deserialize it from the disk cache
+2. **Compile**, after checking what each function would cost the compiler
+   (:mod:`evald.host._compile_cost`) and rewriting the module so a refused ``memory.grow`` is
+   recorded (:mod:`evald.host._instrument`) — or deserialize it from the disk cache
    (:mod:`evald.host._module_cache`). Compiled code is also kept in memory by hash, so loading
    the same bytes again (another tenant, another limit) compiles nothing. A module compiled
    elsewhere (:mod:`evald.host._compiler`, registration's worker process) is adopted instead.
@@ -24,15 +25,17 @@ import threading
 
 import wasmtime
 
-from evald.contract import ErrorCode, EvaldError, Manifest
-from evald.host._abi import (
+from evald.contract import (
     ABI_VERSION,
     BUFFER_EXPORTS,
     EVAL_EXPORT,
     VERSION_EXPORT,
-    WASM_PAGE_BYTES,
-    inspect_module,
+    ErrorCode,
+    EvaldError,
+    Manifest,
 )
+from evald.host._abi import WASM_PAGE_BYTES, inspect_module
+from evald.host._compile_cost import check_compile_cost
 from evald.host._compiler import CompiledModule
 from evald.host._deadline import EpochDeadlines
 from evald.host._engine import engine_fingerprint
@@ -84,6 +87,7 @@ class ModuleLoader:
         if known is None:
 
             def compile_module() -> wasmtime.Module:
+                check_compile_cost(wasm, info)
                 try:
                     code = instrument_memory_grow(wasm, info, eval_index) or wasm
                 except Exception:  # the rewrite is an aid; never let it refuse a valid module

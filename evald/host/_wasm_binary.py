@@ -23,7 +23,6 @@ __all__ = [
     "Reader",
     "Section",
     "WasmFormatError",
-    "encode_u32",
     "parse_module",
 ]
 
@@ -130,19 +129,6 @@ class Reader:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WasmFormatError(f"a name is not valid UTF-8 at offset {self.pos}") from exc
-
-
-def encode_u32(value: int) -> bytes:
-    """Unsigned LEB128."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,13 @@ from evald.contract import (
     ErrorCode,
     EvaldError,
     Manifest,
+    load_manifest_source,
     may_produce,
     parse_manifest,
 )
 from evald.daemon import Config, load_config
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost, check_manifest_grammars
-from evaluators_wasm.toolchain import build_evaluator, load_manifest_source
+from evald.sdk._toolchain import build_evaluator
 
 __all__ = [
     "LANGUAGES",
@@ -331,7 +332,7 @@ def build_folder(
         write: write the module (only when every check passed).
 
     Raises:
-        evaluators_wasm.toolchain.BuildError: the compiler refused the source (``output`` holds its
+        BuildError: the compiler refused the source (``output`` holds its
             diagnostics verbatim).
         EvaldError: a missing file, an unreadable manifest, or any check that failed.
     """

@@ -99,7 +99,14 @@ class EvaluateBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EvaluateResponse, _Mapping]]] = ...) -> None: ...
 
 class EvaluatorInfo(_message.Message):
-    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256", "examples")
+    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256", "examples", "literals")
+    class LiteralsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +117,7 @@ class EvaluatorInfo(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LITERALS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     tag: str
@@ -120,7 +128,8 @@ class EvaluatorInfo(_message.Message):
     owner: str
     sha256: str
     examples: _containers.RepeatedCompositeFieldContainer[EvaluatorExample]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[EvaluatorExample, _Mapping]]] = ...) -> None: ...
+    literals: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[EvaluatorExample, _Mapping]]] = ..., literals: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EvaluatorExample(_message.Message):
     __slots__ = ("input", "value", "question")

@@ -20,15 +20,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from evald.client import Client
 from evald.daemon import DEFAULT_CONFIG_PATH
-from evald_lab.harness import DaemonProcess, evald_command, start_daemon
+from evald.testing import DaemonProcess, evald_command, start_daemon
 
-__all__ = ["EXAMPLES", "SECTIONS", "evald_command", "main", "running_daemon", "show_evaluations"]
+__all__ = [
+    "BEST_CONFIGURATION",
+    "ENGINE_PROMPTS",
+    "EXAMPLES",
+    "SECTIONS",
+    "DemoConfiguration",
+    "evald_command",
+    "main",
+    "running_daemon",
+    "show_evaluations",
+    "show_local_engine",
+]
 
 #: (evaluator, span content) pairs; an evaluator the daemon does not serve is skipped.
 EXAMPLES: tuple[tuple[str, str], ...] = (
@@ -132,44 +144,76 @@ def show_evaluations(target: str, console: Console) -> None:
 # The local engine end to end: SmolLM2-135M on this CPU writes spans, evald answers, the engine
 # forces the results through the model. Heavy imports stay inside the function.
 
-#: (title, prompt, forced prefix, narrowed span content as (evaluator, EBNF) or None).
-ENGINE_PROMPTS: tuple[tuple[str, str, str, tuple[str, str] | None], ...] = (
+
+@dataclass(frozen=True)
+class DemoConfiguration:
+    """How the demo asks the model: the configuration the accuracy study found best."""
+
+    instructions: bool
+    """Model-facing instructions rendered from the manifests, as a system message."""
+    operands: bool
+    """Operands from the context: the span's literals must be the question's."""
+    mode: str
+    study: str
+    """Where the study says so (the held-out set's summary) and what it measured."""
+
+    def describe(self) -> str:
+        parts = [self.mode]
+        if self.instructions:
+            parts.append("instructions from the manifests")
+        if self.operands:
+            parts.append("operands from the question")
+        return " + ".join(parts)
+
+
+#: The accuracy study's best arm for SmolLM2 on the held-out problems (README, "The local engine
+#: and the accuracy study"); tests/lab/test_demo.py checks it against the committed summary.
+BEST_CONFIGURATION = DemoConfiguration(
+    instructions=True,
+    operands=True,
+    mode="grammar-eval",
+    study="reports/study/heldout/smollm2/summary.json",
+)
+
+#: (title, prompt, forced prefix, a span that sets the question up right, for the verdict).
+ENGINE_PROMPTS: tuple[tuple[str, str, str, tuple[str, str]], ...] = (
     (
         "arithmetic word problem",
         "A box has 17 rows of 23 items, then 91 more are added. How many items are in the box?",
         "The expression is <calc>",
-        None,
+        ("calc", "17 * 23 + 91"),
     ),
     (
         "letter counting",
         "How many r's are in strawberry?",
         "The expression is <strop>",
-        ("strop", 'root ::= "count(\\"" [a-zA-Z]+ "\\", \\"" [a-zA-Z] "\\")"'),
+        ("strop", 'count("strawberry", "r")'),
     ),
     (
         "a date question",
         "Which day of the week was 2024-07-04?",
         "The expression is <date>",
-        (
-            "date",
-            'root ::= "weekday(" [0-9] [0-9] [0-9] [0-9] "-" [01] [0-9] "-" [0-3] [0-9] ")"',
-        ),
+        ("date", "weekday(2024-07-04)"),
     ),
 )
 
 
 _STOP_AFTER_RESULT = ("</result>", "</result_error>")
+#: The text before the span in every demo answer (each prompt's prefix is it plus the opener).
+_ANSWER_LEAD = "The expression is "
 
 
 def show_local_engine(target: str, console: Console) -> None:
-    """Runs :data:`ENGINE_PROMPTS` on the local engine, first with the model writing the result
-    itself (``grammar-no-eval``), then with evald's value forced (``grammar-eval``), and prints
-    each answer with the forced text highlighted and the timings."""
+    """Runs :data:`ENGINE_PROMPTS` on the local engine in :data:`BEST_CONFIGURATION` and says
+    for each answer whether it is right (against the value of a span that sets the question up
+    right); a wrong answer is shown as it is, with the span the model wrote. Then, for contrast,
+    the same request with the model writing the value itself (grammar-no-eval)."""
     from rich.text import Text
 
-    from engine_adapter import EvaluatorClient, list_evaluators
+    from engine_adapter import EvaluatorClient, list_evaluators, render_instructions
     from engine_adapter.local import BackendError, LocalEngine, load_backend, load_tokenizer
 
+    config = BEST_CONFIGURATION
     console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans through evald")
     started = time.perf_counter()
     try:
@@ -180,21 +224,31 @@ def show_local_engine(target: str, console: Console) -> None:
     tokenizer = load_tokenizer()
     console.print(
         f"model loaded ({backend.name} backend) in {time.perf_counter() - started:.1f} s; "
-        "greedy decoding; [bold green]green[/] = forced by the engine, [dim]dim[/] = the forced "
+        f"greedy decoding; [bold green]green[/] = forced by the engine, [dim]dim[/] = the forced "
         "prefix"
     )
+    console.print(
+        f"configuration: [bold]{config.describe()}[/] (the accuracy study's best for this "
+        f"model, {config.study})"
+    )
     try:
-        with EvaluatorClient(target) as client:
+        with EvaluatorClient(target) as client, Client(target) as checker:
             client.wait_connected(10.0)
-            engine = LocalEngine(
-                backend, tokenizer, list_evaluators(target), evaluator=client, deadline_ms=1000
+            evaluators = list_evaluators(target)
+            # as in the study: the examples' answers open with the forced prefix's lead-in
+            system = (
+                render_instructions(evaluators, answer_prefix=_ANSWER_LEAD)
+                if config.instructions
+                else None
             )
-            for title, prompt, prefix, narrowed in ENGINE_PROMPTS:
+            engine = LocalEngine(
+                backend, tokenizer, evaluators, evaluator=client, deadline_ms=1000,
+                system_prompt=system,
+            )
+            for title, prompt, prefix, (name, right_span) in ENGINE_PROMPTS:
                 console.print(f"\n[bold]{title}[/]: {prompt}")
-                content = {narrowed[0]: narrowed[1]} if narrowed else None
-                for mode in ("grammar-no-eval", "grammar-eval"):
-                    grammar = engine.span_grammar(mode, prefix, content_grammars=content)
-                    shown = Text(f"  {mode:>15}: ")
+                expected = checker.evaluate(name, right_span).value
+                for mode in (config.mode, "grammar-no-eval"):
                     chunks: list[tuple[str, bool]] = []
 
                     def collect(
@@ -206,36 +260,60 @@ def show_local_engine(target: str, console: Console) -> None:
                         prompt,
                         mode=mode,
                         prefix=prefix,
-                        grammar=grammar,
                         max_new_tokens=40,
-                        stop=_STOP_AFTER_RESULT if mode == "grammar-no-eval" else (),
+                        stop=_STOP_AFTER_RESULT,
                         on_text=collect,
+                        operands_from=True if config.operands else None,
                     )
+                    shown = Text(f"  {mode:>15}: ")
                     for index, (text, forced) in enumerate(chunks):
                         style = "dim" if index == 0 and forced else "bold green" if forced else ""
                         shown.append(text, style=style)
                     console.print(shown)
-                    for span in result.spans:
-                        if not span.forced_text:
-                            continue
+                    if mode == config.mode:
+                        _show_verdict(console, result, name, expected, right_span)
+                    else:
                         console.print(
-                            f"{'':19}<{span.evaluator}>{span.content}</{span.evaluator}> → "
-                            f"{span.forced_text}: evald answered in "
-                            f"{span.eval_latency_us / 1000:.2f} ms, the decode loop waited "
-                            f"{span.wait_us / 1000:.2f} ms, {span.n_forced_tokens} tokens forced "
-                            f"in one forward of {span.inject_forward_us / 1000:.1f} ms",
-                            markup=False,
-                            highlight=False,
+                            f"{'':19}[dim](for contrast: the model writes the value itself)[/]"
                         )
-                    steps = [s.forward_us for s in result.steps if s.kind == "sample"]
-                    step_ms = sum(steps) / len(steps) / 1000 if steps else 0.0
-                    console.print(
-                        f"{'':19}[dim]{result.n_sampled} sampled + {result.n_forced} forced "
-                        f"tokens, {result.tokens_per_s:.0f} tok/s, {step_ms:.1f} ms per decode "
-                        f"step, stop: {result.stop_reason}[/]"
-                    )
     finally:
         backend.close()
+
+
+def _show_verdict(
+    console: Console, result: Any, evaluator: str, expected: str, right_span: str
+) -> None:
+    """Right or wrong, against the value of a span that sets the question up right; a wrong
+    answer names the span the model wrote and says that evald computed it exactly."""
+    import re
+
+    from rich.markup import escape
+
+    span = next((s for s in result.spans if s.evaluator == evaluator), None)
+    if span is None:
+        opened = re.search(rf"<{evaluator}>(.*)$", result.text, re.S)
+        written = escape(opened.group(1)) if opened else ""
+        console.print(
+            f"{'':19}[red]wrong[/]: the model never closed its span (<{evaluator}>{written}…); "
+            f"the answer is {expected}",
+            highlight=False,
+        )
+    elif span.value == expected:
+        console.print(
+            f"{'':19}[green]right[/]: {expected}; evald answered in "
+            f"{span.eval_latency_us / 1000:.2f} ms, {span.n_forced_tokens} tokens forced in one "
+            f"forward of {span.inject_forward_us / 1000:.1f} ms",
+            highlight=False,
+        )
+    else:
+        outcome = span.value if span.value is not None else f"error {span.error_code}"
+        console.print(
+            f"{'':19}[red]wrong[/]: the model wrote <{evaluator}>{escape(span.content)}"
+            f"</{evaluator}>, which evald computed exactly ({escape(outcome)}), but it sets up "
+            f"another question: the answer is {expected} (<{evaluator}>{escape(right_span)}"
+            f"</{evaluator}>)",
+            highlight=False,
+        )
 
 
 #: What the demo shows while the daemon serves, in order.

@@ -49,9 +49,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_adapter import Mode
+
 __all__ = ["adapter_passed", "check_spans", "main", "serving_model_dir"]
 
-MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
+#: The study's modes, in its order (their names are ``engine_adapter.Mode``'s).
+MODES = tuple(mode.value for mode in Mode)
 SERVED_NAME = "smollm2"
 
 
@@ -270,7 +273,7 @@ def _openai_smoke(
         try:
             answer = _http(f"{url}/v1/chat/completions", body)
             text = answer["choices"][0]["message"]["content"] or ""
-            out.append({"text": text, **classify(item, "grammar-eval", text)})
+            out.append({"text": text, **classify(item, Mode.GRAMMAR_EVAL, text)})
         except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
             detail = (
                 exc.read().decode(errors="replace")
@@ -531,11 +534,13 @@ def _workload(
     ]
     eval_tag = structural_tag_for(target, token, ["calc"], prefix=prefix, special_tokens=specials)
     calc = [s for s in list_evaluators(target, token) if s.name == "calc"]
-    no_eval = build_structural_tag(calc, "grammar-no-eval", prefix=prefix, special_tokens=specials)
+    no_eval = build_structural_tag(
+        calc, Mode.GRAMMAR_NO_EVAL, prefix=prefix, special_tokens=specials
+    )
     tags = {
-        "no-grammar": None,
-        "grammar-no-eval": no_eval.json(),
-        "grammar-eval": json.dumps(eval_tag),
+        Mode.NO_GRAMMAR.value: None,
+        Mode.GRAMMAR_NO_EVAL.value: no_eval.json(),
+        Mode.GRAMMAR_EVAL.value: json.dumps(eval_tag),
     }
     warm = min(4, len(items))
     for mode in MODES:  # compiles and caches each grammar, captures nothing in the numbers
@@ -555,13 +560,13 @@ def _workload(
     spans = _span_log(span_log)
     smoke = _openai_smoke(url, items, chats, eval_tag, args.openai)
     checks = check_spans(
-        [r.get("text", "") for r in modes["grammar-eval"]["records"]]
+        [r.get("text", "") for r in modes[Mode.GRAMMAR_EVAL.value]["records"]]
         + [r.get("text", "") for r in smoke["records"]],
         target,
         token,
     )
-    evaluated = modes["grammar-eval"]
-    plain = modes["grammar-no-eval"]
+    evaluated = modes[Mode.GRAMMAR_EVAL.value]
+    plain = modes[Mode.GRAMMAR_NO_EVAL.value]
     ratio = (
         evaluated["tokens_per_s"] / plain["tokens_per_s"]
         if evaluated["tokens_per_s"] and plain["tokens_per_s"]

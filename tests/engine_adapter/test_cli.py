@@ -140,6 +140,25 @@ def test_generate_with_instructions_shows_the_text_the_model_was_given(
 
 
 @pytest.mark.model
+def test_generate_with_operands_narrows_to_the_prompt_and_notes_when_it_cannot(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["generate", "--evaluator-mode", "python", "--evaluators", "calc,strop",
+            "--prefix", "<calc>", "--max-new-tokens", "16", "--timings"]
+    assert main([*args, "--operands", PROMPT]) == 0
+    captured = capsys.readouterr()
+    assert "operands:\n  calc: number in {17, 23, 91}" in captured.err
+    content = re.search(r"<calc>(.*?)</calc>", captured.out)
+    assert content and set(re.findall(r"[0-9]+", content.group(1))) <= {"17", "23", "91"}
+    assert main([*args, "--operands-from", "Only 4 and 5.", PROMPT]) == 0
+    assert "calc: number in {4, 5}" in capsys.readouterr().err
+    assert main([*args, "--operands", "How many r's are in strawberry?"]) == 0
+    err = capsys.readouterr().err
+    assert "note: operands off for calc: the text holds no literal its grammar accepts" in err
+    assert "note: operands off for strop" not in err  # strop took the prompt's words
+
+
+@pytest.mark.model
 def test_generate_refuses_an_evaluator_evald_does_not_offer(
     daemon: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,13 +1,12 @@
 """Runs the real daemon (``evald serve``) as a subprocess on a real unix socket, for tests.
 
-The process handling lives in ``evald_lab.harness`` (``evald fuzz`` uses it too); this file
-adds what only the tests need: the session config with one tenant per concern, their tokens, a
+The process handling is the product's :mod:`evald.testing` (``evald fuzz`` uses it too); this
+file adds what only the tests need: the session config with one tenant per concern, their tokens, a
 handle that makes clients for them and runs the CLI, and small helpers for modules and outcomes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,10 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evald import testing as harness
 from evald.client import Client
-from evald.daemon import hash_token
-from evald_lab import harness
-from evald_lab.harness import EVALD, START_TIMEOUT_S, DaemonProcess, free_port, padded
+from evald.testing import (
+    EVALD,
+    START_TIMEOUT_S,
+    DaemonProcess,
+    free_port,
+    named_guest,
+    padded,
+    tenant_table,
+)
 from evaluators_wasm import wasm_path
 
 __all__ = [
@@ -45,17 +51,8 @@ TOKENS = {
 
 
 def tenant_block(name: str, *, token: bool = True, **settings: Any) -> str:
-    """One ``[[tenants]]`` table; keyword ``limits`` is a dict for ``[tenants.limits]``."""
-    limits: dict[str, Any] = settings.pop("limits", {})
-    lines = ["[[tenants]]", f'name = "{name}"']
-    if token:
-        lines.append(f'token_sha256 = "{hash_token(TOKENS[name])}"')
-    for key, value in settings.items():
-        lines.append(f"{key} = {json.dumps(value)}")
-    if limits:
-        lines.append("[tenants.limits]")
-        lines.extend(f"{key} = {json.dumps(value)}" for key, value in limits.items())
-    return "\n".join(lines) + "\n"
+    """One ``[[tenants]]`` table of the test config, with the tenant's token from ``TOKENS``."""
+    return tenant_table(name, token=TOKENS[name] if token else None, **settings)
 
 
 def session_config(metrics_port: int) -> str:
@@ -172,15 +169,8 @@ def wait_serving(daemon: Daemon, listen: str | None = None, tls_ca: Path | None 
 
 
 def module(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
-    """A WAT test module (``wat_modules.guest``) whose manifest name and tag are ``name``."""
-    from wat_modules import guest, manifest_bytes
-
-    return guest(
-        kind,
-        param,
-        manifest=manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1"),
-        **options,
-    )
+    """A WAT test module (:func:`evald.testing.named_guest`) named and tagged ``name``."""
+    return named_guest(kind, name, param, **options)
 
 
 def outcome(response: Any) -> str:

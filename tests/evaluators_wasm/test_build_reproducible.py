@@ -1,29 +1,55 @@
 """The committed modules are what their sources build: a change to a grammar, a manifest or a
-guest that was not rebuilt (``python -m evaluators_wasm.build NAME``) fails here."""
+guest that was not rebuilt (``make wasm``) fails here, and so does a change to the SDK's build
+that would give other bytes."""
 
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS, wasm_path
-from evaluators_wasm.toolchain import MANIFEST_SECTION, build_evaluator, load_manifest_source
+from evald.contract import (
+    MANIFEST_SECTION,
+    STANDARD_EVALUATORS,
+    encode_manifest,
+    load_manifest_source,
+)
+from evaluators_wasm import SOURCE_DIR, WASM_DIR, wasm_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_guest_package_holds_exactly_the_standard_set() -> None:
+    """The contract's names, the source folders and the built modules are the same set."""
+    sources = {path.name for path in SOURCE_DIR.iterdir() if path.is_dir()}
+    built = {path.stem for path in WASM_DIR.glob("*.wasm")}
+    assert sources == built == set(STANDARD_EVALUATORS)
 
 
 @pytest.mark.parametrize("name", STANDARD_EVALUATORS)
 def test_committed_module_embeds_the_source_manifest(name: str) -> None:
     """The manifest section (the build appends it last) holds manifest.json + grammar.ebnf."""
-    payload = json.dumps(load_manifest_source(SOURCE_DIR / name), sort_keys=True,
-                         separators=(",", ":")).encode()
+    payload = encode_manifest(load_manifest_source(SOURCE_DIR / name))
     module = wasm_path(name).read_bytes()
     assert module.endswith(MANIFEST_SECTION.encode() + payload), (
-        f"{wasm_path(name).name} does not embed the current sources' manifest: "
-        f"run python -m evaluators_wasm.build {name}")
+        f"{wasm_path(name).name} does not embed the current sources' manifest: run make wasm"
+    )
 
 
-@pytest.mark.parametrize("name", STANDARD_EVALUATORS)
-def test_rebuild_is_byte_identical(name: str) -> None:
+def test_make_wasm_rebuilds_every_module_byte_identically(tmp_path: Path) -> None:
+    """``make wasm``'s command, into a temporary folder, gives the committed bytes."""
     pytest.importorskip("ziglang")
-    assert build_evaluator(SOURCE_DIR / name) == wasm_path(name).read_bytes(), (
-        f"rebuilding {name} gives other bytes: run python -m evaluators_wasm.build {name}")
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_wasm.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    differ = [
+        name
+        for name in STANDARD_EVALUATORS
+        if (tmp_path / f"{name}.wasm").read_bytes() != wasm_path(name).read_bytes()
+    ]
+    assert not differ, f"rebuilding gives other bytes for {differ}: run make wasm"

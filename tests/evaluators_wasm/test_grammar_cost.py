@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
+from evald.contract import STANDARD_EVALUATORS
+from evaluators_wasm import SOURCE_DIR
 
 # --- a small EBNF reader (the subset XGrammar accepts and these grammars use) -----------------
 

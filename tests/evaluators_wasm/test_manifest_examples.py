@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from evald.host._abi import MAX_EXAMPLES, inspect_module
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS, wasm_path
+from evald.contract import MAX_EXAMPLES, STANDARD_EVALUATORS
+from evald.host import inspect_module
+from evaluators_wasm import SOURCE_DIR, wasm_path
 from evaluators_wasm.reference import reference
 from tests.evaluators_wasm.support import Evaluator, Guest
 

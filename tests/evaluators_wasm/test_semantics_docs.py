@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
+from evald.contract import STANDARD_EVALUATORS
+from evaluators_wasm import SOURCE_DIR
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

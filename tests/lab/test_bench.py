@@ -177,7 +177,7 @@ def test_headline_job_rebuilds_from_saved_results(
 
 @pytest.mark.slow
 def test_the_registration_benchmark_runs(tmp_path: Path) -> None:
-    from bench_registration import run  # tests/evald, on sys.path (conftest.py)
+    from evald_lab.bench.registration import run
 
     result = run(0.3, 1, tmp_path)
     assert set(result["variants"]) == {"in-process", "worker-process"}

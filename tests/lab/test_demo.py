@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from daemon_harness import Daemon
 from rich.console import Console
 
@@ -21,3 +22,53 @@ def test_demo_shows_evaluations_through_evald_call(daemon: Daemon) -> None:
         assert "error: division_by_zero" in text
     for name in {name for name, _ in EXAMPLES} - served:
         assert name in text.split("skipped (not built):")[1]
+
+
+def test_the_demo_runs_the_configuration_the_study_found_best() -> None:
+    """The demo's configuration is the arm with the most right answers (both tasks together) in
+    the committed held-out study of its model, with the instructions on."""
+    import json
+    from pathlib import Path
+
+    from evald_lab.demo import BEST_CONFIGURATION
+    from evald_lab.study.run import OPERANDS_ARM
+
+    summary = json.loads((Path(__file__).parents[2] / BEST_CONFIGURATION.study).read_text())
+    assert summary["config"]["model"] == "smollm2"
+    assert summary["config"]["problems"] == "heldout"
+    correct: dict[tuple[bool, str], int] = {}
+    for row in summary["rows"]:
+        key = (row["instructions"], row["mode"])
+        correct[key] = correct.get(key, 0) + row["correct"]
+    best = max(correct, key=lambda key: correct[key])
+    arm = OPERANDS_ARM if BEST_CONFIGURATION.operands else BEST_CONFIGURATION.mode
+    assert best == (BEST_CONFIGURATION.instructions, arm), correct
+    # and it asks as the study asked: the study's lead-in before each span
+    from evald_lab.demo import _ANSWER_LEAD, ENGINE_PROMPTS
+    from evald_lab.study.run import INSTRUCTION_LEAD
+
+    assert _ANSWER_LEAD == INSTRUCTION_LEAD
+    assert all(prefix == f"{_ANSWER_LEAD}<{name}>" for _, _, prefix, (name, _) in ENGINE_PROMPTS)
+
+
+@pytest.mark.model
+def test_the_engine_section_says_its_configuration_and_judges_every_answer(
+    daemon: Daemon,
+) -> None:
+    import re
+
+    from evald_lab.demo import BEST_CONFIGURATION, ENGINE_PROMPTS, show_local_engine
+
+    buffer = io.StringIO()
+    show_local_engine(daemon.target, Console(file=buffer, width=400))
+    text = buffer.getvalue()
+    assert f"configuration: {BEST_CONFIGURATION.describe()}" in text
+    verdicts = re.findall(r"^ +(right|wrong): (.*)$", text, re.M)
+    assert len(verdicts) == len(ENGINE_PROMPTS), text
+    for (verdict, detail), (_, prompt, _, (name, span)) in zip(
+        verdicts, ENGINE_PROMPTS, strict=True
+    ):
+        assert prompt in text
+        if verdict == "wrong":  # shown honestly: the span the model wrote, and the right one
+            assert "never closed" in detail or f"the model wrote <{name}>" in detail
+            assert f"<{name}>{span}</{name}>" in detail or "never closed" in detail

@@ -61,7 +61,13 @@ def test_every_class_ran_and_was_checked(short_report: dict[str, Any]) -> None:
         assert protocol.get(family, 0) > 0, family
     outcomes = classes["protocol"]["outcomes"]
     assert outcomes.get("call:permission_denied", 0) > 0
-    for family in ("lt_in_regex", "lt_in_grammar"):
+    for family in (
+        "lt_in_regex",
+        "lt_in_grammar",
+        "compile_bomb_branches",
+        "compile_bomb_locals_times_branches",
+        "compile_memory_over_limit",
+    ):
         assert any(family in key for key in classes["modules"]["families"]), family
 
 
@@ -83,6 +89,16 @@ def test_noisy_neighbour_and_faults_were_measured(short_report: dict[str, Any]) 
     refused = [case for case in disk["cases"] if case["outcome"] == "unavailable"]
     assert refused, disk
     assert short_report["daemon"]["exit_status_on_sigterm"] == 0
+    assert kill["children_before_kill"] and kill["children_left_after_kill"] == []
+    memory = short_report["faults"]["module_memory"]
+    assert memory["cycles"] > 0 and memory["outcomes"], memory
+    sigterm = short_report["faults"]["sigterm_compiling"]
+    assert sigterm["exit_status"] == 0 and "unavailable" in sigterm["outcomes"], sigterm
+    state = short_report["faults"]["state_folder"]
+    assert state == {"calc_entry": "ok:2", "renamed_entry": "unknown_evaluator"}, state
+    queue = short_report["noisy_neighbour"]["compile_queue"]
+    assert queue["victim_outcome"] == "registered", queue
+    assert queue["attacker_outcomes"].count("unavailable") >= 2, queue
 
 
 def test_the_report_files(short_report: dict[str, Any], tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from evald.contract import ErrorCode, pb
+from evald.contract import STANDARD_EVALUATORS, ErrorCode, pb
 from evald_lab.fuzz.checks import (
     Canaries,
     Checker,
@@ -18,7 +18,7 @@ from evald_lab.fuzz.checks import (
 from evald_lab.fuzz.corpus import ATTACKS, attacks_for
 from evald_lab.fuzz.generate import GrammarError, GrammarGenerator, mutate, parse_ebnf
 from evald_lab.fuzz.tally import Recorder
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
+from evaluators_wasm import SOURCE_DIR
 
 BOUNDS = {
     "victim": TenantBounds("victim", fuel=1000, deadline_ms=50, memory_bytes=1 << 20,

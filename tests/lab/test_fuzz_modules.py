@@ -11,11 +11,11 @@ import random
 
 import wasmtime
 
+from evald.testing import arg
 from evald_lab.fuzz.modules import accepted_modules, refused_modules
 from evald_lab.fuzz.modules.accepted import REGISTERED_THEN_MISBEHAVING
 from evald_lab.fuzz.modules.build import AttackParams
 from evald_lab.fuzz.modules.refused import REFUSED_AT_REGISTRATION
-from evald_lab.wat_corpus import arg
 
 PREFIX = "m1234_"
 MEMORY_BYTES = 8 * 2**20

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from evald.contract import pb
+from evald.contract import STANDARD_EVALUATORS, pb
 from evald_lab.fuzz.context import Item
 from evald_lab.fuzz.generate import GrammarGenerator
 from evald_lab.fuzz.modules import accepted_modules, refused_modules
@@ -23,7 +23,7 @@ from evald_lab.fuzz.preparation import Arsenal
 from evald_lab.fuzz.settings import SHORT
 from evald_lab.fuzz.steps import CLASSES, STEPS
 from evald_lab.fuzz.tally import Recorder
-from evaluators_wasm import SOURCE_DIR, STANDARD_EVALUATORS
+from evaluators_wasm import SOURCE_DIR
 
 
 class _RecordingClient:

@@ -13,6 +13,13 @@ from typing import Any
 import pytest
 
 from engine_adapter._grammar import standard_evaluators
+from evald_lab.study.heldout import (
+    HELDOUT_ARITHMETIC_TEMPLATES,
+    HELDOUT_LETTER_TEMPLATES,
+    heldout_arithmetic_items,
+    heldout_letter_items,
+    number_in_words,
+)
 from evald_lab.study.items import (
     ARITHMETIC_TEMPLATES,
     LETTER_TEMPLATES,
@@ -22,13 +29,16 @@ from evald_lab.study.items import (
 )
 from evald_lab.study.run import (
     MODES,
+    OPERANDS_ARM,
     ItemRecord,
     StudyConfig,
     classify,
     complete_items,
+    items_for,
     mcnemar_exact_p,
     resummarize,
     summarize,
+    wilson_interval,
 )
 from evald_lab.study.words import STUDY_WORDS
 from evaluators_wasm.reference import reference
@@ -103,7 +113,9 @@ def test_no_study_question_is_a_manifest_example() -> None:
 
 
 def _arith() -> StudyItem:
-    return StudyItem("arithmetic", 0, "…", "17", {"rows": 3, "items": 4, "added": 5})
+    return StudyItem(
+        "arithmetic", 0, "…", "17", {"a": 3, "b": 4, "c": 5, "expression": "3 * 4 + 5"}
+    )
 
 
 def _letters() -> StudyItem:
@@ -157,6 +169,165 @@ def test_letter_scoring_checks_the_question_not_just_the_value() -> None:
     assert free["failure"] == "wrong_computation" and free["answer"] == "2"
 
 
+def _heldout_arith(distractor: int | None = None) -> StudyItem:
+    params = {"a": 38, "b": 27, "c": 61, "expression": "38 * 27 + 61", "distractor": distractor}
+    prompt = "Thirty-eight rows of 27 chairs and 61 more. The hall was built in 1987."
+    return StudyItem("arithmetic", 0, prompt, "1087", params)
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "cause"),
+    [
+        ("grammar-eval", "<calc>38 * 27 + 61</calc><result>1087</result>", None),
+        ("grammar-eval", "<calc>61 + 27 * 38</calc><result>1087</result>", None),
+        ("grammar-eval", "<calc>3 * 27 + 61</calc><result>142</result>", "wrong_operands"),
+        ("grammar-eval", "<calc>17 * 23 + 91</calc><result>482</result>", "wrong_operands"),
+        ("grammar-eval", "<calc>38 * 61 + 27</calc><result>2345</result>", "wrong_structure"),
+        ("grammar-eval", "<calc>38 * 27 - 61</calc><result>965</result>", "wrong_structure"),
+        ("grammar-eval", "<calc>38 * 27 * 61 * 38 * 27", "span_not_closed"),
+        (OPERANDS_ARM, "<calc>38 / (27 - 27) + 61</calc><result_error>division_by_zero"
+                       "</result_error>", "evaluator_error"),
+        ("grammar-no-eval", "<calc>38 * 27 + 61</calc><result>1000</result>",
+         "wrong_computation"),
+        ("no-grammar", "There are many chairs.", "no_number"),
+        ("no-grammar", "There are 1000 chairs.", "wrong_number"),
+    ],
+)
+def test_failure_causes(mode: str, text: str, cause: str | None) -> None:
+    verdict = classify(_heldout_arith(), mode, text)
+    assert verdict["cause"] == cause
+    assert verdict["correct"] is (cause is None)
+
+
+def test_letter_failure_causes_tell_operands_from_structure() -> None:
+    item = _letters()
+    swapped = classify(item, "grammar-eval", '<strop>count("r", "strawberry")</strop><result>0'
+                       "</result>")
+    assert swapped["cause"] == "wrong_structure"
+    other = classify(item, "grammar-eval", '<strop>count("straw", "r")</strop><result>1</result>')
+    assert other["cause"] == "wrong_operands"
+    length = classify(item, "grammar-eval", '<strop>len("strawberry")</strop><result>10</result>')
+    assert length["cause"] == "wrong_operands"  # the letter is missing
+
+
+def test_a_span_using_the_distractor_is_flagged() -> None:
+    item = _heldout_arith(distractor=1987)
+    used = classify(item, "grammar-eval", "<calc>38 * 27 + 1987</calc><result>3013</result>")
+    assert used["distractor_used"] is True and used["cause"] == "wrong_operands"
+    clean = classify(item, "grammar-eval", "<calc>38 * 27 + 61</calc><result>1087</result>")
+    assert clean["distractor_used"] is False
+    assert classify(_heldout_arith(), "grammar-eval", "<calc>1</calc><result>1</result>")[
+        "distractor_used"] is None
+    assert classify(item, "grammar-eval", "<calc>38 * 27")["distractor_used"] is None
+
+
+def test_a_span_using_a_literal_the_question_does_not_hold_is_flagged() -> None:
+    item = _heldout_arith()
+    # the question's numbers as the operands option reads them: words as digits
+    own = classify(item, "grammar-eval", "<calc>38 * 27 + 1987</calc><result>3013</result>")
+    assert own["foreign_operands"] is False
+    foreign = classify(item, "grammar-eval", "<calc>17 * 23 + 91</calc><result>482</result>")
+    assert foreign["foreign_operands"] is True
+    assert classify(item, "grammar-eval", "no span")["foreign_operands"] is None
+    words = classify(_letters_in("Count the r's in strawberry."), "grammar-eval",
+                     '<strop>count("strawberry", "r")</strop><result>3</result>')
+    assert words["foreign_operands"] is False
+    other = classify(_letters_in("Count the r's in strawberry."), "grammar-eval",
+                     '<strop>count("cocoa", "o")</strop><result>2</result>')
+    assert other["foreign_operands"] is True
+
+
+def _letters_in(prompt: str) -> StudyItem:
+    return StudyItem("letters", 0, prompt, "3", {"word": "strawberry", "letter": "r"})
+
+
+def test_wilson_interval_matches_known_values() -> None:
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+    assert wilson_interval(10, 10) == pytest.approx((0.72247, 1.0), abs=1e-5)
+    assert wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    low, high = wilson_interval(29, 200)
+    assert low < 29 / 200 < high and high - low < 0.1
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_number_in_words_reads_back_as_its_digits() -> None:
+    from engine_adapter._operands import literals_in_text
+
+    assert number_in_words(38) == "thirty-eight"
+    assert number_in_words(205) == "two hundred and five"
+    assert number_in_words(2641) == "two thousand six hundred and forty-one"
+    assert number_in_words(3007) == "three thousand and seven"
+    for n in (0, 7, 13, 40, 99, 100, 101, 999, 1000, 1010, 4119, 99999):
+        assert literals_in_text("number", f"We have {number_in_words(n)} pens.") == [str(n)], n
+
+
+def test_heldout_arithmetic_items_vary_wording_numbers_and_distractors() -> None:
+    items = heldout_arithmetic_items(240, seed=5)
+    assert items == heldout_arithmetic_items(240, seed=5) != heldout_arithmetic_items(240, 6)
+    kinds = [item.template.split("/")[0] for item in items]
+    assert {kind: kinds.count(kind) for kind in HELDOUT_ARITHMETIC_TEMPLATES} == dict.fromkeys(
+        HELDOUT_ARITHMETIC_TEMPLATES, 40
+    )
+    words = [item for item in items if item.params["words"]]
+    distracted = [item for item in items if item.params["distractor"] is not None]
+    assert 50 <= len(words) <= 110 and 50 <= len(distracted) <= 110
+    calc = reference("calc")
+    from engine_adapter._operands import literals_in_text
+
+    for item in items:
+        assert calc(item.params["expression"].encode()) == item.truth
+        numbers = literals_in_text("number", item.prompt)
+        # every operand can be read off the question (words as digits), so the operands
+        # option can offer it; a distractor is read too, and is never an operand or the answer
+        assert {str(n) for n in item.params["operands"]} <= set(numbers), item.prompt
+        if item.params["words"]:
+            assert not re.search(r"[0-9]", item.prompt), item.prompt
+        distractor = item.params["distractor"]
+        if distractor is not None:
+            assert str(distractor) in numbers
+            assert distractor not in item.params["operands"] and str(distractor) != item.truth
+    # the question comes first in some wordings: not every prompt ends with its question
+    assert any(item.prompt.startswith(("How", "What", "Find")) for item in items)
+
+
+def test_heldout_letter_items_and_their_distractor_words() -> None:
+    items = heldout_letter_items(200, seed=5)
+    assert items == heldout_letter_items(200, seed=5)
+    assert {item.template.split("/")[0] + "/" + item.template.split("/")[1] for item in items} == {
+        f"phrasing/{i + 1}" for i in range(len(HELDOUT_LETTER_TEMPLATES))}
+    distracted = [item for item in items if item.params["distractor"] is not None]
+    assert 40 <= len(distracted) <= 100
+    for item in items:
+        assert item.truth == str(item.params["word"].count(item.params["letter"]))
+        assert item.params["word"] in item.prompt
+        if item.params["distractor"]:
+            assert item.params["distractor"] != item.params["word"]
+            assert item.params["distractor"] in item.prompt
+
+
+def test_heldout_questions_are_worded_unlike_the_original_set_and_the_examples() -> None:
+    examples = {ex.question for spec in standard_evaluators() for ex in spec.examples}
+    original = [text for wordings in ARITHMETIC_TEMPLATES.values() for text, _ in wordings]
+    original += list(LETTER_TEMPLATES)
+    heldout = [text for wordings in HELDOUT_ARITHMETIC_TEMPLATES.values() for text, _ in wordings]
+    heldout += list(HELDOUT_LETTER_TEMPLATES)
+
+    def skeleton(text: str) -> str:
+        return re.sub(r"\{\w+\}", "#", text)
+
+    assert not {skeleton(t) for t in heldout} & {skeleton(t) for t in original}
+    # no two templates share a run of five words: the wordings are new, not reshuffled
+    def runs(text: str) -> set[tuple[str, ...]]:
+        words = re.findall(r"[a-z']+", skeleton(text).lower())
+        return {tuple(words[i : i + 5]) for i in range(len(words) - 4)}
+
+    old_runs = set().union(*(runs(t) for t in original))
+    assert not any(runs(t) & old_runs for t in heldout)
+    prompts = {i.prompt for i in items_for("heldout", "arithmetic", 300, 1)}
+    prompts |= {i.prompt for i in items_for("heldout", "letters", 300, 1)}
+    assert not prompts & examples
+
+
 def test_mcnemar_exact_p_matches_the_binomial_tail() -> None:
     assert mcnemar_exact_p(0, 0) == 1.0
     assert mcnemar_exact_p(0, 5) == pytest.approx(2 / 32)
@@ -183,6 +354,7 @@ def _record(
         answer="1" if correct else "2",
         correct=correct,
         failure=None if correct else "wrong_computation",
+        cause=None if correct else "wrong_computation",
         failure_detail=None,
         extraction_ok=True,
         span_content="1" if mode != "no-grammar" else None,
@@ -204,15 +376,22 @@ def test_summary_pairs_items_for_mcnemar() -> None:
     (comparison,) = summary.comparisons
     assert (comparison["only_a"], comparison["only_b"]) == (0, 8)
     assert comparison["p_value"] == pytest.approx(mcnemar_exact_p(0, 8))
-    check = summary.checks["grammar_eval_correct_when_extracted"]["arithmetic, instructions off"]
+    checks = summary.checks["grammar_eval_correct_when_extracted"]
+    check = checks["arithmetic, grammar-eval, instructions off"]
     assert check == {"extracted": 10, "correct": 10, "wrong_computation": 0}
     assert summary.checks["grammar_eval_result_equals_reference"] == {
         "spans": 10,
         "disagreements": 0,
     }
     table = summary.table_markdown()
-    row = "| arithmetic | off | grammar-eval | 10 | 100.0% | 100.0% | 100.0% (10) | 0 | 0 |"
+    row = (
+        "| arithmetic | off | grammar-eval | 10 | 100.0% | 100.0% | 100.0% (10) | "
+        "72.2-100.0% | 0 | 0 |"
+    )
     assert row in table
+    assert rows["grammar-no-eval"]["accuracy_ci95"] == pytest.approx(list(wilson_interval(2, 10)))
+    assert rows["grammar-no-eval"]["causes"] == {"wrong_computation": 8}
+    assert "| arithmetic | off | grammar-no-eval | 8 | 8 (100%) |" in table
 
 
 def test_summary_compares_with_and_without_instructions_and_flags_engine_disagreement() -> None:
@@ -301,8 +480,15 @@ def test_tiny_study_writes_well_formed_records(
     assert {(row["instructions"], row["mode"]) for row in saved["rows"]} == {
         (flag, mode) for flag in (False, True) for mode in MODES
     }
-    # Per task: 3 mode pairs with and 3 without instructions, and 3 modes off vs on.
-    assert len(saved["comparisons"]) == 2 * (3 + 3 + 3)
+    # Per task: 6 arm pairs with and 6 without instructions, and 4 arms off vs on.
+    assert len(saved["comparisons"]) == 2 * (6 + 6 + 4)
+    operands = [json.loads(line) for line in lines]
+    for record in operands:
+        # only the operands arm narrows, and it says what its evaluator could use
+        assert (record["operands"] is not None) == (record["mode"] == OPERANDS_ARM)
+        if record["mode"] == OPERANDS_ARM and record["task"] == "arithmetic":
+            numbers = set(re.findall(r"[0-9]+", record["prompt"]))
+            assert set(record["operands"]["literals"]["number"]) <= numbers
     assert (out / "table.md").read_text().startswith("| task | instructions | mode |")
     assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary.table_markdown() in (out / "table.md").read_text()

@@ -318,7 +318,7 @@ class _Daemons:
     on one event loop owned by this object (driven from the calling thread)."""
 
     def __init__(self, root: Path, transports: Sequence[str]) -> None:
-        from evald_lab.harness import free_port, start_daemon
+        from evald.testing import free_port, start_daemon
 
         self.loop = asyncio.new_event_loop()
         self._processes: dict[str, Any] = {}

@@ -214,8 +214,8 @@ def daemon_breakdown(
     """CPU µs per item of each daemon thread under 64-item messages (see above), over gRPC
     ``EvaluateBatch`` (``transport="grpc"``) or the data path (``"data"``)."""
     from evald.client import Client
+    from evald.testing import start_daemon
     from evald_lab.bench._overhead import bench_daemon_config
-    from evald_lab.harness import start_daemon
 
     py_spy = _py_spy()
     with tempfile.TemporaryDirectory(prefix="evald-profile-") as tmp:

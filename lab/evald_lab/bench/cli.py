@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
+from evald_lab.bench._jobs import JobParser, add_job, run_job
 
 __all__: list[str] = []
 
@@ -34,6 +35,12 @@ Jobs:
   all        all three, then the headline table (headline.md, headline.json).
   headline   the headline table again from the results already in --out (no measuring).
 
+Measurements of one part each (their own flags: evald bench JOB --help):
+  daemon        unary, batched and streamed calls from one blocking client (docs/daemon.md).
+  host          the host's call paths, isolation modes, compile cache and threads.
+  registration  other tenants' latency while one registers heavy modules; the upload oracle.
+  workers       one daemon process against two, side by side (docs/data-path.md).
+
 Results: JSON and PNG under --out (default reports/bench/). The GPU variant of the decode
 benchmark (SGLang, several batch sizes) is deploy/gpu-check.sh.
 
@@ -44,15 +51,43 @@ Examples:
 """
 
 
+#: The jobs that share the flags below and write the headline table's results.
+_HEADLINE_JOBS = {
+    "overhead": "per-evaluation latency and throughput of every path",
+    "decode": "the local CPU engine generating with spans",
+    "profile": "where one evaluation's time goes",
+    "all": "overhead, decode and profile, then the headline table",
+    "headline": "the headline table again from saved results",
+}
+#: The measurements of one part each: (job, module, help).
+_MEASUREMENTS = (
+    ("daemon", "evald_lab.bench.daemon_calls", "calls from one blocking client"),
+    ("host", "evald_lab.bench.host_paths", "the host's call paths and modes"),
+    ("registration", "evald_lab.bench.registration", "registration as a neighbour"),
+    ("workers", "evald_lab.bench.workers", "one daemon process against two"),
+)
+
+
 @command("bench", "Benchmark the evaluation paths and decoding with spans.", order=60)
 def _bench(parser: argparse.ArgumentParser) -> Runner:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument(
-        "job",
-        choices=("overhead", "decode", "profile", "all", "headline"),
-        help="what to measure",
+    jobs = parser.add_subparsers(
+        dest="job", required=True, metavar="JOB", parser_class=JobParser, help="what to measure"
     )
+    for job, help_text in _HEADLINE_JOBS.items():
+        _add_headline_flags(jobs.add_parser(job, help=help_text))
+    for job, module, help_text in _MEASUREMENTS:
+        add_job(jobs, job, module, help_text)
+
+    def run(args: argparse.Namespace) -> int:
+        status = run_job(args)
+        return _run_headline_job(args) if status is None else status
+
+    return run
+
+
+def _add_headline_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         choices=("tiny", "full"),
@@ -76,49 +111,49 @@ def _bench(parser: argparse.ArgumentParser) -> Runner:
         help="all: replace the headline table between the bench markers in FILE",
     )
 
-    def run(args: argparse.Namespace) -> int:
-        if args.readme is not None and args.job not in ("all", "headline"):
-            print(
-                "error: invalid_argument: --readme needs the `all` or `headline` job",
-                file=sys.stderr,
+
+def _run_headline_job(args: argparse.Namespace) -> int:
+    """The jobs that share the headline flags (their results make the headline table)."""
+    if args.readme is not None and args.job not in ("all", "headline"):
+        print(
+            "error: invalid_argument: --readme needs the `all` or `headline` job",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    if args.job == "headline":
+        from evald_lab.bench._headline import load_results
+
+        saved = load_results(args.out)
+        if saved == (None, None):
+            print(f"error: invalid_argument: no results in {args.out}", file=sys.stderr)
+            return EXIT_ERROR
+        return _headline(args, *saved)
+    try:
+        overhead: dict[str, Any] | None = None
+        decode: dict[str, Any] | None = None
+        if args.job in ("overhead", "all"):
+            from evald_lab.bench._overhead import run_overhead
+
+            overhead = run_overhead(
+                args.profile,
+                out_dir=args.out,
+                show_progress=not args.no_progress,
+                measure_decode_step=not args.no_decode_step,
+                plot=not args.no_plot,
             )
-            return EXIT_ERROR
-        if args.job == "headline":
-            from evald_lab.bench._headline import load_results
+        if args.job in ("decode", "all"):
+            decode = _run_decode(args)
+        if args.job in ("profile", "all"):
+            from evald_lab.bench._profile import profile_markdown, run_profile
 
-            saved = load_results(args.out)
-            if saved == (None, None):
-                print(f"error: invalid_argument: no results in {args.out}", file=sys.stderr)
-                return EXIT_ERROR
-            return _headline(args, *saved)
-        try:
-            overhead: dict[str, Any] | None = None
-            decode: dict[str, Any] | None = None
-            if args.job in ("overhead", "all"):
-                from evald_lab.bench._overhead import run_overhead
-
-                overhead = run_overhead(
-                    args.profile,
-                    out_dir=args.out,
-                    show_progress=not args.no_progress,
-                    measure_decode_step=not args.no_decode_step,
-                    plot=not args.no_plot,
-                )
-            if args.job in ("decode", "all"):
-                decode = _run_decode(args)
-            if args.job in ("profile", "all"):
-                from evald_lab.bench._profile import profile_markdown, run_profile
-
-                profiled = run_profile(args.profile, out_dir=args.out)
-                print(profile_markdown(profiled) + "\n")
-        except (RuntimeError, OSError, ImportError) as exc:
-            print(f"error: unavailable: {' '.join(str(exc).split())[:2000]}", file=sys.stderr)
-            return EXIT_ERROR
-        if args.job == "profile":
-            return EXIT_OK
-        return _headline(args, overhead, decode)
-
-    return run
+            profiled = run_profile(args.profile, out_dir=args.out)
+            print(profile_markdown(profiled) + "\n")
+    except (RuntimeError, OSError, ImportError) as exc:
+        print(f"error: unavailable: {' '.join(str(exc).split())[:2000]}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.job == "profile":
+        return EXIT_OK
+    return _headline(args, overhead, decode)
 
 
 def _headline(

@@ -780,7 +780,7 @@ def _run_stall(
 
 
 def _slow_module() -> bytes:
-    from evald_lab.wat_corpus import guest, manifest_bytes
+    from evald.testing import guest, manifest_bytes
 
     return guest(
         "loop",
@@ -817,6 +817,7 @@ def run_decode(
     )
     from engine_adapter.local import LocalEngine, load_backend, load_tokenizer
     from evald.client import Client
+    from evald.testing import start_daemon
     from evald_lab.bench._common import (
         SCHEMA_VERSION,
         Progress,
@@ -824,7 +825,6 @@ def run_decode(
         machine_info,
         write_json,
     )
-    from evald_lab.harness import start_daemon
 
     if isinstance(profile, str):
         profile = PROFILES[profile]

@@ -16,11 +16,11 @@ latency under a batch). Every request writes two spans, ``17 * 23 + 91`` and ``1
 regions are ``<result>482</result>`` (9 tokens) and
 ``<result_error>division_by_zero</result_error>`` (15 tokens). Latency is read from the stream:
 the chunk that holds the span's close to the one that holds its region's end. Then the stall
-benchmark (``bench_vllm_stall.measure_stall``: plain streamed requests next to spans an
-evaluator spins on until their deadline, against the same next to calc) runs one round per
-configuration in turn. Prints a table, writes ``forwards.json`` and ``forwards.png``.
+benchmark (:func:`evald_lab.bench.vllm_stall.measure_stall`: plain streamed requests next to
+spans an evaluator spins on until their deadline, against the same next to calc) runs one round
+per configuration in turn. Prints a table, writes ``forwards.json`` and ``forwards.png``.
 
-    python -m evald_lab.bench.vllm_forwards [--rounds 3 --concurrent 8 --stall-rounds 3]
+    engine-adapter bench vllm-forwards [--rounds 3 --concurrent 8 --stall-rounds 4]
 
 Needs ``.venv-vllm`` (``make vllm-venv``); starts its own evald and vLLM servers.
 """
@@ -40,10 +40,21 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "main", "measure_round", "timed_stream"]
+from engine_adapter.testing.vllm import (
+    CONFIG,
+    DEADLINE_MS,
+    TOKEN,
+    VllmServer,
+    fixed_tag,
+    start_server,
+    vllm_python,
+)
+from evald_lab.bench.vllm_stall import measure_stall
 
-ROOT = Path(__file__).resolve().parents[3]
-REPORT_DIR = ROOT / "reports" / "vllm"
+__all__ = ["CONFIGS", "add_arguments", "main", "measure_round", "timed_stream"]
+
+#: Relative to the checkout the command runs in, like every benchmark's results.
+REPORT_DIR = Path("reports") / "vllm"
 CONTENTS = ("17 * 23 + 91", "1 / 0")
 REGIONS = ("<result>482</result>", "<result_error>division_by_zero</result_error>")
 #: ``--speculative-config`` of each configuration (``None``: without speculative decoding).
@@ -63,21 +74,7 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 }
 
 
-def _harness() -> Any:
-    """The real-server harness and the stall benchmark, which live with the adapter's tests
-    (``tests/engine_adapter/vllm/``)."""
-    tests = ROOT / "tests"
-    for folder in (tests / "evald", tests / "engine_adapter", tests / "engine_adapter" / "vllm"):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-    import bench_vllm_stall  # type: ignore[import-not-found]
-    import daemon_harness  # type: ignore[import-not-found]
-    import vllm_harness  # type: ignore[import-not-found]
-
-    return vllm_harness, daemon_harness, bench_vllm_stall
-
-
-def timed_stream(server: Any, tag: dict[str, Any], token: str) -> dict[str, Any]:
+def timed_stream(server: VllmServer, tag: dict[str, Any], token: str) -> dict[str, Any]:
     """One streamed completion: its text, and per span the close → region-end time and the
     number of chunks (engine steps) in between."""
     payload = {
@@ -132,7 +129,7 @@ _COUNTERS = (
 
 
 def measure_round(
-    server: Any, tag: dict[str, Any], token: str, concurrent_n: int
+    server: VllmServer, tag: dict[str, Any], token: str, concurrent_n: int
 ) -> dict[str, Any]:
     """One request alone (with the server's counters around it), then ``concurrent_n`` at once."""
     before = server.counters()
@@ -145,22 +142,16 @@ def measure_round(
 
 
 @contextmanager
-def _servers(names: list[str], target: str, token: str, root: Path) -> Iterator[dict[str, Any]]:
-    vllm_harness, _, _ = _harness()
-    python = vllm_harness.vllm_python()
-    if python is None:
-        raise SystemExit("the vLLM venv is absent: run `make vllm-venv` first")
-    env = {
-        "EVALD_TARGET": target,
-        "EVALD_TOKEN": token,
-        "EVALD_DEADLINE_MS": str(vllm_harness.DEADLINE_MS),
-    }
+def _servers(
+    python: Path, names: list[str], target: str, root: Path
+) -> Iterator[dict[str, VllmServer]]:
+    env = {"EVALD_TARGET": target, "EVALD_TOKEN": TOKEN, "EVALD_DEADLINE_MS": str(DEADLINE_MS)}
     with ExitStack() as stack:
         servers = {}
         for name in names:
             spec = CONFIGS[name]
             args = ("--speculative-config", json.dumps(spec)) if spec else ()
-            server = vllm_harness.start_server(python, env, root / f"vllm-{name}.log", args=args)
+            server = start_server(python, env, root / f"vllm-{name}.log", args=args)
             stack.callback(server.stop)
             servers[name] = server
             print(f"{name}: server ready", flush=True)
@@ -175,34 +166,31 @@ def _summary(spans: list[dict[str, Any]], index: int) -> dict[str, float]:
     }
 
 
-def run(names: list[str], rounds: int, concurrent_n: int, stall_rounds: int) -> dict[str, Any]:
+def run(
+    python: Path, names: list[str], rounds: int, concurrent_n: int, stall_rounds: int
+) -> dict[str, Any]:
     """Starts evald and the servers, alternates the rounds, returns the results."""
-    vllm_harness, daemon_harness, bench_vllm_stall = _harness()
-    token = vllm_harness.TOKEN
+    from engine_adapter import list_evaluators
+    from evald.testing import DaemonProcess, start_daemon
+
     with tempfile.TemporaryDirectory(prefix="evald-vllm-") as tmp:
         root = Path(tmp)
-        daemon = daemon_harness.start_daemon(root / "evald", vllm_harness.CONFIG)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG)
         try:
-            from engine_adapter import list_evaluators
-
-            calc = {s.name: s for s in list_evaluators(daemon.target, token)}["calc"].binding()
-            tag = vllm_harness.fixed_tag(
-                "So ", (calc, CONTENTS[0]), " and ", (calc, CONTENTS[1]), "."
-            )
-            with _servers(names, daemon.target, token, root) as servers:
+            calc = {s.name: s for s in list_evaluators(daemon.target, TOKEN)}["calc"].binding()
+            tag = fixed_tag("So ", (calc, CONTENTS[0]), " and ", (calc, CONTENTS[1]), ".")
+            with _servers(python, names, daemon.target, root) as servers:
                 for server in servers.values():
-                    timed_stream(server, tag, token)  # warm: the grammar is compiled
+                    timed_stream(server, tag, TOKEN)  # warm: the grammar is compiled
                 raw: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
                 for number in range(rounds):
                     for name in names:
-                        raw[name].append(measure_round(servers[name], tag, token, concurrent_n))
+                        raw[name].append(measure_round(servers[name], tag, TOKEN, concurrent_n))
                     print(f"round {number + 1}/{rounds} done", flush=True)
                 stall: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
                 for number in range(stall_rounds):
                     for name in names:
-                        stall[name].append(
-                            bench_vllm_stall.measure_stall(servers[name], daemon.target, rounds=1)
-                        )
+                        stall[name].append(measure_stall(servers[name], daemon.target, rounds=1))
                     print(f"stall round {number + 1}/{stall_rounds} done", flush=True)
         finally:
             daemon.stop()
@@ -322,24 +310,35 @@ def _plot(result: dict[str, Any], out: Path) -> None:
     figure.savefig(out / "forwards.png", dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``engine-adapter bench vllm-forwards``."""
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrent", type=int, default=8)
-    parser.add_argument("--stall-rounds", type=int, default=3)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated")
+    parser.add_argument("--stall-rounds", type=int, default=4)
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated: " + ",".join(CONFIGS)
+    )
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns the exit status (2: it could not run)."""
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
-        parser.error(f"unknown --configs {unknown}; choose from {', '.join(CONFIGS)}")
-    result = run(names, args.rounds, args.concurrent, args.stall_rounds)
+        choices = ", ".join(CONFIGS)
+        print(f"error: unknown --configs {unknown}; choose from {choices}", file=sys.stderr)
+        return 2
+    python = vllm_python()
+    if python is None:
+        print(
+            "error: unavailable: the vLLM venv is absent: run `make vllm-venv` first",
+            file=sys.stderr,
+        )
+        return 2
+    result = run(python, names, args.rounds, args.concurrent, args.stall_rounds)
     _print(result)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "forwards.json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, args.out)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evald.daemon import Config, load_config, parse_config
+from evald.testing import DaemonProcess, free_port, process_rss_bytes, start_daemon
 from evald_lab.fuzz.checks import Violation
 from evald_lab.fuzz.settings import FuzzSettings, fuzz_config
 from evald_lab.fuzz.tally import Recorder
-from evald_lab.harness import DaemonProcess, free_port, process_rss_bytes, start_daemon
 
 __all__ = ["DaemonUnderTest", "reach_daemon"]
 

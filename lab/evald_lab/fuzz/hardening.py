@@ -1,9 +1,10 @@
 """What fuzzing and reviews found and the daemon now does: the report's ``hardening`` list.
 
 Each entry has a regression test under tests/evald/ (daemon/test_hardening.py,
-daemon/test_server_memory.py, daemon/test_data_path_memory.py, contract/test_alphabet.py,
-host/test_epoch_ticker.py); the report carries the list so a reader of a run knows which
-attacks once worked.
+daemon/test_server_memory.py, daemon/test_data_path_memory.py, daemon/test_shared_pools.py,
+daemon/test_instance_memory.py, daemon/test_compile_sandbox.py, daemon/test_state_load.py,
+contract/test_alphabet.py, host/test_epoch_ticker.py); the report carries the list so a reader
+of a run knows which attacks once worked.
 """
 
 from __future__ import annotations
@@ -34,4 +35,31 @@ HARDENING = (
     "non-reading connections took the daemon from 81 to 192 MiB within a second and growing), "
     "sent a burst as one frame of any size and did not count connections in max_calls; it now "
     "shares the streams' byte budgets and stall cut-off, splits frames, and counts them.",
+    "1,024 health Watch streams without a token filled gRPC's call cap, and every tenant got an "
+    "untyped RESOURCE_EXHAUSTED; Watch calls with 4 MB service names held ~16 MiB each. Every "
+    "call now passes one gate: services that need no token have their own open_calls (streams "
+    "at most half) and read requests of at most open_request_bytes; refusals are typed.",
+    "One tenant's 128 idle data-path connections (within its max_calls) locked every other "
+    "tenant out, and so did silent connections that never sent a HELLO; gRPC calls and "
+    "data-path connections are now shared in per-tenant shares, connections before their HELLO "
+    "have a small pool of their own (a silent one past its grace makes room), and idle streams "
+    "and connections are closed.",
+    "64 data-path connections that sent the header of an 8 MiB frame and all but one byte held "
+    "+526 MiB for ever; a frame (and a unary call's request) must now arrive within "
+    "frame_timeout_s, and its bytes count in the sender's request_bytes before they are read.",
+    "Deleting a module evicted only the deleting thread's instances and each worker kept up to "
+    "64 (16 register-fill-delete cycles of 48 MiB left the idle daemon at 848 MiB); every "
+    "worker's instances of a deleted or replaced module now go, and a tenant's kept instances "
+    "hold at most instance_cache_bytes.",
+    "The compile worker had no memory bound: one 437 KB function of 20,000 branches over 2,000 "
+    "locals drove it to 1.85 GiB; functions are now capped in branches and locals times "
+    "branches before compiling, and the worker compiles on one thread under RLIMIT_DATA.",
+    "On SIGTERM a compilation ran on past the grace period (exit after 19.8 s with 10 s) and "
+    "queued registrations got an untyped CANCELLED; waiting ones now get unavailable at once, "
+    "the compiling one at the grace period. After kill -9 of the daemon its compile worker and "
+    "multiprocessing's resource tracker lived on; the worker now watches a pipe and exits.",
+    "Eight slow registrations of one tenant kept another's out of the compile queue for 45 s; "
+    "each tenant now holds at most compile_queue_per_tenant of it, served round-robin.",
+    "Adding \"calc\" to a tenant's index file and restarting made that tenant's calc run its own "
+    "module; index entries are now held to the registration rules at load.",
 )

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 
 from evald.client import CallError, Client
+from evald.testing import process_rss_bytes
 from evald_lab.fuzz.checks import Checker, Violation
 from evald_lab.fuzz.daemon_under_test import DaemonUnderTest
 from evald_lab.fuzz.tally import Recorder
-from evald_lab.harness import process_rss_bytes
 
 __all__ = ["DaemonMonitor"]
 

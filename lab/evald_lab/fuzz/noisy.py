@@ -16,11 +16,10 @@ import threading
 import time
 
 from evald.client import CallError
-from evald.contract import pb
+from evald.contract import append_custom_section, pb
+from evald.testing import guest, manifest_bytes
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
-from evald_lab.wat_corpus import guest, manifest_bytes
-from evaluators_wasm.toolchain import append_custom_section
 
 __all__ = ["heavy_module", "measure_noisy_neighbour", "measure_registration_neighbour"]
 

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 from evald_lab.fuzz import faults, noisy, protocol
+from evald_lab.fuzz.compile_queue import compile_queue_fairness
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.daemon_under_test import DaemonUnderTest
 from evald_lab.fuzz.monitor import DaemonMonitor
@@ -22,10 +23,12 @@ __all__ = ["fault_phase", "hold_phase", "noisy_neighbour_phase"]
 
 
 def noisy_neighbour_phase(
-    ctx: FuzzContext, settings: FuzzSettings, narrator: Narrator
+    ctx: FuzzContext, settings: FuzzSettings, narrator: Narrator, *, compile_share: int
 ) -> dict[str, Any]:
     """The victim's latency alone and under attack: as many attackers as the daemon has workers
-    (or ``--noisy-attackers``), one fewer, and registrations. Empty without the loop module."""
+    (or ``--noisy-attackers``), one fewer, and registrations; then the compile queue's share
+    per tenant (``compile_share``, the daemon's ``compile_queue_per_tenant``). Empty without
+    the loop module."""
     section: dict[str, Any] = {}
     if not ctx.secrets.attacker_loop:
         return section
@@ -41,6 +44,8 @@ def noisy_neighbour_phase(
         )
     narrator.say("noisy neighbour: registrations")
     section["registration"] = noisy.measure_registration_neighbour(ctx, samples=samples)
+    narrator.say("the compile queue's share per tenant")
+    section["compile_queue"] = compile_queue_fairness(ctx, share=compile_share)
     return section
 
 
@@ -63,10 +68,24 @@ def fault_phase(
     returns the report's ``faults`` section, with why a fault was skipped."""
     section: dict[str, Any] = {"skipped": {}}
     if settings.faults and daemon.process is not None and not ctx.stop.is_set():
+        narrator.say("deleted modules give their memory back")
+        section["module_memory"] = faults.deleted_module_memory(ctx, daemon.pid)
+        monitor.paused.set()  # the daemon is stopped and started on purpose
+        try:
+            narrator.say("SIGTERM while registrations compile")
+            section["sigterm_compiling"] = faults.sigterm_while_compiling(
+                ctx, daemon, grace_s=daemon.config.server.shutdown_grace_s
+            )
+            narrator.say("the state folder checked at load")
+            section["state_folder"] = faults.state_folder_at_load(ctx, daemon)
+        finally:
+            monitor.paused.clear()
         narrator.say("kill -9 under load")
         monitor.paused.set()
         try:
-            section["kill9"] = faults.kill_under_load(ctx, kill=daemon.kill, restart=daemon.restart)
+            section["kill9"] = faults.kill_under_load(
+                ctx, kill=daemon.kill, restart=daemon.restart, pid=daemon.pid
+            )
         finally:
             monitor.paused.clear()
         assert daemon.root is not None

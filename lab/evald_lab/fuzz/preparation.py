@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from evald.daemon import Config
+from evald.testing import guest, manifest_bytes
 from evald_lab.fuzz.checks import Canaries, Checker, TenantBounds, Violation
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.daemon_under_test import DaemonUnderTest
@@ -22,7 +23,6 @@ from evald_lab.fuzz.modules import MaliciousModule, accepted_modules, refused_mo
 from evald_lab.fuzz.registration import register_accepted, register_refused
 from evald_lab.fuzz.settings import FuzzSettings, Profile
 from evald_lab.fuzz.tally import Recorder
-from evald_lab.wat_corpus import guest, manifest_bytes
 
 __all__ = ["Arsenal", "new_context", "prepare", "tenant_bounds"]
 

@@ -54,7 +54,9 @@ def run_fuzz(settings: FuzzSettings, *, console: Any = None) -> dict[str, Any]:
             daemon, recorder, ctx.stop, rss_bound_bytes=settings.rss_bound_bytes
         )
         monitor.start()
-        noisy_section = noisy_neighbour_phase(ctx, settings, narrator)
+        noisy_section = noisy_neighbour_phase(
+            ctx, settings, narrator, compile_share=daemon.config.server.compile_queue_per_tenant
+        )
         hold_phase(ctx, settings, narrator)
         narrator.say(f"main loop ({settings.budget})")
         main_s = run_main_loop(arsenal, settings, recorder, narrator)

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from evald.client import CallError
 from evald.contract import pb
-from evald_lab.fuzz.checks import Violation
-from evald_lab.fuzz.settling import Pairs, check_latency, record_results
+from evald_lab.fuzz.checks import TenantBounds, Violation
+from evald_lab.fuzz.settling import Pairs, Settler, check_latency, record_results
 
-if TYPE_CHECKING:
-    from evald_lab.fuzz.context import FuzzContext
+__all__ = ["Sender", "call_bound_s", "chunked", "send_batch", "send_stream"]
 
-__all__ = ["call_bound_s", "chunked", "send_batch", "send_stream"]
+
+class Sender(Settler, Protocol):
+    """What sending needs of the run beyond settling: each tenant's bounds and the daemon's
+    worker count, to give a call its time bound."""
+
+    bounds: dict[str, TenantBounds]
+    threads: int
 
 #: Room left in a message for everything but the inputs (ids, names, framing).
 _MESSAGE_SLACK = 64 * 1024
@@ -45,7 +50,7 @@ def chunked(
         yield chunk
 
 
-def call_bound_s(ctx: FuzzContext, tenant: str, requests: Sequence[pb.EvaluateRequest]) -> float:
+def call_bound_s(ctx: Sender, tenant: str, requests: Sequence[pb.EvaluateRequest]) -> float:
     """How long a call carrying ``requests`` may take: every item running to its deadline,
     spread over the daemon's workers, plus a per-item and a fixed margin."""
     bounds = ctx.bounds[tenant]
@@ -54,7 +59,7 @@ def call_bound_s(ctx: FuzzContext, tenant: str, requests: Sequence[pb.EvaluateRe
 
 
 def send_batch(
-    ctx: FuzzContext,
+    ctx: Sender,
     klass: str,
     tenant: str,
     requests: list[pb.EvaluateRequest],
@@ -85,7 +90,7 @@ def send_batch(
 
 
 def send_stream(
-    ctx: FuzzContext,
+    ctx: Sender,
     klass: str,
     tenant: str,
     chunks: list[list[pb.EvaluateRequest]],
@@ -115,7 +120,7 @@ def send_stream(
 
 
 def _call_failed(
-    ctx: FuzzContext,
+    ctx: Sender,
     klass: str,
     requests: list[pb.EvaluateRequest],
     families: dict[str, str],

@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evald.daemon import hash_token
+from evald_lab.fuzz.protocol.pools import (
+    DATA_MAX_CONNECTIONS,
+    DATA_UNAUTHENTICATED,
+    FRAME_TIMEOUT_S,
+    OPEN_CALLS,
+)
 
 __all__ = ["FULL", "PROFILES", "SHORT", "FuzzSettings", "Profile", "fuzz_config"]
 
@@ -137,8 +143,15 @@ def fuzz_config(
             f'metrics_listen = "127.0.0.1:{metrics_port}"',
             "max_batch_items = 4096",
             'max_message_bytes = "8MiB"',
+            # What the pools scenarios expect (evald_lab.fuzz.protocol.pools).
+            f"open_calls = {OPEN_CALLS}",
+            f"data_max_connections = {DATA_MAX_CONNECTIONS}",
+            f"data_unauthenticated_connections = {DATA_UNAUTHENTICATED}",
+            f"frame_timeout_s = {FRAME_TIMEOUT_S}",
             'log_level = "warning"',
             "shutdown_grace_s = 10",
+            # low enough that a module inside the compile-cost caps can pass it (a refused row)
+            'compile_memory_bytes = "128MiB"',
             "[host]",
             'module_bytes = "4MiB"',
             "[[tenants]]",

@@ -12,22 +12,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from evald.client import CallError
+from evald.client import CallError, Client
 from evald.contract import pb
-from evald_lab.fuzz.checks import Violation, outcome_label
+from evald_lab.fuzz.checks import Checker, Violation, outcome_label
+from evald_lab.fuzz.tally import Recorder
 
-if TYPE_CHECKING:
-    from evald_lab.fuzz.context import FuzzContext
+__all__ = ["Settler", "check_latency", "record_results", "settle"]
 
-__all__ = ["check_latency", "record_results", "settle"]
+
+class Settler(Protocol):
+    """What settling needs of the run (:class:`~evald_lab.fuzz.context.FuzzContext` is one):
+    the checker, the tally, and a client to repeat a call with."""
+
+    checker: Checker
+    recorder: Recorder
+
+    def client(self, tenant: str, *, timeout_s: float = 120.0) -> Client: ...
 
 Pairs = list[tuple[pb.EvaluateRequest, pb.EvaluateResponse | None]]
 
 
 def record_results(
-    ctx: FuzzContext,
+    ctx: Settler,
     klass: str,
     tenant: str,
     requests: list[pb.EvaluateRequest],
@@ -52,7 +60,7 @@ def record_results(
 
 
 def settle(
-    ctx: FuzzContext,
+    ctx: Settler,
     klass: str,
     tenant: str,
     violations: Iterable[Violation],
@@ -73,7 +81,7 @@ def settle(
 
 
 def _confirm_escape(
-    ctx: FuzzContext,
+    ctx: Settler,
     klass: str,
     tenant: str,
     request: pb.EvaluateRequest,
@@ -100,7 +108,7 @@ def _confirm_escape(
 
 
 def check_latency(
-    ctx: FuzzContext,
+    ctx: Settler,
     klass: str,
     elapsed_s: float,
     bound_s: float,

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.cli import EXIT_ERROR, EXIT_OK, add_engine_options, open_engine
-from evald_lab.study.run import MODES, PROFILES, StudyConfig, resummarize, run_study
+from evald_lab.study.run import (
+    MODES,
+    PROBLEM_SETS,
+    PROFILES,
+    StudyConfig,
+    resummarize,
+    run_study,
+)
 
 __all__ = ["add_command"]
 
@@ -22,12 +29,13 @@ def add_command(sub: Any) -> None:
     """Adds ``study`` to ``engine-adapter``'s subparsers."""
     study = sub.add_parser(
         "study",
-        help="Run the accuracy study (three modes on arithmetic and letter counting).",
+        help="Run the accuracy study (four arms on arithmetic and letter counting).",
         description=(
-            "The accuracy study: no-grammar, grammar-no-eval and grammar-eval on seeded "
+            "The accuracy study: no-grammar, grammar-no-eval, grammar-eval and "
+            "grammar-eval+operands (the span's literals from the question) on seeded "
             "arithmetic word problems and letter-counting questions over real words, greedy "
-            "decoding. Writes per-item JSONL records, a table with paired McNemar tests and a "
-            "plot under --out."
+            "decoding. Writes per-item JSONL records, a table with 95%% Wilson intervals, "
+            "failure causes and paired McNemar tests, and a plot under --out."
         ),
     )
     add_engine_options(study, default_evaluator_mode="inprocess")
@@ -42,7 +50,16 @@ def add_command(sub: Any) -> None:
     study.add_argument(
         "--tasks", default="arithmetic,letters", help="comma-separated: arithmetic, letters"
     )
-    study.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    study.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated arms (default: all four)"
+    )
+    study.add_argument(
+        "--problems",
+        choices=PROBLEM_SETS,
+        default="original",
+        help="original: the first problem set; heldout: new wordings and sentence orders, "
+        "numbers in words in some, distractors in some",
+    )
     study.add_argument(
         "--instructions",
         default="off,on",
@@ -106,6 +123,7 @@ def _study(args: argparse.Namespace) -> int:
             modes=tuple(modes),
             instructions=tuple(flag == "on" for flag in flags),
             model=args.model,
+            problems=args.problems,
             out_dir=args.out,
             plot=not args.no_plot,
             **(

@@ -1,12 +1,19 @@
-"""The accuracy study: does forcing evaluated results make a small model right more often, and
-do model-facing instructions help it set the problem up?
+"""The accuracy study: does forcing evaluated results make a small model right more often, do
+model-facing instructions help it set the problem up, and does taking the operands from the
+question (the operands option) help it more?
 
-Three modes (DESIGN §2) on two tasks (questions from :mod:`evald_lab.study.items`: six
-kinds of arithmetic word problem in three wordings each, letter counting in five phrasings),
-greedy decoding, the same prompts in every mode, each with and without the instructions
-rendered from the manifests (:func:`~engine_adapter.render_instructions`: a system message for
-a chat model, a few-shot block for a base model). The grammar is the engine's default one (every
-evaluator it has, each with its full, bounded input language): no per-task narrowing.
+Four arms on two tasks, greedy decoding, the same prompts in every arm, each with and without
+the instructions rendered from the manifests (:func:`~engine_adapter.render_instructions`: a
+system message for a chat model, a few-shot block for a base model): the three modes of
+docs/design.md §2 (``no-grammar``, ``grammar-no-eval``, ``grammar-eval``) on the engine's
+default grammar (every evaluator it has, each with its full, bounded input language), and
+``grammar-eval+operands``: grammar-eval with the operands option, each evaluator's literal
+rules narrowed to the literals of the question (:func:`engine_adapter.narrow_to_operands`).
+
+Two problem sets: ``original`` (:mod:`evald_lab.study.items`: six kinds of arithmetic word
+problem in three wordings each, letter counting in five phrasings) and ``heldout``
+(:mod:`evald_lab.study.heldout`: the same kinds in new wordings and sentence orders, numbers in
+words in some, distractors in some).
 
 In both grammar modes the answer is forced to open with a prefix that ends in the span's opening
 tag (``The expression is <calc>``; a 135M model never opens a span unprompted), and generation
@@ -29,14 +36,25 @@ Each failure is split into **wrong extraction** (the model set the problem up wr
   — a wrong computation when the answer names both the word and the letter (it read the question
   and miscounted), else a wrong extraction.
 
+Each wrong answer of a grammar arm also gets one **cause**, the first that applies:
+``span_not_closed`` (no closed span of the task's evaluator within the budget),
+``evaluator_error`` (the span's value is an error, in grammar-no-eval the model wrote no value),
+``wrong_operands`` (arithmetic: the span's numbers are not those of the question's expression;
+letters: its strings are not the question's word and letter), ``wrong_structure`` (the right
+operands, combined wrongly: another operator, order or function) and ``wrong_computation`` (set
+up right, a wrong value: only grammar-no-eval, where the model writes it). A no-grammar answer
+is ``no_number`` or ``wrong_number``. Items with a distractor record whether the span used it.
+
 The **span rate** is the share of items whose answer holds a closed span of the task's evaluator;
 the **correct-extraction rate** (grammar modes) the share whose span sets the question up right.
-Modes are compared item by item with the exact McNemar test (two-sided binomial on the
-discordant pairs), and so are the runs with and without instructions.
+Accuracies come with 95 % Wilson intervals. Modes are compared item by item with the exact
+McNemar test (two-sided binomial on the discordant pairs), and so are the runs with and without
+instructions.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -47,11 +65,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter import Mode
 from evald_lab.study.items import StudyItem, arithmetic_items, letter_items
 
 __all__ = [
+    "CAUSES",
+    "EVALUATING_MODES",
     "INSTRUCTION_LEAD",
     "MODES",
+    "OPERANDS_ARM",
+    "PROBLEM_SETS",
     "PROFILES",
     "TASKS",
     "ItemRecord",
@@ -61,16 +84,32 @@ __all__ = [
     "arithmetic_items",
     "classify",
     "complete_items",
+    "items_for",
     "letter_items",
     "load_records",
     "mcnemar_exact_p",
     "resummarize",
     "run_study",
     "summarize",
+    "wilson_interval",
 ]
 
-MODES = ("no-grammar", "grammar-no-eval", "grammar-eval")
+#: The arms: the three modes (their names are ``engine_adapter.Mode``'s), and grammar-eval with
+#: the operands option.
+OPERANDS_ARM = "grammar-eval+operands"
+MODES = (*(mode.value for mode in Mode), OPERANDS_ARM)
+#: The arms whose spans the engine evaluates.
+EVALUATING_MODES = (Mode.GRAMMAR_EVAL.value, OPERANDS_ARM)
 TASKS = ("arithmetic", "letters")
+PROBLEM_SETS = ("original", "heldout")
+#: The failure causes of a grammar arm, in the order they are tested (see the module doc).
+CAUSES = (
+    "span_not_closed",
+    "evaluator_error",
+    "wrong_operands",
+    "wrong_structure",
+    "wrong_computation",
+)
 PROFILES = {"tiny": 3, "small": 20, "full": 200}
 
 #: Per task: the evaluator, the forced prefix of the grammar modes, and token budgets.
@@ -91,8 +130,12 @@ _BLOCK = 10
 
 _COUNT_CALL = re.compile(r'count\(\s*"([^"\\]*)"\s*,\s*"([^"\\]*)"\s*\)')
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# Each "number operator" unit is atomic (``(?>…)``): with plain groups, a long chain of numbers
+# and operators that ends in no ``=`` (a 128-token answer can be one) made the engine try every
+# way of splitting its spaces between adjacent ``\s*``, exponential in the chain's length.
 _EQUATION = re.compile(
-    r"((?:\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?\s*[-+*/x\u00d7\u00f7]\s*)+\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?)"
+    r"((?:(?>\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?\s*[-+*/x\u00d7\u00f7]\s*))+"
+    r"(?>\(?\s*-?\d[\d,]*(?:\.\d+)?\s*\)?))"
     r"\s*=\s*(-?\d[\d,]*(?:\.\d+)?)"
 )
 
@@ -117,6 +160,17 @@ class ItemRecord:
     failure_detail: str | None
     """Why, in words: ``no closed span``, ``no number in the answer``, ``false equation``…"""
     extraction_ok: bool | None
+    cause: str | None = None
+    """``None`` when correct; else one of :data:`CAUSES` (grammar arms) or ``no_number`` /
+    ``wrong_number`` (no-grammar)."""
+    distractor_used: bool | None = None
+    """Whether the span used the item's distractor (``None``: no distractor, or no span)."""
+    foreign_operands: bool | None = None
+    """Whether the span used a literal the question does not hold (a number, or a string, that
+    :func:`engine_adapter.literals_in_text` does not find in it); ``None`` without a span."""
+    problems: str = "original"
+    operands: dict[str, Any] | None = None
+    """What the operands option narrowed for this item (its arm only)."""
     span_content: str | None = None
     span_value: str | None = None
     """The reference evaluator's value of the span the model wrote (or ``error:CODE``)."""
@@ -148,6 +202,8 @@ class StudyConfig:
     instructions: tuple[bool, ...] = (False, True)
     """Run every item without (``False``) and with (``True``) the rendered instructions."""
     model: str = "smollm2"
+    problems: str = "original"
+    """The problem set: ``original`` or ``heldout`` (see the module doc)."""
     out_dir: Path = Path("reports/study")
     plot: bool = True
     progress: bool = True
@@ -169,6 +225,10 @@ class StudyConfig:
             raise ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
         if not self.instructions or len(set(self.instructions)) != len(self.instructions):
             raise ValueError("instructions: choose off, on or both, each once")
+        if self.problems not in PROBLEM_SETS:
+            raise ValueError(
+                f"unknown problem set {self.problems!r}; choose from {', '.join(PROBLEM_SETS)}"
+            )
 
 
 def _reference(evaluator: str, content: str) -> str:
@@ -237,8 +297,11 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         "span_value": None,
         "result_value": None,
         "result_error": None,
+        "cause": None,
+        "distractor_used": None,
+        "foreign_operands": None,
     }
-    if mode == "no-grammar":
+    if mode == Mode.NO_GRAMMAR:
         # A span the model wrote on its own (the instructions show how) counts for the span
         # rate; its answer is still the last number in the text.
         out["span_content"] = _first_span(text, TASK_EVALUATOR[item.task])[0]
@@ -268,10 +331,15 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
                 else "does not name the word and the letter"
             )
         out["failure"] = "wrong_computation" if out["extraction_ok"] else "wrong_extraction"
+        out["cause"] = "no_number" if answer is None else "wrong_number"
         return out
     evaluator = TASK_EVALUATOR[item.task]
     content, value, error = _first_span(text, evaluator)
     out.update(span_content=content, result_value=value, result_error=error)
+    if content is not None and item.params.get("distractor") is not None:
+        out["distractor_used"] = str(item.params["distractor"]) in _span_operands(item, content)
+    if content is not None:
+        out["foreign_operands"] = _uses_foreign_operands(item, content)
     if content is not None:
         out["span_value"] = _reference(evaluator, content)
         counted = _COUNT_CALL.fullmatch(content.strip())
@@ -297,7 +365,63 @@ def classify(item: StudyItem, mode: str, text: str) -> dict[str, Any]:
         out["failure_detail"] = f"error {error}" if error else "no closed result region"
     else:
         out["failure"], out["failure_detail"] = "wrong_computation", "wrong value"
+    out["cause"] = _cause(item, content, value, bool(out["extraction_ok"]))
     return out
+
+
+def _cause(item: StudyItem, content: str | None, value: str | None, extraction_ok: bool) -> str:
+    """The first of :data:`CAUSES` that explains a wrong grammar-arm answer."""
+    if content is None:
+        return "span_not_closed"
+    if value is None:
+        return "evaluator_error"
+    if extraction_ok:
+        return "wrong_computation"
+    if set(_span_operands(item, content)) != set(_question_operands(item)):
+        return "wrong_operands"
+    return "wrong_structure"
+
+
+_SPAN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_SPAN_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def _question_operands(item: StudyItem) -> list[str]:
+    """The literals the question's setup uses: the numbers of its expression, or its word and
+    letter."""
+    if item.task == "arithmetic":
+        return _SPAN_NUMBER.findall(item.params["expression"])
+    return [item.params["word"], item.params["letter"]]
+
+
+def _span_operands(item: StudyItem, content: str) -> list[str]:
+    """The literals a span uses: its numbers (canonical), or its string literals."""
+    if item.task == "arithmetic":
+        return [_canonical_number(n) for n in _SPAN_NUMBER.findall(content)]
+    return _SPAN_STRING.findall(content)
+
+
+def _uses_foreign_operands(item: StudyItem, content: str) -> bool:
+    """Whether a span uses a literal its question does not hold (as the operands option reads
+    the question: number words as digits, words as strings)."""
+    from engine_adapter import literals_in_text
+
+    if item.task == "arithmetic":
+        held = {_canonical_number(n) for n in literals_in_text("number", item.prompt)}
+    else:
+        held = {json.loads(s) for s in literals_in_text("string", item.prompt)}
+    return any(operand not in held for operand in _span_operands(item, content))
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95 % by default): ``(low, high)``; it stays
+    inside [0, 1] and is sound near 0 and 1, where the normal approximation is not."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def mcnemar_exact_p(b: int, c: int) -> float:
@@ -328,18 +452,39 @@ class StudySummary:
             lines += [f"(partial run: {sum(r['n'] for r in self.rows)} records so far)", ""]
         lines += [
             "| task | instructions | mode | n | span rate | correct extraction | accuracy "
-            "| wrong extraction | wrong computation |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| 95% CI | wrong extraction | wrong computation |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in self.rows:
             extraction = (
-                "n/a" if row["mode"] == "no-grammar" else f"{row['extraction_rate'] * 100:.1f}%"
+                "n/a" if row["mode"] == Mode.NO_GRAMMAR else f"{row['extraction_rate'] * 100:.1f}%"
             )
+            low, high = row.get("accuracy_ci95", (0.0, 1.0))
             lines.append(
                 f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | {row['n']} | "
                 f"{row['span_rate'] * 100:.1f}% | {extraction} | "
-                f"{row['accuracy'] * 100:.1f}% ({row['correct']}) | {row['wrong_extraction']} | "
+                f"{row['accuracy'] * 100:.1f}% ({row['correct']}) | "
+                f"{low * 100:.1f}-{high * 100:.1f}% | {row['wrong_extraction']} | "
                 f"{row['wrong_computation']} |"
+            )
+        lines += ["", *self.causes_markdown()]
+        lines += [
+            "",
+            "| task | instructions | mode | spans | a literal not in the question | items with "
+            "a distractor | span used it |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in self.rows:
+            if row["mode"] == Mode.NO_GRAMMAR:
+                continue
+            spans = row.get("spans", 0)
+            foreign = row.get("foreign_operands", 0)
+            distracted = row.get("distractor_items", 0)
+            used = row.get("distractor_used", 0)
+            lines.append(
+                f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | {spans} | "
+                f"{foreign} ({foreign / spans * 100 if spans else 0:.1f}%) | {distracted} | "
+                + (f"{used} ({used / distracted * 100:.1f}%) |" if distracted else "— |")
             )
         lines += [
             "",
@@ -353,13 +498,38 @@ class StudySummary:
             )
         check = self.checks.get("grammar_eval_correct_when_extracted")
         if check:
-            lines += ["", "grammar-eval on items whose span was set up correctly:"]
+            lines += ["", "evaluated arms on items whose span was set up correctly:"]
             for key, value in check.items():
                 lines.append(
                     f"- {key}: {value['correct']} / {value['extracted']} correct, "
                     f"{value['wrong_computation']} wrong computations"
                 )
         return "\n".join(lines)
+
+
+    def causes_markdown(self) -> list[str]:
+        """The failures of each row by cause (:data:`CAUSES`), counts and shares."""
+        causes = [*CAUSES, "no_number", "wrong_number"]
+        present = [c for c in causes if any(row.get("causes", {}).get(c) for row in self.rows)]
+        lines = [
+            "| task | instructions | mode | failures | "
+            + " | ".join(c.replace("_", " ") for c in present)
+            + " |",
+            "|---|---|---|---|" + "---|" * len(present),
+        ]
+        for row in self.rows:
+            failures = row["n"] - row["correct"]
+            cells = [
+                f"{n} ({n / failures * 100:.0f}%)" if (n := row.get("causes", {}).get(c, 0))
+                else "0"
+                for c in present
+            ]
+            lines.append(
+                f"| {row['task']} | {_on(row['instructions'])} | {row['mode']} | {failures} | "
+                + " | ".join(cells)
+                + " |"
+            )
+        return lines
 
 
 def _on(flag: bool) -> str:
@@ -372,10 +542,22 @@ def _format_p(p: float) -> str:
 
 def _rates(group: Sequence[ItemRecord]) -> dict[str, Any]:
     n = len(group)
+    correct = sum(r.correct for r in group)
+    low, high = wilson_interval(correct, n)
+    distracted = [r for r in group if r.params.get("distractor") is not None]
     return {
         "n": n,
-        "correct": sum(r.correct for r in group),
-        "accuracy": sum(r.correct for r in group) / n,
+        "correct": correct,
+        "accuracy": correct / n,
+        "accuracy_ci95": [low, high],
+        "causes": {
+            cause: sum(r.cause == cause for r in group)
+            for cause in sorted({r.cause for r in group if r.cause is not None})
+        },
+        "distractor_items": len(distracted),
+        "distractor_used": sum(bool(r.distractor_used) for r in distracted),
+        "spans": sum(r.span_content is not None for r in group),
+        "foreign_operands": sum(bool(r.foreign_operands) for r in group),
         "span_rate": sum(r.span_content is not None for r in group) / n,
         "extraction_rate": sum(bool(r.extraction_ok) for r in group) / n,
         "wrong_extraction": sum(r.failure == "wrong_extraction" for r in group),
@@ -458,28 +640,26 @@ def summarize(records: Sequence[ItemRecord], config: dict[str, Any]) -> StudySum
                 comparisons.append(_compare(records, task, (False, mode), (True, mode)))
     extracted: dict[str, Any] = {}
     engine_agrees = {"spans": 0, "disagreements": 0}
-    for task in tasks:
-        for flag in flags:
-            evaluated = [
-                r for r in records
-                if r.task == task and r.mode == "grammar-eval" and r.instructions is flag
-            ]
-            if not evaluated:
+    for task, flag, arm in itertools.product(tasks, flags, EVALUATING_MODES):
+        evaluated = [
+            r for r in records if r.task == task and r.mode == arm and r.instructions is flag
+        ]
+        if not evaluated:
+            continue
+        good = [r for r in evaluated if r.extraction_ok]
+        extracted[f"{task}, {arm}, instructions {_on(flag)}"] = {
+            "extracted": len(good),
+            "correct": sum(r.correct for r in good),
+            "wrong_computation": sum(r.failure == "wrong_computation" for r in good),
+        }
+        for r in evaluated:
+            if r.span_content is None or r.result_value is None:
                 continue
-            good = [r for r in evaluated if r.extraction_ok]
-            extracted[f"{task}, instructions {_on(flag)}"] = {
-                "extracted": len(good),
-                "correct": sum(r.correct for r in good),
-                "wrong_computation": sum(r.failure == "wrong_computation" for r in good),
-            }
-            for r in evaluated:
-                if r.span_content is None or r.result_value is None:
-                    continue
-                engine_agrees["spans"] += 1
-                if r.span_value is None or r.span_value.startswith("error:"):
-                    engine_agrees["disagreements"] += 1
-                elif _canonical_number(r.result_value) != _canonical_number(r.span_value):
-                    engine_agrees["disagreements"] += 1
+            engine_agrees["spans"] += 1
+            if r.span_value is None or r.span_value.startswith("error:"):
+                engine_agrees["disagreements"] += 1
+            elif _canonical_number(r.result_value) != _canonical_number(r.span_value):
+                engine_agrees["disagreements"] += 1
     return StudySummary(
         config=config,
         rows=rows,
@@ -522,8 +702,6 @@ def resummarize(out_dir: Path, *, plot: bool = True) -> StudySummary:
     Raises:
         FileNotFoundError: no ``records.jsonl`` there.
     """
-    from evald_lab.study.items import arithmetic_items, letter_items
-
     records = load_records(out_dir / "records.jsonl")
     old = out_dir / "summary.json"
     config: dict[str, Any] = (
@@ -531,9 +709,11 @@ def resummarize(out_dir: Path, *, plot: bool = True) -> StudySummary:
     )
     n = max((r.item_id for r in records), default=-1) + 1
     seed = int(config.get("seed", StudyConfig.seed))
+    problems = str(config.get("problems", "original"))
     items = {
         (item.task, item.item_id): item
-        for item in [*arithmetic_items(n, seed), *letter_items(n, seed)]
+        for task in TASKS
+        for item in items_for(problems, task, n, seed)
     }
     rescored = []
     for r in records:
@@ -551,6 +731,18 @@ def resummarize(out_dir: Path, *, plot: bool = True) -> StudySummary:
     return summary
 
 
+#: The plot's stack: correct answers, then each cause of failure.
+_PLOT_PARTS = (
+    ("correct", "#2e7d32"),
+    ("span_not_closed", "#9e9e9e"),
+    ("wrong_operands", "#f9a825"),
+    ("wrong_structure", "#ef6c00"),
+    ("evaluator_error", "#6a1b9a"),
+    ("wrong_computation", "#c62828"),
+    ("free_text", "#90a4ae"),
+)
+
+
 def _plot(summary: StudySummary, path: Path) -> None:
     import matplotlib
 
@@ -558,37 +750,59 @@ def _plot(summary: StudySummary, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(row["task"] for row in summary.rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.4 * len(tasks), 4.6), squeeze=False)
-    parts = (
-        ("correct", "#2e7d32"),
-        ("wrong_extraction", "#f9a825"),
-        ("wrong_computation", "#c62828"),
-    )
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7.2 * len(tasks), 4.8), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         rows = [row for row in summary.rows if row["task"] == task]
         labels = [
-            f"{row['mode'].replace('grammar-', 'g-')}\n{'+instr' if row['instructions'] else ''}"
+            row["mode"].replace("grammar-", "g-").replace("+", "\n+")
+            + ("\n+instr" if row["instructions"] else "")
             for row in rows
         ]
         bottom = [0.0] * len(rows)
-        for key, colour in parts:
-            heights = [row[key] / row["n"] * 100 for row in rows]
+        for key, colour in _PLOT_PARTS:
+            heights = [_plot_count(row, key) / row["n"] * 100 for row in rows]
+            if not any(heights):
+                continue
             ax.bar(labels, heights, bottom=bottom, color=colour, label=key.replace("_", " "))
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         for x, row in enumerate(rows):
-            ax.text(x, max(row["accuracy"] * 100 / 2, 3), f"{row['accuracy'] * 100:.0f}%",
-                    ha="center", va="center", color="black", fontsize=9, fontweight="bold")
+            low, high = row.get("accuracy_ci95", (row["accuracy"], row["accuracy"]))
+            accuracy = row["accuracy"] * 100
+            spread = [[max(0.0, accuracy - low * 100)], [max(0.0, high * 100 - accuracy)]]
+            ax.errorbar(x, accuracy, yerr=spread,
+                        color="black", capsize=3, linewidth=1)
+            ax.text(x + 0.28, max(accuracy, 3), f"{accuracy:.0f}%", ha="left", va="center",
+                    color="black", fontsize=8, fontweight="bold")
         ax.set_title(f"{task} (n = {rows[0]['n']})")
-        ax.set_ylabel("% of items")
+        ax.set_ylabel("% of items (bars: 95% Wilson interval of the accuracy)")
         ax.set_ylim(0, 100)
         ax.tick_params(axis="x", labelsize=8)
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    # one legend for every part drawn on any axis, in the stack's order
+    drawn: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            drawn.setdefault(label, handle)
+    order = [key.replace("_", " ") for key, _ in _PLOT_PARTS if key.replace("_", " ") in drawn]
+    axes[0][-1].legend([drawn[label] for label in order], order, loc="upper left",
+                       bbox_to_anchor=(1.0, 1.0), fontsize=8)
     title = summary.config.get("model_title", "")
     backend = summary.config.get("backend", "")
-    fig.suptitle(f"{title}, greedy, {backend} backend: answer outcome by mode and instructions")
+    problems = summary.config.get("problems", "original")
+    fig.suptitle(
+        f"{title}, greedy, {backend} backend, {problems} problems: answers by arm and cause"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_count(row: dict[str, Any], part: str) -> int:
+    causes = row.get("causes", {})
+    if part == "correct":
+        return int(row["correct"])
+    if part == "free_text":
+        return int(causes.get("no_number", 0) + causes.get("wrong_number", 0))
+    return int(causes.get(part, 0))
 
 
 def run_study(
@@ -614,9 +828,7 @@ def run_study(
     from engine_adapter.local import MODEL_NAMES, model_title
 
     per_task = [
-        (arithmetic_items if task == "arithmetic" else letter_items)(
-            config.items_per_task, config.seed
-        )
+        items_for(config.problems, task, config.items_per_task, config.seed)
         for task in config.tasks
     ]
     # Tasks interleaved, so that an interrupted run has covered every task equally.
@@ -629,11 +841,11 @@ def run_study(
         engine.evaluators, style=style, answer_prefix=INSTRUCTION_LEAD
     )
     (config.out_dir / "instructions.txt").write_text(instructions, encoding="utf-8")
-    grammars = {
+    grammars = {  # the operands arm's grammar is each question's own
         (task, mode): engine.span_grammar(mode, TASK_PREFIX[task])
         for task in config.tasks
         for mode in config.modes
-        if mode != "no-grammar"
+        if mode not in (Mode.NO_GRAMMAR, OPERANDS_ARM)
     }
     evaluator_mode = evaluator_mode or type(engine.evaluator).__name__
     total = len(items) * len(config.modes) * len(config.instructions)
@@ -644,6 +856,7 @@ def run_study(
     def meta(*, partial: bool) -> dict[str, Any]:
         return {
             "items_per_task": config.items_per_task,
+            "problems": config.problems,
             "seed": config.seed,
             "tasks": list(config.tasks),
             "modes": list(config.modes),
@@ -711,21 +924,23 @@ def _run_one(
     grammars: dict[tuple[str, str], Any],
     evaluator_mode: str,
 ) -> ItemRecord:
-    grammar = mode != "no-grammar"
+    grammar = mode != Mode.NO_GRAMMAR
     prefix = TASK_PREFIX[item.task] if grammar else ""
     if grammar:
         stop: tuple[str, ...] = _STOP
     else:
         stop = () if engine.chat else _BASE_FREE_STOP
+    operands = mode == OPERANDS_ARM
     result = engine.generate(
         item.prompt,
-        mode=mode,
+        mode=Mode.GRAMMAR_EVAL if operands else mode,
         prefix=prefix,
         max_new_tokens=(
             config.grammar_max_new_tokens if grammar else config.free_max_new_tokens
         ),
         stop=stop,
         grammar=grammars.get((item.task, mode)),
+        operands_from=item.prompt if operands else None,
     )
     verdict = classify(item, mode, result.text)
     return ItemRecord(
@@ -747,8 +962,31 @@ def _run_one(
         model=config.model,
         evaluator_mode=evaluator_mode,
         params=item.params,
+        problems=config.problems,
+        operands=_task_operands(result.operands, item.task),
         **verdict,
     )
+
+
+def _task_operands(report: dict[str, Any] | None, task: str) -> dict[str, Any] | None:
+    """The operands report's entry for the task's evaluator (what its span could use)."""
+    if report is None:
+        return None
+    entry = report["evaluators"].get(TASK_EVALUATOR[task])
+    return dict(entry) if entry is not None else None
+
+
+def items_for(problems: str, task: str, n: int, seed: int) -> list[StudyItem]:
+    """The first ``n`` questions of a task in a problem set (``original`` or ``heldout``)."""
+    from evald_lab.study.heldout import heldout_arithmetic_items, heldout_letter_items
+
+    makers = {
+        ("original", "arithmetic"): arithmetic_items,
+        ("original", "letters"): letter_items,
+        ("heldout", "arithmetic"): heldout_arithmetic_items,
+        ("heldout", "letters"): heldout_letter_items,
+    }
+    return makers[(problems, task)](n, seed)
 
 
 def _write_summary(summary: StudySummary, out_dir: Path) -> None:

@@ -318,6 +318,41 @@ def test_seeded_sampling_is_reproducible(engine: Any) -> None:
     assert runs[0] == runs[1] and len(runs[0]) > 0
 
 
+def test_operands_from_the_prompt_narrow_what_the_span_is_written_from(engine: Any) -> None:
+    """Whatever the model writes, every number in its span is one of the prompt's; on a prompt
+    without numbers the option is off and the result says why."""
+    import re
+
+    from evaluators_wasm.reference import GuestError, reference
+
+    result = engine.generate(PROMPT, prefix=PREFIX, max_new_tokens=24, operands_from=True)
+    assert result.operands is not None and result.operands["applied"]
+    assert result.operands["evaluators"]["calc"]["literals"] == {"number": ["17", "23", "91"]}
+    (span,) = result.spans
+    assert set(re.findall(r"[0-9]+", span.content)) <= {"17", "23", "91"}, span.content
+    try:
+        expected = f"<result>{reference('calc')(span.content.encode())}</result>"
+    except GuestError as exc:
+        expected = f"<result_error>{exc.code}</result_error>"
+    assert span.forced_text == expected  # evaluated as ever: the option narrows only the setup
+    other = engine.generate(
+        PROMPT, prefix=PREFIX, max_new_tokens=24, operands_from="Use 5 and 7 only."
+    )
+    written = other.text[len(PREFIX) :].split("</calc>")[0]  # closed or not
+    assert written and set(re.findall(r"[0-9]+", written)) <= {"5", "7"}, written
+    off = engine.generate(
+        "How many r's are in strawberry?", prefix=PREFIX, max_new_tokens=6, operands_from=True
+    )
+    assert off.operands is not None
+    assert off.operands["evaluators"]["calc"]["literals"] == {}
+    assert "no literal" in off.operands["evaluators"]["calc"]["reason"]
+    assert engine.generate(PROMPT, prefix=PREFIX, max_new_tokens=2).operands is None
+    with pytest.raises(EngineError, match="operands_from narrows the engine's span grammar"):
+        engine.generate(
+            PROMPT, grammar=engine.span_grammar("grammar-eval"), operands_from=True
+        )
+
+
 def test_zero_budget_returns_the_prefix(engine: Any) -> None:
     result = engine.generate(PROMPT, prefix=PREFIX, max_new_tokens=0)
     assert result.text == PREFIX and result.n_sampled == 0

@@ -2,14 +2,15 @@
 real SGLang CPU servers.
 
 ``daemon_harness`` (tests/evald) starts the daemon; ``sglang_harness`` (next to this file) plays
-SGLang's decode loop on SGLang's grammar layer; ``sglang_server`` starts the real server from
-``.venv-sglang`` (``make sglang-venv``), one per scheduler for the session (the ``sglang_server``
-marker; ``make sglang-test``). The folders are put on ``sys.path`` so test modules import them by
-name.
+SGLang's decode loop on SGLang's grammar layer; :mod:`engine_adapter.testing.sglang` starts the
+real server from ``.venv-sglang`` (``make sglang-venv``), one per scheduler for the session (the
+``sglang_server`` marker; ``make sglang-test``). The folders are put on ``sys.path`` so test
+modules import the harnesses by name.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +23,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
-import sglang_server  # noqa: E402
 from daemon_harness import Daemon, start_daemon  # noqa: E402
 from sglang_harness import CONFIG, TOKEN, environment  # noqa: E402
+
+from engine_adapter.testing import PLAIN_PROMPTS  # noqa: E402
+from engine_adapter.testing import sglang as sglang_server  # noqa: E402
+
+ROOT = HERE.parents[2]
 
 
 def sglang_available() -> bool:
@@ -125,9 +130,9 @@ def server(
     request: pytest.FixtureRequest, server_daemon: Daemon, fault_socket: Path, sglang_root: Path
 ) -> Iterator[sglang_server.SglangServer]:
     """A real SGLang server with the adapter, once per scheduler (``normal``, ``overlap``)."""
-    python = sglang_server.sglang_python()
+    python = sglang_server.sglang_python(ROOT)
     if python is None:
-        reason = sglang_server.unsupported_reason()
+        reason = sglang_server.unsupported_reason(ROOT)
         pytest.skip(
             f"SGLang cannot run on this CPU: {reason}"
             if reason
@@ -150,6 +155,27 @@ def server(
     finally:
         handle.stop()
         print(f"SGLang log ({scheduler}): {handle.log_path}")
+
+
+@pytest.fixture(scope="session")
+def plugin_off_texts(sglang_root: Path) -> dict[str, str]:
+    """What a server *without* the adapter writes for each plain prompt, alone (greedy, 24
+    tokens): the reference that requests without spans must match on the adapter's servers.
+
+    The server is started with no ``EVALD_*`` in its environment, so SGLang loads the plugin's
+    entry point and the plugin stays inert, as for a user who has not enabled it."""
+    python = sglang_server.sglang_python()
+    if python is None:
+        pytest.skip("the SGLang venv is absent (.venv-sglang; `make sglang-venv`)")
+    with environment(**{key: None for key in os.environ if key.startswith("EVALD_")}):
+        handle = sglang_server.start_server(python, {}, sglang_root / "sglang-plugin-off.log")
+    try:
+        return {
+            prompt: handle.generate(prompt, max_new_tokens=24)["text"]
+            for prompt in PLAIN_PROMPTS
+        }
+    finally:
+        handle.stop()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from sglang_harness import CALC_ONLY_TOKEN, TOKEN
 from engine_adapter import build_structural_tag, list_evaluators, render_instructions
 from engine_adapter._lowered_spans import plan_spans
 from engine_adapter.sglang import (
+    OperandsOff,
     generate_sampling_params,
     instruction_messages,
     structural_tag_for,
@@ -26,6 +27,26 @@ def test_tag_is_the_span_grammar_of_the_tenants_evaluators(daemon: Daemon) -> No
     plan = plan_spans(json.dumps(tag), lambda refresh: specs)
     assert plan is not None and set(plan.bindings) == set(grammar.bindings)
     assert [b.evaluator for b in plan.bindings] == ["calc", "strop"], "document order"
+
+
+def test_operands_from_narrows_the_tag_and_warns_when_it_cannot(daemon: Daemon) -> None:
+    pytest.importorskip("xgrammar")
+    question = "A hall has 38 rows of 27 chairs and 61 more. How many chairs?"
+    specs = [s for s in list_evaluators(daemon.target, TOKEN) if s.name == "calc"]
+    tag = structural_tag_for(
+        daemon.target, TOKEN, ["calc"], prefix="So <calc>", operands_from=question
+    )
+    narrowed = build_structural_tag(specs, prefix="So <calc>", operands_from=question)
+    assert tag == narrowed.structural_tag
+    assert tag != structural_tag_for(daemon.target, TOKEN, ["calc"], prefix="So <calc>")
+    # the server still recognises the span by its opener
+    plan = plan_spans(json.dumps(tag), lambda refresh: specs)
+    assert plan is not None and [b.evaluator for b in plan.bindings] == ["calc"]
+    with pytest.warns(OperandsOff, match="calc: the text holds no literal its grammar accepts"):
+        plain = structural_tag_for(
+            daemon.target, TOKEN, ["calc"], operands_from="How many r's in strawberry?"
+        )
+    assert plain == structural_tag_for(daemon.target, TOKEN, ["calc"])
 
 
 def test_default_is_every_evaluator_the_tenant_may_call(daemon: Daemon) -> None:

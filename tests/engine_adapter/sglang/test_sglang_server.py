@@ -21,20 +21,25 @@ from typing import Any
 
 import pytest
 from daemon_harness import Daemon
-from server_harness import fixed_tag, spans_in, stopped
-from sglang_server import DEADLINE_MS, OTHER_TOKEN, SPIN_TOKEN, TOKEN, SglangServer
 
+from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
+from engine_adapter.testing import fixed_tag, spans_in, stopped
+from engine_adapter.testing.sglang import (
+    DEADLINE_MS,
+    OTHER_TOKEN,
+    SPIN_TOKEN,
+    TOKEN,
+    SglangServer,
+)
 from evald.client import Client
+
+#: Why a benchmark check skips: the benchmarks are the lab's.
+LAB_NEEDED = "the benchmarks come with the lab (pip install -e ./lab)"
 
 pytestmark = pytest.mark.sglang_server
 
 CONCURRENCY = 8
-PLAIN_PROMPTS = [
-    "The capital of France is",
-    "Here is a short poem about the sea:",
-    "def fibonacci(n):",
-    "Three reasons to learn Python are",
-]
+PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:4]
 
 
 def evald_answer(
@@ -111,9 +116,14 @@ def test_openai_chat_api_with_a_request_tenant(server: SglangServer, server_spec
         ], text
 
 
-def test_untouched_requests_are_unchanged(server: SglangServer, server_specs: Any) -> None:
-    """Requests without spans write what they write alone, next to evaluated requests."""
+@pytest.mark.timeout(900)  # the plugin-off server starts inside it (once per session)
+def test_untouched_requests_are_unchanged(
+    server: SglangServer, server_specs: Any, plugin_off_texts: dict[str, str]
+) -> None:
+    """Requests without spans write what a server without the adapter writes, alone and next to
+    evaluated requests."""
     alone = [server.generate(p, max_new_tokens=24)["text"] for p in PLAIN_PROMPTS]
+    assert alone == [plugin_off_texts[p] for p in PLAIN_PROMPTS]
     calc = server_specs["calc"].binding()
     evaluated = [
         (lambda i=i: server.generate(
@@ -379,8 +389,11 @@ def test_span_log_records_every_span(
 
 
 def test_stall_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
-    """The stall benchmark's measurement on the session server (its numbers are not checked)."""
-    from bench_sglang_stall import measure_stall
+    """The stall benchmark's measurement on the session server (its numbers are not checked).
+    The benchmark is the lab's: checked here, where the session's server is, when it is
+    installed."""
+    pytest.importorskip("evald_lab", reason=LAB_NEEDED)
+    from evald_lab.bench.sglang_stall import measure_stall
 
     result = measure_stall(
         server, server_daemon.target, rounds=1, plain=4, evaluated=4, max_tokens=12
@@ -399,7 +412,7 @@ def register_secret(daemon: Daemon) -> Any:
     """Registers, for the sglang tenant only, an evaluator ``secret`` that echoes its input;
     returns its spec (as that tenant lists it)."""
     from engine_adapter import list_evaluators
-    from evald_lab.wat_corpus import guest, manifest_bytes
+    from evald.testing import guest, manifest_bytes
 
     module = guest(
         "echo",
@@ -412,15 +425,19 @@ def register_secret(daemon: Daemon) -> Any:
 
 def register_spinner(daemon: Daemon) -> Any:
     """Registers, for the spin tenant, an evaluator ``spin`` that loops until its deadline."""
-    from bench_sglang_stall import register_spinner as register
+    from engine_adapter import list_evaluators
+    from evald.testing import named_guest
 
-    return register(daemon.target)
+    with Client(daemon.target, SPIN_TOKEN) as client:
+        client.register(named_guest("loop", "spin"), replace=True)
+    return {s.name: s for s in list_evaluators(daemon.target, SPIN_TOKEN)}["spin"]
 
 
 def test_jump_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
     """The forwards-and-latency benchmark's measurement on the session server (numbers not
-    checked, but the stream must show each region arriving)."""
-    from bench_sglang_jump import measure
+    checked, but the stream must show each region arriving); the lab's, when it is installed."""
+    pytest.importorskip("evald_lab", reason=LAB_NEEDED)
+    from evald_lab.bench.sglang_jump import measure
 
     result = measure(server, server_daemon.target, alone=1, at_once=2)
     assert result["alone"]["value"]["forwards_median"] >= 1
@@ -428,8 +445,10 @@ def test_jump_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> Non
 
 
 def test_cost_benchmark_rounds_run(server: SglangServer, server_specs: Any) -> None:
-    """The cost benchmark's two kinds of round on the session server (numbers not checked)."""
-    from bench_sglang_cost import plain_round, span_round
+    """The cost benchmark's two kinds of round on the session server (numbers not checked);
+    the lab's, when it is installed."""
+    pytest.importorskip("evald_lab", reason=LAB_NEEDED)
+    from evald_lab.bench.sglang_cost import plain_round, span_round
 
     assert plain_round(server, 2, 8) > 0
     calc = server_specs["calc"].binding()

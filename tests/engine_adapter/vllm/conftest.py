@@ -22,7 +22,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
 from daemon_harness import Daemon, start_daemon  # noqa: E402
-from vllm_harness import (  # noqa: E402
+
+from engine_adapter.testing.vllm import (  # noqa: E402
     CONFIG,
     DEADLINE_MS,
     TOKEN,
@@ -30,8 +31,9 @@ from vllm_harness import (  # noqa: E402
     start_server,
     vllm_python,
 )
-
 from engine_adapter.vllm.proposer import speculative_config  # noqa: E402
+
+ROOT = HERE.parents[2]
 
 #: The forced tokens one forward verifies on the drafts server (the longest region in these
 #: tests, ``<result_error>division_by_zero</result_error>``, is 15 tokens).
@@ -107,7 +109,7 @@ def server_env(daemon: Daemon, fault_socket: Path, span_log: Path) -> dict[str, 
 
 
 def python_or_skip() -> Path:
-    python = vllm_python()
+    python = vllm_python(ROOT)
     if python is None:
         pytest.skip(
             "the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`, or point "

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from daemon_harness import Daemon
 from test_vllm_server import CONCURRENCY, evald_answer, run_all, spans_in, text_of
-from vllm_harness import TOKEN, VllmServer, fixed_tag, tag_body
+
+from engine_adapter.testing.vllm import TOKEN, VllmServer, fixed_tag, tag_body
 
 pytestmark = pytest.mark.vllm
 

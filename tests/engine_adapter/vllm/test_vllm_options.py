@@ -99,31 +99,44 @@ def test_request_helper_round_trip(tmp_path: Any) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evald"))
     from daemon_harness import start_daemon
-    from vllm_harness import CONFIG as DAEMON_CONFIG
-    from vllm_harness import TOKEN
 
+    from engine_adapter.testing.vllm import CONFIG as DAEMON_CONFIG
+    from engine_adapter.testing.vllm import TOKEN
     from engine_adapter.vllm import evaluated_request
 
     daemon = start_daemon(tmp_path, DAEMON_CONFIG)
     try:
         standard = evaluated_request(daemon.target, TOKEN, ["calc", "units"], send_target=True)
-        own = evaluated_request(
-            daemon.target,
-            TOKEN,
-            tag={
-                "type": "structural_tag",
-                "format": {
-                    "type": "sequence",
-                    "elements": [
-                        {"type": "const_string", "value": "Total: "},
-                        {"type": "evaluated_tag", "begin": "<calc>", "end": "</calc>",
-                         "evaluator": "calc", "result": {"begin": "<result>", "end": "</result>"}},
-                    ],
-                },
+        own_tag = {
+            "type": "structural_tag",
+            "format": {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": "Total: "},
+                    {"type": "evaluated_tag", "begin": "<calc>", "end": "</calc>",
+                     "evaluator": "calc", "result": {"begin": "<result>", "end": "</result>"}},
+                ],
             },
-        )  # fmt: skip
+        }  # fmt: skip
+        own = evaluated_request(daemon.target, TOKEN, tag=own_tag)
+        question = "A hall has 38 rows of 27 chairs and 61 more. How many chairs?"
+        narrowed = evaluated_request(daemon.target, TOKEN, ["calc"], operands_from=question)
+        own_narrowed = evaluated_request(
+            daemon.target, TOKEN, tag=own_tag, operands_from=question
+        )
+        off = evaluated_request(daemon.target, TOKEN, ["calc"], operands_from="no numbers")
     finally:
         daemon.stop()
+    # operands from the context: narrowed where the question has numbers, off with a reason
+    assert standard.operands is None and own.operands is None
+    for request in (narrowed, own_narrowed):
+        assert request.operands is not None and request.operands.applied
+        assert dict(request.operands.evaluators[0].literals) == {"number": ("38", "27", "61")}
+        assert '\\"38\\" | \\"27\\" | \\"61\\"' in json.dumps(request.structural_tag)
+    assert off.operands is not None and not off.operands.applied
+    assert "calc: the text holds no literal" in off.operands.reason
+    plain = build_structural_tag(standard_evaluators(["calc"]), "grammar-eval")
+    assert off.structural_tag == plain.structural_tag
     # Instructions for exactly the chosen evaluators, opt-in: the body never carries them.
     assert "<calc>" in standard.instructions and "<units>" in standard.instructions
     assert "<strop>" not in standard.instructions
@@ -132,7 +145,12 @@ def test_request_helper_round_trip(tmp_path: Any) -> None:
     assert messages[0] == {"role": "system", "content": standard.instructions}
     assert messages[1]["role"] == "user" and len(messages) == 2
     config = AdapterConfig(target=daemon.target)
-    for request, begins in ((standard, ["<calc>", "<units>"]), (own, ["<calc>"])):
+    for request, begins in (
+        (standard, ["<calc>", "<units>"]),
+        (own, ["<calc>"]),
+        (narrowed, ["<calc>"]),
+        (own_narrowed, ["<calc>"]),
+    ):
         body = request.extra_body(max_tokens=8)
         assert body["max_tokens"] == 8
         sampling = SimpleNamespace(

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from vllm_harness import ROOT, vllm_python
 
+from engine_adapter.testing.vllm import vllm_python
 from engine_adapter.vllm.plugin import UnsupportedConfiguration, check_config, max_drafts
 from engine_adapter.vllm.proposer import FORCED_ONLY, ForcedOnlyProposer, speculative_config
+
+ROOT = Path(__file__).resolve().parents[3]
 
 _SCRIPT = r"""
 import json, os
@@ -52,7 +55,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.vllm
 def test_hooks_installed_on_vllms_scheduler() -> None:
-    python = vllm_python()
+    python = vllm_python(ROOT)
     if python is None:
         pytest.skip("the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

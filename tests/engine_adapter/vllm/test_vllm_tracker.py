@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from bench_vllm_overhead import _GrammarOutput, _setup
 
 from engine_adapter import build_structural_tag, standard_evaluators
 from engine_adapter._injector import TokenCodec
 from engine_adapter.local import load_tokenizer
+from engine_adapter.testing.vllm import FakeRequest, FakeScheduler, GrammarOutput, tracker_rows
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +37,11 @@ def _close_span(codec: TokenCodec, tracker: Any, scheduler: Any) -> None:
 
 
 def test_forced_row_is_narrowed_to_one_allowed_token(codec: TokenCodec, tag: Any) -> None:
-    tracker, scheduler = _setup(codec, 2, tag)
+    tracker, scheduler = tracker_rows(codec, 2, tag)
     _close_span(codec, tracker, scheduler)
     words = (codec.vocab_size + 31) // 32
     bitmask = np.full((2, words), -1, dtype=np.int32)
-    tracker.narrow_bitmask(_GrammarOutput(["r1", "r0"], bitmask))
+    tracker.narrow_bitmask(GrammarOutput(["r1", "r0"], bitmask))
     for row in bitmask:
         allowed = [w * 32 + b for w in range(words) for b in range(32) if (int(row[w]) >> b) & 1]
         assert len(allowed) == 1
@@ -51,12 +50,12 @@ def test_forced_row_is_narrowed_to_one_allowed_token(codec: TokenCodec, tag: Any
 
 
 def test_a_token_the_grammar_refuses_is_never_forced(codec: TokenCodec, tag: Any) -> None:
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     _close_span(codec, tracker, scheduler)
     words = (codec.vocab_size + 31) // 32
     bitmask = np.zeros((1, words), dtype=np.int32)  # the grammar allows nothing
     bitmask[0, 0] = 1  # but token 0
-    tracker.narrow_bitmask(_GrammarOutput(["r0"], bitmask))
+    tracker.narrow_bitmask(GrammarOutput(["r0"], bitmask))
     assert bitmask[0, 0] == 1 and not bitmask[0, 1:].any()  # left as the grammar had it
     state = tracker.requests["r0"]
     assert state.fault is not None and "refuses forced token" in state.fault
@@ -68,7 +67,7 @@ def test_a_pending_value_holds_the_request_out_of_the_next_step(
 ) -> None:
     from engine_adapter._types import EvalResult
 
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     request = scheduler.running[0]
     scheduler.waiting.append(object())  # someone else could run: no idle wait
     state = tracker.requests["r0"]
@@ -86,7 +85,7 @@ def test_a_pending_value_holds_the_request_out_of_the_next_step(
     # Force the value-independent "<result" prefix while the evaluation runs.
     while state.injector.forced_tokens():
         bitmask = np.full((1, words), -1, dtype=np.int32)
-        tracker.narrow_bitmask(_GrammarOutput(["r0"], bitmask))
+        tracker.narrow_bitmask(GrammarOutput(["r0"], bitmask))
         token = state.injector.forced_tokens()[0]
         request.output_token_ids.append(token)
         scheduler.current_step += 1
@@ -107,7 +106,7 @@ def test_when_every_request_is_held_the_scheduler_sleeps_on_the_evaluation(
     import concurrent.futures
     import time
 
-    tracker, scheduler = _setup(codec, 1, tag)
+    tracker, scheduler = tracker_rows(codec, 1, tag)
     state = tracker.requests["r0"]
     pending: concurrent.futures.Future[Any] = concurrent.futures.Future()
     state.injector._evaluator.submit = lambda *args: pending  # type: ignore[union-attr]
@@ -125,29 +124,6 @@ def test_when_every_request_is_held_the_scheduler_sleeps_on_the_evaluation(
 
 
 # ------------------------------------------------------------------ with speculative decoding
-
-
-@dataclass
-class _Request:
-    """What the hooks read and write on vLLM's ``Request`` (``vllm/v1/request.py``)."""
-
-    request_id: str
-    sampling_params: Any
-    output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)
-    next_decode_eligible_step: int = 0
-
-    def is_finished(self) -> bool:
-        return False
-
-
-@dataclass
-class _Scheduler:
-    requests: dict[str, _Request]
-    running: list[_Request]
-    waiting: list[Any] = field(default_factory=list)
-    current_step: int = 0
-    structured_output_manager: Any = None
 
 
 class _Answers:
@@ -180,7 +156,7 @@ class _Answers:
 
 def _drafting(
     codec: TokenCodec, tag: Any, rows: int, max_drafts: int, answers: _Answers
-) -> tuple[Any, _Scheduler]:
+) -> tuple[Any, FakeScheduler]:
     from engine_adapter._server_config import AdapterConfig
     from engine_adapter.vllm._tracker import SpanTracker
 
@@ -193,10 +169,10 @@ def _drafting(
     params = SimpleNamespace(
         structured_outputs=SimpleNamespace(structural_tag=json.dumps(tag)), extra_args=None
     )
-    requests = {f"r{i}": _Request(f"r{i}", params) for i in range(rows)}
+    requests = {f"r{i}": FakeRequest(f"r{i}", params) for i in range(rows)}
     for request in requests.values():
         assert tracker.add(request) is not None
-    scheduler = _Scheduler(requests, list(requests.values()))
+    scheduler = FakeScheduler(requests, list(requests.values()))
     scheduler.waiting.append(object())  # someone else could run: no idle wait
     return tracker, scheduler
 
@@ -226,7 +202,7 @@ def test_a_known_value_goes_in_as_drafts_and_every_draft_row_is_narrowed(
     rows = len(spec["r1"]) + 1 + len(drafts) + 1
     bitmask = np.full((rows, words), -1, dtype=np.int32)
     tracker.narrow_bitmask(
-        _GrammarOutput(["r1", "r0"], bitmask), SimpleNamespace(scheduled_spec_decode_tokens=spec)
+        GrammarOutput(["r1", "r0"], bitmask), SimpleNamespace(scheduled_spec_decode_tokens=spec)
     )
     first = len(spec["r1"]) + 1
     assert (bitmask[:first] == -1).all()  # r1's rows are untouched
@@ -250,7 +226,7 @@ def test_a_region_longer_than_the_drafts_also_forces_the_token_after_them(
     bitmask = np.full((3, words), -1, dtype=np.int32)
     spec = {"r0": region[:2]}
     tracker.narrow_bitmask(
-        _GrammarOutput(["r0"], bitmask), SimpleNamespace(scheduled_spec_decode_tokens=spec)
+        GrammarOutput(["r0"], bitmask), SimpleNamespace(scheduled_spec_decode_tokens=spec)
     )
     assert [_allowed(row, words) for row in bitmask] == [[t] for t in region[:3]]
     # The verify step keeps both drafts and samples the third; the rest goes in next step.
@@ -314,7 +290,7 @@ def test_scheduled_drafts_that_are_not_the_forced_tokens_stop_forcing(
     wrong = codec.encode_continuation(b"<result>99</result>")
     bitmask = np.full((len(wrong) + 1, words), -1, dtype=np.int32)
     tracker.narrow_bitmask(
-        _GrammarOutput(["r0"], bitmask),
+        GrammarOutput(["r0"], bitmask),
         SimpleNamespace(scheduled_spec_decode_tokens={"r0": wrong}),
     )
     assert (bitmask == -1).all()
@@ -381,9 +357,9 @@ def test_greedy_drafts_only_forces_one_token_per_step_while_a_request_samples(
             temperature=temperature,
         )
 
-    evaluated = _Request("r0", params(0.0, True))
-    sampling = _Request("plain", params(0.8, False))
-    scheduler = _Scheduler({"r0": evaluated, "plain": sampling}, [evaluated, sampling])
+    evaluated = FakeRequest("r0", params(0.0, True))
+    sampling = FakeRequest("plain", params(0.8, False))
+    scheduler = FakeScheduler({"r0": evaluated, "plain": sampling}, [evaluated, sampling])
     scheduler.waiting.append(object())
     tracker.add(evaluated)
     tracker.add(sampling)  # not evaluated, but it samples randomly

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 from daemon_harness import Daemon
-from wat_modules import manifest_bytes
 
 from evald.client import CallError
 from evald.contract import EvaldError, check_no_angle_bracket, may_produce
-from evald_lab.wat_corpus import guest
+from evald.testing import guest, manifest_bytes
 
 SAFE_GRAMMAR = 'root ::= [0-9]+ ("." [0-9]+)?'
 

@@ -25,7 +25,7 @@ from evald.daemon._config import (
     parse_config,
     parse_size,
 )
-from evald.host import HostConfig, Limits
+from evald.host import DEFAULT_COMPILE_MEMORY_BYTES, HostConfig, Limits
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,6 +72,7 @@ def test_the_defaults_are_pinned() -> None:
         deadline_ms=100,
         input_bytes=1 * mib,
         output_bytes=64 * kib,
+        instance_cache_bytes=256 * mib,
     )
     host = HostConfig()
     assert (host.max_wasm_stack_bytes, host.module_bytes, host.epoch_tick_ms) == (
@@ -85,12 +86,22 @@ def test_the_defaults_are_pinned() -> None:
     server = ServerSettings()
     assert (server.max_message_bytes, server.max_batch_items) == (8 * mib, 4096)
     assert (server.stream_unread_bytes, server.max_concurrent_rpcs) == (16 * mib, 1024)
+    assert (server.compile_queue, server.compile_queue_per_tenant) == (8, 2)
+    assert server.compile_memory_bytes == 512 * mib
 
 
 def test_the_config_tables_take_their_defaults_from_the_one_home() -> None:
     limits, tenant = Limits(), TenantLimits()
-    for name in ("fuel", "memory_bytes", "deadline_ms", "input_bytes", "output_bytes"):
+    for name in (
+        "fuel",
+        "memory_bytes",
+        "deadline_ms",
+        "input_bytes",
+        "output_bytes",
+        "instance_cache_bytes",
+    ):
         assert getattr(tenant, name) == getattr(limits, name), name
+    assert ServerSettings().compile_memory_bytes == DEFAULT_COMPILE_MEMORY_BYTES
     host, settings = HostConfig(), HostSettings()
     for name in (
         "max_wasm_stack_bytes",
@@ -182,6 +193,7 @@ def test_the_docs_tables_state_the_defaults() -> None:
         "`max_concurrency`": str(tenant.max_concurrency),
         "`max_calls`": str(tenant.max_calls),
         "`unread_bytes`": _size_text(tenant.unread_bytes),
+        "`instance_cache_bytes`": _size_text(tenant.instance_cache_bytes),
     }
     for label, value in expected.items():
         assert _row(daemon_md, label) == value, label

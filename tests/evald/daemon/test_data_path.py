@@ -19,7 +19,10 @@ from daemon_harness import TOKENS, Daemon, free_port, module, outcome, session_c
 from evald.client import DataCallError, DataConnection
 from evald.contract import HELLO_MAGIC, ErrorCode, Kind, encode_frame, pb
 
-MAX_CONNECTIONS = 6
+#: Shared by the session config's 9 tenants: each is guaranteed 2 connections.
+MAX_CONNECTIONS = 18
+SHARE = 2
+UNAUTHENTICATED = 3
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,8 @@ def data_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     config = session_config(port).replace(
         "[server]\n",
         f'[server]\ndata_listen = "unix:{root}/data.sock"\n'
-        f"data_max_connections = {MAX_CONNECTIONS}\n",
+        f"data_max_connections = {MAX_CONNECTIONS}\n"
+        f"data_unauthenticated_connections = {UNAUTHENTICATED}\n",
         1,
     )
     handle = start_daemon(root, config, metrics_port=port)
@@ -278,13 +282,16 @@ def _connect_retrying(daemon: Daemon) -> DataConnection:
             time.sleep(0.05)
 
 
-def test_connections_are_capped(data_daemon: Daemon) -> None:
-    open_connections = [_connect_retrying(data_daemon) for _ in range(MAX_CONNECTIONS)]
+def test_a_tenant_holds_at_most_its_share_of_the_connections(data_daemon: Daemon) -> None:
+    open_connections = [_connect_retrying(data_daemon) for _ in range(SHARE)]
     try:
         with pytest.raises(DataCallError) as refused:
             connect(data_daemon)
-        assert refused.value.code is ErrorCode.UNAVAILABLE
+        assert refused.value.code is ErrorCode.QUOTA_EXCEEDED
         assert "data_max_connections" in refused.value.message
+        # Its share is its own limit: another tenant still connects.
+        with connect(data_daemon, "beta") as other:
+            assert round_trip(other, request("calc", b"6 * 7", "b"))["b"].value == "42"
     finally:
         for connection in open_connections:
             connection.close()

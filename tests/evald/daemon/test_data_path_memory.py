@@ -29,7 +29,7 @@ from daemon_harness import TOKENS, Daemon, module, outcome, start_daemon, tenant
 from evald.client import DataCallError, DataConnection
 from evald.contract import HEADER, ErrorCode, Kind, pb, pb_grpc
 from evald.daemon import send_limit
-from evald_lab.wat_corpus import arg
+from evald.testing import arg
 
 MIB = 2**20
 #: 6,000 characters of input, a 60,002-byte value.

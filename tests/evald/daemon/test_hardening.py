@@ -15,13 +15,17 @@ import grpc
 import pytest
 import wasmtime
 from daemon_harness import TOKENS, Daemon, assert_still_serving, module, outcome
-from wat_modules import arg, manifest_bytes, wat_text
 
 from evald.client import CallError, Client
-from evald.contract import ERROR_CODE_METADATA_KEY, EvaldError
+from evald.contract import (
+    ERROR_CODE_METADATA_KEY,
+    MANIFEST_SECTION,
+    EvaldError,
+    append_custom_section,
+)
 from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS, validate_module
 from evald.host._wasm_binary import parse_module
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.testing import arg, manifest_bytes, wat_text
 
 _SERVICE = "/evald.v1.Evaluator"
 #: Not a protobuf message: a field key of wire type 7, which does not exist.

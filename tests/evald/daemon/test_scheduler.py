@@ -22,7 +22,7 @@ import pytest
 from evald.contract import ErrorCode, pb
 from evald.daemon._gatekeeping import PROTO_CODES
 from evald.daemon._registry import Evaluator
-from evald.daemon._scheduler import SLICE_S, Scheduler, TenantQueue, _Batch, _Work
+from evald.daemon._scheduler import SLICE_S, Batch, Scheduler, TenantQueue, Work
 from evald.host import Limits, WasmHost
 from evaluators_wasm import wasm_path
 
@@ -57,7 +57,7 @@ class Recorder:
         self.started: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, work: _Work) -> pb.EvaluateResponse:
+    def __call__(self, work: Work) -> pb.EvaluateResponse:
         name = work.tenant.name
         with self._lock:
             self.running[name] += 1
@@ -85,11 +85,11 @@ class Recorder:
             return sum(1 for tenant, _ in self.finished if tenant == name)
 
 
-def items(tenant: TenantQueue, count: int, prefix: str = "") -> collections.deque[_Work]:
+def items(tenant: TenantQueue, count: int, prefix: str = "") -> collections.deque[Work]:
     """``count`` work items of ``tenant``; the callable, not the item, decides what runs."""
     evaluator: Any = None  # the Recorder never looks at it
     return collections.deque(
-        _Work(
+        Work(
             index=index,
             request_id=f"{prefix or tenant.name}-{index}",
             evaluator=evaluator,
@@ -110,7 +110,7 @@ class Delivered:
         self.all = threading.Event()
         self._lock = threading.Lock()
 
-    def __call__(self, work: _Work, response: pb.EvaluateResponse) -> None:
+    def __call__(self, work: Work, response: pb.EvaluateResponse) -> None:
         with self._lock:
             assert work.request_id not in self.responses, "an item was answered twice"
             self.responses[work.request_id] = response
@@ -120,10 +120,10 @@ class Delivered:
 
 def submit(
     scheduler: Scheduler, tenant: TenantQueue, count: int, prefix: str = ""
-) -> tuple[_Batch, Delivered]:
+) -> tuple[Batch, Delivered]:
     """Enqueues a loop-less batch (as the data path does) and returns it with its results."""
     delivered = Delivered(count)
-    batch = _Batch(None, items(tenant, count, prefix), delivered)
+    batch = Batch(None, items(tenant, count, prefix), delivered)
     added, scheduled = scheduler.enqueue(batch)
     assert added and scheduled
     return batch, delivered
@@ -141,7 +141,7 @@ def make() -> Iterator[Callable[..., Scheduler]]:
     """Schedulers whose pools are shut down after the test, whatever it left queued."""
     made: list[Scheduler] = []
 
-    def build(run: Callable[[_Work], pb.EvaluateResponse], workers: int) -> Scheduler:
+    def build(run: Callable[[Work], pb.EvaluateResponse], workers: int) -> Scheduler:
         scheduler = Scheduler(run, workers)
         made.append(scheduler)
         return scheduler
@@ -276,7 +276,7 @@ def test_a_cancelled_drain_gives_its_untaken_items_back() -> None:
     run.started["t-0"] = started = threading.Event()
     results: dict[str, pb.EvaluateResponse] = {}
 
-    def deliver(work: _Work, response: pb.EvaluateResponse) -> None:
+    def deliver(work: Work, response: pb.EvaluateResponse) -> None:
         results[work.request_id] = response
 
     async def scenario() -> None:
@@ -318,7 +318,7 @@ def test_closing_runs_what_is_queued_and_refuses_new_batches() -> None:
     queued = [submit(scheduler, a, 30), submit(scheduler, b, 30)]
     scheduler.close_scheduler()
     late = Delivered(4)
-    batch = _Batch(None, items(a, 4, "late"), late)
+    batch = Batch(None, items(a, 4, "late"), late)
     assert scheduler.enqueue(batch) == (False, False)
     scheduler.abandon(batch, False)
     assert late.all.is_set()
@@ -338,7 +338,7 @@ def test_real_wasm_evaluations_through_the_scheduler(make: Callable[..., Schedul
         module = host.load(wasm_path("calc").read_bytes())
         calc = Evaluator(name="calc", owner="standard", module=module)
 
-        def run(work: _Work) -> pb.EvaluateResponse:
+        def run(work: Work) -> pb.EvaluateResponse:
             outcome = host.evaluate(
                 work.evaluator.module, work.data, work.limits, pool_key=work.tenant.name
             )
@@ -352,7 +352,7 @@ def test_real_wasm_evaluations_through_the_scheduler(make: Callable[..., Schedul
         for name, base in (("alpha", 100), ("beta", 200)):
             tenant = Tenant(name, 1)
             queue = collections.deque(
-                _Work(i, f"{name}-{i}", calc, f"{base} + {i}".encode(), Limits(), tenant)
+                Work(i, f"{name}-{i}", calc, f"{base} + {i}".encode(), Limits(), tenant)
                 for i in range(50)
             )
             got: dict[str, str] = {}
@@ -360,7 +360,7 @@ def test_real_wasm_evaluations_through_the_scheduler(make: Callable[..., Schedul
             done = threading.Event()
 
             def deliver(
-                work: _Work,
+                work: Work,
                 response: pb.EvaluateResponse,
                 got: dict[str, str] = got,
                 done: threading.Event = done,
@@ -369,7 +369,7 @@ def test_real_wasm_evaluations_through_the_scheduler(make: Callable[..., Schedul
                 if len(got) == 50:
                     done.set()
 
-            assert scheduler.enqueue(_Batch(None, queue, deliver)) == (True, True)
+            assert scheduler.enqueue(Batch(None, queue, deliver)) == (True, True)
             waits.append(done)
         for done in waits:
             assert done.wait(30.0)

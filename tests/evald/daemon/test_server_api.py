@@ -31,10 +31,10 @@ from daemon_harness import (
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from wat_modules import arg
 
 from evald.client import CallError, Client
 from evald.contract import pb, pb_grpc
+from evald.testing import arg
 
 
 def test_batch_answers_in_request_order_with_per_item_errors(daemon: Daemon) -> None:
@@ -239,6 +239,24 @@ def test_sigterm_drains_in_flight_calls(tmp_path: Path) -> None:
             assert refused.value.unreachable
     finally:
         handle.stop(signal.SIGKILL)
+
+
+def test_sighup_is_logged_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
+    """docs/operations.md: there is no reload; SIGHUP is logged and changes nothing."""
+    handle = start_daemon(tmp_path, SHUTDOWN_CONFIG)
+    try:
+        handle.process.send_signal(signal.SIGHUP)
+        give_up = time.monotonic() + 10
+        while not any("SIGHUP" in str(line.get("msg")) for line in handle.log_lines()):
+            assert time.monotonic() < give_up, "SIGHUP was not logged"
+            time.sleep(0.05)
+        assert handle.process.poll() is None
+        with Client(handle.target, TOKENS["nofuel"], timeout_s=10) as client:
+            assert client.health() == "SERVING"
+            response = client.evaluate("calc", b"1 + 1")  # a call, answered (typed)
+            assert response.error.code == pb.ERROR_CODE_PERMISSION_DENIED, response
+    finally:
+        assert handle.stop() == 0
 
 
 def _until_closed(

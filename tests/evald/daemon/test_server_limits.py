@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 from daemon_harness import Daemon, assert_still_serving, module, outcome, padded
-from wat_modules import arg
 
 from evald.client import CallError, Client
+from evald.testing import arg
 
 
 def largest_passing(probe: Callable[[int], str], low: int, high: int) -> int:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from daemon_harness import Daemon, module, outcome, session_config, start_daemon
-from wat_modules import arg, guest, manifest_bytes
 
 from evald.client import CallError, Client
+from evald.testing import arg, guest, manifest_bytes
 
 
 def refusal(client: Client, wasm: bytes, **options: Any) -> CallError:

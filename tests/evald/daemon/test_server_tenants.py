@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 from daemon_harness import TOKENS, Daemon, free_port, module, outcome, start_daemon, tenant_block
-from wat_modules import arg
 
 from evald.client import CallError, Client
 from evald.contract import ERROR_CODE_METADATA_KEY, pb, pb_grpc
+from evald.testing import arg
 
 
 def call_error(function: object, *args: object) -> CallError:

@@ -6,17 +6,18 @@ import json
 
 import pytest
 import wasmtime
-from wat_modules import MANIFEST, guest, manifest_bytes
 
-from evald.contract import ErrorCode, EvaldError
-from evald.host._abi import (
+from evald.contract import (
     MANIFEST_MAX_BYTES,
+    MANIFEST_SECTION,
+    ErrorCode,
+    EvaldError,
     Manifest,
-    check_manifest_grammars,
+    append_custom_section,
     parse_manifest,
-    validate_module,
 )
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.host import check_manifest_grammars, validate_module
+from evald.testing import MANIFEST, guest, manifest_bytes
 
 
 def refused(wasm: bytes, **kwargs: int) -> str:
@@ -164,6 +165,11 @@ def test_other_custom_sections_are_ignored() -> None:
         (manifest_bytes(examples=[{"input": "1", "value": "1", "why": "x"}]), "unknown key(s) why"),
         (manifest_bytes(examples=[{"input": "1\n2", "value": "1"}]), "one-line string"),
         (manifest_bytes(examples=[{"input": "1", "value": 1}]), "one-line string"),
+        (manifest_bytes(literals=["root"]), "literals must be an object"),
+        (manifest_bytes(literals={f"r{i}": "number" for i in range(17)}), "at most 16"),
+        (manifest_bytes(literals={"digits": "number"}), "which input_grammar does not define"),
+        (manifest_bytes(literals={"root": "date"}), "the literal kinds are number, string"),
+        (manifest_bytes(literals={"a b": "number"}), "is not a grammar rule name"),
     ],
 )
 def test_bad_manifests_name_the_broken_rule(payload: bytes, expected: str) -> None:
@@ -180,6 +186,20 @@ def test_examples_are_optional_and_round_trip() -> None:
     assert [dict(e) for e in parsed.examples] == examples
     assert parsed.to_json()["examples"] == examples
     assert parse_manifest(json.dumps(parsed.to_json()).encode()) == parsed
+
+
+def test_literals_are_optional_and_round_trip() -> None:
+    """``literals`` names rules of the input grammar, each with a kind the adapter knows."""
+    plain = parse_manifest(manifest_bytes())
+    assert plain.literals == {} and "literals" not in plain.to_json()
+    grammar = 'root ::= number (" + " number)*\nnumber ::= [0-9]+\nword ::= [a-z]+'
+    declared = {"number": "number", "word": "string"}
+    parsed = parse_manifest(manifest_bytes(input_grammar=grammar, literals=declared))
+    assert parsed.literals == declared and parsed.to_json()["literals"] == declared
+    assert parse_manifest(json.dumps(parsed.to_json()).encode()) == parsed
+    # the module carries them: a host load reads the same field
+    assert validate_module(guest("echo", manifest=manifest_bytes(
+        input_grammar=grammar, literals=declared))).literals == declared
 
 
 def test_manifest_size_cap_is_an_n_n_plus_1_pair() -> None:
@@ -225,6 +245,10 @@ def test_xgrammar_check_of_grammar_and_regex() -> None:
     bad_regex = parse_manifest(manifest_bytes(result_regex="(abc"))
     with pytest.raises(EvaldError, match="result_regex does not compile with XGrammar"):
         check_manifest_grammars(bad_regex)
+    literal = parse_manifest(
+        manifest_bytes(input_grammar="root ::= n\nn ::= [0-9]+", literals={"n": "number"})
+    )
+    assert check_manifest_grammars(literal)
 
 
 def test_manifest_json_round_trip() -> None:

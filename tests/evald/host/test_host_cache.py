@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from wat_modules import guest
 
 from evald.host import HostConfig, Limits, WasmHost
+from evald.testing import guest
 
 
 def cache_files(directory: Path) -> list[Path]:

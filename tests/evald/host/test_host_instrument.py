@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import wasmtime
-from wat_modules import manifest_bytes
 
+from evald.contract import MANIFEST_SECTION, append_custom_section
 from evald.host import HostConfig, inspect_module
 from evald.host._engine import make_engine_config
 from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._wasm_binary import parse_module
+from evald.testing import manifest_bytes
 from evaluators_wasm import wasm_path
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
 
 # memory.grow in many positions, next to instructions with every kind of immediate the
 # reader must step over (block types, br_table, call_indirect, typed select, memargs,

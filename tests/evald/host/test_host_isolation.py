@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from wat_modules import PAGE, arg, guest
 
 from evald.contract import ErrorCode
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost
+from evald.testing import PAGE, arg, guest
 
 
 @pytest.fixture(scope="module")

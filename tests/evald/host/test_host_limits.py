@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from wat_modules import PAGE, arg, guest
 
 from evald.contract import ErrorCode, EvaldError
 from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost, _engine
+from evald.testing import PAGE, arg, guest
 
 UNMETERED = Limits(fuel=0, deadline_ms=10_000)
 

@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from wat_modules import guest
 
 from evald.contract import GUEST_ERROR_CODES, ErrorCode, EvaldError
 from evald.host import HostConfig, Limits, LoadedModule, WasmHost, _engine
+from evald.testing import guest
 from evaluators_wasm import wasm_path
 
 OUT_CAP = 4096

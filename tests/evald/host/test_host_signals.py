@@ -19,7 +19,7 @@ import pytest
 SCRIPT = """
 import ctypes, signal, sys
 sys.path.insert(0, {helpers!r})
-from wat_modules import guest
+from evald.testing import guest
 from evald.host import HostConfig, Limits, WasmHost
 host = WasmHost(HostConfig(signals_based_traps={signals}))
 module = host.load(guest("oob"))

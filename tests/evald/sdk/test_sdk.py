@@ -292,7 +292,7 @@ def test_build_refuses_what_the_daemon_refuses_and_warns_about_the_rest(
 
 def test_the_scan_finds_no_problem_in_the_standard_grammars() -> None:
     from engine_adapter import standard_evaluators
-    from evald.host._abi import Manifest
+    from evald.contract import Manifest
 
     for spec in standard_evaluators():
         manifest = Manifest(
@@ -437,7 +437,7 @@ def test_register_list_call_and_unregister(
 def test_registration_refusals_are_clear(
     zig_folder: Path, zig_wasm: bytes, daemon: Daemon, tmp_path: Path
 ) -> None:
-    from evaluators_wasm.toolchain import build_evaluator
+    from evald.sdk import build_evaluator
 
     module = tmp_path / "m.wasm"
     module.write_bytes(zig_wasm)
@@ -610,6 +610,46 @@ def test_the_local_engine_forces_the_new_evaluators_result(
 
 
 # --- the docs -------------------------------------------------------------------------------
+
+
+def test_a_tenant_evaluator_declaring_literals_gets_the_operands_option(
+    zig_folder: Path, daemon: Daemon, tmp_path: Path
+) -> None:
+    """The option is built from the manifest, not from evaluator names: a tenant's module that
+    declares its grammar's literal rule is narrowed like the standard ones, through the
+    daemon's ListEvaluators."""
+    pytest.importorskip("xgrammar")
+    from engine_adapter import build_structural_tag, list_evaluators
+
+    declared = variant(zig_folder, tmp_path, "declared")
+    (declared / "grammar.ebnf").write_text("root ::= number\nnumber ::= [1-9] [0-9]{0,3}\n")
+    path = declared / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "literals": {"number": "number"}}))
+    built = cli("build", declared)
+    assert built.status == 0, built.err
+    assert on_daemon(daemon, "register", declared / f"{NAME}.wasm").status == 0
+    try:
+        spec = next(s for s in list_evaluators(daemon.target, TOKENS[TENANT]) if s.name == NAME)
+        assert dict(spec.literals) == {"number": "number"}
+        grammar = build_structural_tag([spec], operands_from="The year 1994, or was it 12000?")
+        assert grammar.operands is not None
+        # 12000 is past the rule's four digits: only 1994 (and nothing shorter) is offered
+        assert dict(grammar.operands.evaluators[0].literals) == {"number": ("1994",)}
+        assert 'number ::= "1994"' in grammar.json().replace("\\", "")
+    finally:
+        on_daemon(daemon, "unregister", NAME)
+
+
+def test_build_refuses_literals_the_grammar_does_not_define(
+    zig_folder: Path, tmp_path: Path
+) -> None:
+    bad = variant(zig_folder, tmp_path)
+    path = bad / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "literals": {"digits": "number"}}))
+    run = cli("build", bad, "--no-grammar-check")
+    assert run.status == 2
+    assert "manifest literals names the rule 'digits', which input_grammar does not define" in (
+        run.err)
 
 
 def test_the_guide_shows_the_template_sources_verbatim() -> None:

@@ -21,9 +21,8 @@ from typing import Any
 
 from evald.client import CallError, Client
 from evald.daemon import hash_token
+from evald.testing import DaemonProcess, guest, manifest_bytes, padded, start_daemon
 from evald_lab.fuzz.checks import Violation, outcome_label
-from evald_lab.harness import DaemonProcess, padded, start_daemon
-from evald_lab.wat_corpus import guest, manifest_bytes
 
 __all__ = ["disk_full"]
 

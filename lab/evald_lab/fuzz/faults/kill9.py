@@ -4,12 +4,16 @@ Load threads send victim batches with a per-call deadline; the daemon is killed,
 moment and restarted on the same state folder and socket. Every call that was in flight or sent
 while it was down must fail with ``unavailable`` (the client's "not reached") within its deadline
 plus the margin; every load thread must succeed again after the restart (a client reconnects with
-a new channel); and every module registered before the kill is listed, with the same hash, and
-callable afterwards.
+a new channel); every module registered before the kill is listed, with the same hash, and
+callable afterwards; and no child of the killed daemon (its compile worker, multiprocessing's
+resource tracker) outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +22,7 @@ from typing import Any
 
 from evald.client import CallError, Client
 from evald.contract import pb
+from evald.testing import guest, manifest_bytes, process_alive, process_descendants
 from evald_lab.fuzz.checks import Violation, outcome_label
 from evald_lab.fuzz.context import FuzzContext
 
@@ -129,18 +134,26 @@ def kill_under_load(
     *,
     kill: Callable[[], None],
     restart: Callable[[], None],
+    pid: Callable[[], int | None] = lambda: None,
     call_deadline_s: float = 2.0,
     loaders: int = 3,
     down_s: float = 0.5,
 ) -> dict[str, Any]:
     """kill -9 under load; returns the report section (violations go to the recorder)."""
+    # a registration first, so the daemon has its compile worker (and resource tracker) to lose
+    name = f"k9_{ctx.secrets.victim_canary[-6:]}"
+    manifest = manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1")
+    ctx.client(ctx.victim).register(guest("echo", manifest=manifest), replace=True)
     before = _modules(ctx)
     load = _Load(ctx, loaders=loaders, call_deadline_s=call_deadline_s)
     load.start()
     time.sleep(0.5)
+    daemon_pid = pid()
+    children = process_descendants(daemon_pid) if daemon_pid is not None else {}
     load.tally.killed_at = time.monotonic()
     kill()
     time.sleep(down_s)
+    orphans = _orphans(children)
     restart_started = time.monotonic()
     restart()
     load.tally.up_at = time.monotonic()
@@ -155,6 +168,10 @@ def kill_under_load(
     if lost:
         violations.append(Violation("fault", _KILL, f"modules lost across kill -9: {lost}"))
     violations.extend(_victim_module_answers(ctx))
+    if orphans:
+        violations.append(
+            Violation("fault", _KILL, f"processes outlived the daemon's kill -9: {orphans}")
+        )
     ctx.recorder.add(violations)
     return {
         "loaders": loaders,
@@ -174,7 +191,31 @@ def kill_under_load(
         "modules_before": sum(len(v) for v in before.values()),
         "modules_after": sum(len(v) for v in after.values()),
         "modules_persisted": not lost,
+        "children_before_kill": sorted(_kind(cmd) for cmd in children.values()),
+        "children_left_after_kill": sorted(orphans),
     }
+
+
+def _kind(command: str) -> str:
+    """What a child of the daemon is, from its command line."""
+    if "resource_tracker" in command:
+        return "resource_tracker"
+    if "spawn_main" in command:
+        return "compile_worker"
+    return command[:80]
+
+
+def _orphans(children: dict[int, str], wait_s: float = 10.0) -> list[str]:
+    """Those of the daemon's children still running ``wait_s`` after it was killed (then
+    killed, so a run leaves none behind)."""
+    give_up = time.monotonic() + wait_s
+    while time.monotonic() < give_up and any(process_alive(child) for child in children):
+        time.sleep(0.1)
+    left = [child for child in children if process_alive(child)]
+    for child in left:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    return [_kind(children[child]) for child in left]
 
 
 def _codes(tally: _Tally) -> dict[str, int]:

@@ -16,6 +16,7 @@ import random
 import struct
 
 from evald.host import MAX_TABLE_ELEMENTS
+from evald.testing import arg
 from evald_lab.fuzz.modules.build import (
     AttackParams,
     MaliciousModule,
@@ -24,7 +25,6 @@ from evald_lab.fuzz.modules.build import (
     one_of,
     with_behaviour,
 )
-from evald_lab.wat_corpus import arg
 
 __all__ = ["REGISTERED_THEN_MISBEHAVING", "accepted_modules"]
 

@@ -4,7 +4,7 @@ The tables (:mod:`.refused`, :mod:`.accepted`) are data: one row per attack, nam
 its family, how to build its bytes and what the daemon must do with it. A row is turned into a
 :class:`MaliciousModule` only once a run knows what some attacks are sized against (the
 attacker's limits, the host's module cap, the victim's module name): :class:`AttackParams`.
-Modules are built with wasmtime's WAT compiler and :mod:`evald_lab.wat_corpus`, the same
+Modules are built with wasmtime's WAT compiler and :mod:`evald.testing`, the same
 generator the host tests use.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import wasmtime
 
-from evald_lab.wat_corpus import guest, manifest_bytes, wat_text
-from evaluators_wasm.toolchain import MANIFEST_SECTION, append_custom_section
+from evald.contract import MANIFEST_SECTION, append_custom_section
+from evald.testing import guest, manifest_bytes, wat_text
 
 __all__ = [
     "AttackParams",
@@ -151,7 +151,7 @@ def module_manifest(name: str, **changes: object) -> bytes:
 
 
 def with_behaviour(kind: str = "echo", param: object = None, **options: Any) -> Builder:
-    """A :func:`~evald_lab.wat_corpus.guest` of behaviour ``kind`` under the row's name."""
+    """A :func:`~evald.testing.guest` of behaviour ``kind`` under the row's name."""
 
     def build(name: str, _params: AttackParams) -> bytes:
         return guest(kind, param, manifest=module_manifest(name), **options)

@@ -2,14 +2,17 @@
 
 An infinite loop, a ``memory.grow`` bomb or deep recursion in the start function, imports of
 every kind, a memory or table above the caps, a data segment outside memory or past the module
-cap, compile bombs (too many functions, locals or bytes of code), buffers outside memory, bad
-manifests (among them input grammars and result regexes that can produce ``<``), and bytes that
-are not a module at all. The rows' order is part of a run: the modules step draws from the list.
+cap, compile bombs (too many functions, locals or bytes of code; a function whose branches, or
+locals times branches, cost the compiler gigabytes; one over the worker's memory limit), buffers
+outside memory, bad manifests (among them input grammars and result regexes that can produce
+``<``), and bytes that are not a module at all. The rows' order is part of a run: the modules
+step draws from the list.
 """
 
 from __future__ import annotations
 
 from evald.host import MAX_CODE_BYTES, MAX_FUNCTIONS, MAX_TABLE_ELEMENTS
+from evald.testing import branchy_function, guest, manifest_bytes, padded
 from evald_lab.fuzz.modules.build import (
     AttackParams,
     Builder,
@@ -20,8 +23,6 @@ from evald_lab.fuzz.modules.build import (
     module_manifest,
     with_behaviour,
 )
-from evald_lab.harness import padded
-from evald_lab.wat_corpus import guest, manifest_bytes
 
 __all__ = ["REFUSED_AT_REGISTRATION", "refused_modules"]
 
@@ -57,6 +58,14 @@ def _too_many_functions(name: str, params: AttackParams) -> bytes:
 
 def _too_many_locals(name: str, params: AttackParams) -> bytes:
     return with_behaviour(extra="(func (local " + " i64" * 50_001 + "))")(name, params)
+
+
+def _branchy(locals_count: int, branches: int) -> Builder:
+    """An echo module with one extra function of ``branches`` branches over ``locals_count``
+    locals: compiling it costs memory with locals times branches."""
+    return lambda name, params: with_behaviour(extra=branchy_function(locals_count, branches))(
+        name, params
+    )
 
 
 def _too_much_code(name: str, params: AttackParams) -> bytes:
@@ -137,6 +146,12 @@ REFUSED_AT_REGISTRATION: tuple[ModuleRow, ...] = (
     _refuse("many_funcs", "compile_bomb_functions", _too_many_functions),
     _refuse("many_locals", "compile_bomb_locals", _too_many_locals),
     _refuse("big_code", "compile_bomb_code_bytes", _too_much_code),
+    # compile memory: one function of 20,000 branches over 2,000 locals (437 KB took a worker to
+    # 1.85 GiB), the product alone, and a shape inside both caps that needs more than the fuzz
+    # daemon's compile_memory_bytes (the worker's own limit refuses it)
+    _refuse("branch_bomb", "compile_bomb_branches", _branchy(2_000, 20_000)),
+    _refuse("local_branches", "compile_bomb_locals_times_branches", _branchy(2_000, 1_000)),
+    _refuse("compile_memory", "compile_memory_over_limit", _branchy(100, 9_990)),
     # buffers the host would read or write outside the guest's memory
     _refuse(
         "out_ptr_oob",

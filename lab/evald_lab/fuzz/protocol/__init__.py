@@ -8,12 +8,14 @@ abandoned mid-work (their quota must come back), many concurrent streams, stream
 corrupt halfway; and what a caller can make the daemon hold: large messages without a valid
 token (refused from their metadata, never read), streams that never read the amplified output
 of ``strop``'s ``replace`` (bounded in bytes, then cut off), and batches whose values add up past
-the response limit (every item answered, each typed). The same classes on the engine data path
-are in :mod:`.data_path`.
+the response limit (every item answered, each typed); what one caller can take from the others
+(:mod:`.pools`: the services that need no token, shares of the pools, requests that never
+arrive whole). The same classes on the engine data path are in :mod:`.data_path`.
 
 One module per theme: :mod:`.messages` (malformed and extreme requests),
 :mod:`.names_and_tokens` (evaluator names, tokens, the other tenant's modules), :mod:`.streams`
 (abandoned, many, corrupt), :mod:`.holding` (what a caller can make the daemon hold),
+:mod:`.pools` (what one caller can take from the others),
 :mod:`.data_path` (the engine data path); :mod:`.raw_calls` holds what they share.
 :data:`SCENARIOS` is what a protocol step draws from, each with its weight.
 
@@ -39,6 +41,7 @@ from evald_lab.fuzz.protocol.messages import (
     oversized_message,
 )
 from evald_lab.fuzz.protocol.names_and_tokens import bad_tokens, foreign_modules, unknown_evaluators
+from evald_lab.fuzz.protocol.pools import data_connection_hog, open_service_flood, stalled_frames
 from evald_lab.fuzz.protocol.raw_calls import Scenario
 from evald_lab.fuzz.protocol.streams import (
     abandoned_streams,
@@ -65,6 +68,9 @@ SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("unauthenticated_flood", unauthenticated_flood, 0.3),
     ("unread_streams", unread_streams, 0.3),
     ("oversized_response", oversized_response, 0.3),
+    ("open_service_flood", open_service_flood, 0.3),
+    ("data_connection_hog", data_connection_hog, 0.3),
+    ("stalled_frames", stalled_frames, 0.2),
     *DATA_SCENARIOS,
 )
 """Every scenario with its weight (how often a protocol step picks it)."""
@@ -75,5 +81,8 @@ HOLD_SCENARIOS: tuple[Scenario, ...] = (
     unauthenticated_flood,
     unread_streams,
     oversized_response,
+    open_service_flood,
+    data_connection_hog,
+    stalled_frames,
     *DATA_HOLD_SCENARIOS,
 )

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
+from evald.contract import STANDARD_EVALUATORS
 from evald_lab.fuzz.context import Item
 from evald_lab.fuzz.corpus import attacks_for
 from evald_lab.fuzz.preparation import Arsenal
-from evaluators_wasm import STANDARD_EVALUATORS
 
 __all__ = ["corpus_step"]
 

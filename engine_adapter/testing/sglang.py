@@ -1,0 +1,272 @@
+"""Starts the real SGLang 0.5.23 HTTP server on the CPU with the evald adapter, for the adapter's
+real-server tests and the lab's SGLang benchmarks.
+
+The caller runs in the project's venv; the server runs in ``.venv-sglang`` (``make sglang-venv``:
+SGLang, its CPU kernel built from ``deploy/sglang-cpu/``, and this repository installed
+editable), launched as a user launches it: ``python -m sglang.launch_server`` with ``EVALD_*``
+in its environment, SGLang loading the adapter through its ``sglang.srt.plugins`` entry point.
+:data:`CONFIG` is the daemon config those runs share (its tenants' tokens are :data:`TOKEN`,
+:data:`OTHER_TOKEN` and :data:`SPIN_TOKEN`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine_adapter.testing._common import free_port, has_amx, model_folder, post
+from evald.daemon import hash_token, set_parent_death_signal
+
+__all__ = [
+    "CONFIG",
+    "DEADLINE_MS",
+    "OTHER_TOKEN",
+    "SCHEDULERS",
+    "SPIN_TOKEN",
+    "TOKEN",
+    "SglangServer",
+    "sglang_python",
+    "start_server",
+    "unsupported_reason",
+]
+
+#: Tokens of the test daemon's tenants (its config holds only their hashes).
+TOKEN = "sglang-server-token-0123456789abcdef"
+OTHER_TOKEN = "sglang-other-token-0123456789abcdef"
+SPIN_TOKEN = "sglang-spin-token-0123456789abcdef"
+#: The spin tenant's evaluators may run 10 s, so a spinning span lasts the adapter's deadline.
+SPIN_TENANT_DEADLINE_MS = 10_000
+
+CONFIG = f"""
+[server]
+threads = 2
+shutdown_grace_s = 2
+
+[[tenants]]
+name = "local"
+evaluators = ["*"]
+
+[[tenants]]
+name = "sglang"
+token_sha256 = "{hash_token(TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+
+[[tenants]]
+name = "other"
+token_sha256 = "{hash_token(OTHER_TOKEN)}"
+evaluators = ["*"]
+
+[[tenants]]
+name = "spin"
+token_sha256 = "{hash_token(SPIN_TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+[tenants.limits]
+deadline_ms = {SPIN_TENANT_DEADLINE_MS}
+fuel = 0
+"""
+
+#: The adapter's per-span deadline on the test servers (a hung evald costs a span this long).
+DEADLINE_MS = 3000
+READY_TIMEOUT_S = 400.0
+#: SGLang's two schedulers: ``normal`` is ``--disable-overlap-schedule``; ``overlap`` is
+#: SGLang's default (the next step is launched before the last one's tokens are processed).
+SCHEDULERS = ("normal", "overlap")
+SERVED_MODEL = "smollm2"
+
+
+def sglang_python(root: Path | None = None) -> Path | None:
+    """``$EVALD_SGLANG_PYTHON``, else ``.venv-sglang/bin/python`` in the checkout ``root``
+    (default: the current folder), if present."""
+    explicit = os.environ.get("EVALD_SGLANG_PYTHON")
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / ".venv-sglang" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def unsupported_reason(root: Path | None = None) -> str | None:
+    """Why ``make sglang-venv`` did not build the venv on this CPU (its own words), if so."""
+    marker = (root if root is not None else Path.cwd()) / ".venv-sglang" / ".unsupported"
+    with contextlib.suppress(OSError):
+        return marker.read_text().strip() or None
+    return None
+
+
+@dataclass
+class SglangServer:
+    """A running ``sglang.launch_server`` process."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    scheduler: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return SERVED_MODEL
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def generate(
+        self, text: str, timeout_s: float = 300.0, **sampling: Any
+    ) -> dict[str, Any]:
+        """``POST /generate`` (greedy unless told); ``sampling`` are its sampling params, with
+        ``custom_params`` and ``structural_tag`` (a dict, sent as JSON text) among them."""
+        params = {"temperature": 0, **sampling}
+        if isinstance(params.get("structural_tag"), Mapping):
+            params["structural_tag"] = json.dumps(params["structural_tag"])
+        return post(f"{self.url}/generate", {"text": text, "sampling_params": params}, timeout_s)
+
+    def stream(
+        self, text: str, timeout_s: float = 300.0, **sampling: Any
+    ) -> tuple[str, list[float]]:
+        """A streamed ``/generate``: the text and the arrival time of each chunk that grew it."""
+        params = {"temperature": 0, **sampling}
+        if isinstance(params.get("structural_tag"), Mapping):
+            params["structural_tag"] = json.dumps(params["structural_tag"])
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps({"text": text, "sampling_params": params, "stream": True}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        last, times = "", []
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                current = chunk.get("text", "")
+                if len(current) > len(last):
+                    times.append(time.monotonic())
+                    last = current
+        return last, times
+
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], timeout_s: float = 300.0, **body: Any
+    ) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (greedy unless told)."""
+        payload = {"model": SERVED_MODEL, "messages": list(messages), "temperature": 0, **body}
+        return post(f"{self.url}/v1/chat/completions", payload, timeout_s)
+
+    def abort(self, rid: str) -> None:
+        """``POST /abort_request`` for the request whose ``rid`` this is."""
+        request = urllib.request.Request(
+            f"{self.url}/abort_request",
+            data=json.dumps({"rid": rid}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def metrics(self) -> dict[str, float]:
+        """SGLang's Prometheus counters and gauges, by name and labels (one line each)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                with contextlib.suppress(ValueError):
+                    values[name] = float(value)
+        return values
+
+    def forward_passes(self) -> dict[str, float]:
+        """The server's own count of forward passes, by kind (``prefill``, ``decode``)."""
+        counts = {"prefill": 0.0, "decode": 0.0}
+        for name, value in self.metrics().items():
+            if name.startswith("sglang:cuda_graph_passes_total{"):
+                kind = "prefill" if 'mode="prefill' in name else "decode"
+                counts[kind] += value
+        return counts
+
+    def stop(self) -> None:
+        """SIGTERM (SGLang's launcher takes its scheduler and detokenizer along), then whatever
+        is left of the process group is killed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def start_server(
+    python: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    scheduler: str = "normal",
+    extra_args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+) -> SglangServer:
+    """Starts the server with ``env`` added to this environment and waits for ``/health``.
+
+    ``--sleep-on-idle``: an idle SGLang scheduler otherwise spins a whole core, which on a small
+    machine takes the CPU the tests and evald need. The dtype is float32 without AMX (SGLang's
+    torch_native path; texts then compare across batch sizes) and bfloat16 with it (the CPU
+    kernel has no fp32 paths). ``prefix`` runs the server under another command (``taskset``).
+    """
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
+    folder = model_folder()
+    port = free_port()
+    command = [
+        *prefix, str(python), "-m", "sglang.launch_server",
+        "--model-path", str(folder), "--served-model-name", SERVED_MODEL,
+        "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", "1",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "bfloat16" if has_amx() else "float32",
+        "--mem-fraction-static", "0.05", "--max-running-requests", "32",
+        "--sleep-on-idle", "--enable-metrics",
+        *(["--disable-overlap-schedule"] if scheduler == "normal" else []),
+        *extra_args,
+    ]  # fmt: skip
+    environ = {
+        **os.environ,
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        **env,
+    }
+    environ.pop("PYTHONPATH", None)  # the SGLang venv has this repository installed itself
+    log = open(log_path, "wb")  # owned by the server process for its lifetime
+    process = subprocess.Popen(
+        command,
+        env=environ,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(log_path.parent),
+        start_new_session=True,  # its own group, so stop() reaches every SGLang process
+        preexec_fn=set_parent_death_signal,  # and a test run killed with -9 takes it along
+    )
+    server = SglangServer(process, port, scheduler, log_path)
+    give_up = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"SGLang exited with {process.returncode}:\n{server.log()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"SGLang not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")

