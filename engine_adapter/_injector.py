@@ -335,6 +335,7 @@ class Injector:
         )
         self._ends = [b.end.encode() for b in self._bindings]
         self._max_begin = max((len(b) for b in self._begins), default=1)
+        self._max_tag = max([self._max_begin, *(len(e) for e in self._ends)])
         self._prefixes = [
             common_prefix(b.result_begin, b.error_begin).encode() for b in self._bindings
         ]
@@ -416,6 +417,49 @@ class Injector:
             return []
         self._history[-1] = state._replace(plan=plan, plan_at=state.text_len, plan_full=full)
         return list(plan)
+
+    def draft_limit(self, token_ids: Sequence[int]) -> int:
+        """How many leading ``token_ids`` may enter the sequence without closing a span.
+
+        For speculative decoding: a proposer's draft tokens are verified in one forward, and a
+        span that closed inside them would have its result region sampled by the model (the
+        verify step sees no forced row there). Drafts are cut before the token that closes a
+        span, so a span can only close on the step's last, sampled token, which the engine
+        sees before the next step. Pure: nothing is submitted, recorded or remembered. While a
+        span waits for its region the answer is 0 (the region is forced, never drafted).
+        """
+        state = self._history[-1]
+        if state.phase is _Phase.RESULT:
+            return 0
+        phase, binding, mark = state.phase, state.binding, state.mark
+        text = self._text
+        table, vocab_n = self._token_bytes, self._vocab_n
+        if phase is _Phase.OUTSIDE:  # the common case: one search over all the drafts' bytes
+            start = max(mark, len(text) - self._max_begin + 1)
+            drafted = b"".join(table[t] for t in token_ids if 0 <= t < vocab_n)
+            if self._begin_pattern.search(bytes(text[start:]) + drafted) is None:
+                return len(token_ids)
+        # Only the last few bytes can still be part of an opener or a closing tag.
+        base = max(0, len(text) - self._max_tag + 1)
+        window = bytearray(text[base:])
+        for index, token_id in enumerate(token_ids):
+            before = base + len(window)
+            window += table[token_id] if 0 <= token_id < vocab_n else b""
+            while True:
+                if phase is _Phase.OUTSIDE:
+                    start = max(mark, before - self._max_begin + 1) - base
+                    match = self._begin_pattern.search(window, start)
+                    if match is None:
+                        break
+                    binding = self._begin_index[match.group()]
+                    phase = _Phase.INSIDE
+                    mark = base + match.end()
+                else:
+                    end = self._ends[binding]
+                    if window.find(end, max(mark, before - len(end) + 1) - base) >= 0:
+                        return index
+                    break
+        return len(token_ids)
 
     @property
     def pending(self) -> bool:

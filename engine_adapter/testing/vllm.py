@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,20 @@ class VllmServer:
                     times.append(time.monotonic())
         return "".join(text), times
 
+    def counters(self) -> dict[str, float]:
+        """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
+        over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
+        tokens), ``spec_decode_num_drafts_total`` (forwards that verified drafts)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:") and " " in line:
+                name, _, value = line.rpartition(" ")
+                key = name[len("vllm:") :].split("{", 1)[0]
+                values[key] = values.get(key, 0.0) + float(value)
+        return values
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
@@ -146,16 +160,22 @@ class VllmServer:
 
 
 def start_server(
-    python: Path, env: Mapping[str, str], log_path: Path, *, dtype: str = "float32"
+    python: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    dtype: str = "float32",
+    args: Sequence[str] = (),
 ) -> VllmServer:
-    """Starts the server with ``env`` added to this environment and waits for ``/health``."""
+    """Starts the server with ``env`` added to this environment and ``args`` added to its
+    command line, and waits for ``/health``."""
     folder = model_folder()
     port = free_port()
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder), "--served-model-name", "smollm2",
         "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
-        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port),
+        "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port), *args,
     ]  # fmt: skip
     environ = {
         **os.environ,
@@ -217,11 +237,13 @@ class InstantEvaluator:
 
 @dataclass
 class FakeRequest:
-    """The fields of a vLLM request the tracker reads (vLLM itself is not imported)."""
+    """The fields of a vLLM request the tracker reads and writes (vLLM itself is not imported;
+    ``vllm/v1/request.py``)."""
 
     request_id: str
     sampling_params: Any
     output_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
     next_decode_eligible_step: int = 0
 
     def is_finished(self) -> bool:
@@ -236,6 +258,8 @@ class FakeScheduler:
     running: list[FakeRequest]
     waiting: list[FakeRequest] = field(default_factory=list)
     current_step: int = 0
+    structured_output_manager: Any = None
+    """What checks drafts against the grammar (``validate_tokens``); None: nothing checks."""
 
 
 @dataclass

@@ -3,8 +3,10 @@
 Install the adapter next to vLLM 0.32.0, set ``EVALD_TARGET`` (and ``EVALD_TOKEN``) and start
 vLLM's OpenAI server: vLLM loads :func:`plugin.register` from the ``vllm.general_plugins`` entry
 point in each of its processes, and the engine core's scheduler evaluates spans, forces results
-through the grammar bitmask and holds a request whose value is pending out of the batch. Requests
-ask for evaluation with :func:`evaluated_request`. See ``docs/vllm.md``.
+through the grammar bitmask and holds a request whose value is pending out of the batch. Started
+with ``--speculative-config`` naming the adapter's proposer (:func:`speculative_config` gives the
+value), a whole result region goes through vLLM's verify step in one forward. Requests ask for
+evaluation with :func:`evaluated_request`. See ``docs/vllm.md``.
 
 Importing this package imports neither vLLM nor torch (the request helper runs on clients).
 """
@@ -16,6 +18,7 @@ from engine_adapter._request_options import (
     EXTRA_ARG_TARGET,
     EXTRA_ARG_TOKEN,
 )
+from engine_adapter.vllm.proposer import speculative_config
 from engine_adapter.vllm.request import EvaluatedRequest, evaluated_request, lower_for_vllm
 
 __all__ = [
@@ -25,4 +28,5 @@ __all__ = [
     "EvaluatedRequest",
     "evaluated_request",
     "lower_for_vllm",
+    "speculative_config",
 ]

@@ -20,6 +20,18 @@ engine step (``EngineCore.step`` in ``vllm==0.32.0``):
 3. :meth:`SpanTracker.finish`, when the scheduler frees a finished request: its injector is
    dropped and its spans are logged (``EVALD_SPAN_LOG``).
 
+**With speculative decoding** (``max_drafts`` > 0: vLLM verifies draft tokens, see
+``engine_adapter.vllm.proposer``), a request whose value is known gets the rest of its result
+region as its draft tokens (``Request.spec_token_ids``, up to ``max_drafts``), and the bitmask
+row of every draft position is narrowed to its draft, the row after them to the next forced
+token: the verify step keeps every draft (greedy or not: the target distribution is that one
+token), and the whole region enters the sequence in one forward. A request is then held until
+its value is known instead of forcing the ``<result`` prefix first (the same latency: the
+region's forward cannot start before the value is known; one forward fewer). Drafts from the
+server's own proposer are cut before the token that would close a span
+(:meth:`~engine_adapter.Injector.draft_limit`), so a span only ever closes on a step's last,
+sampled token and the region after it is always forced, never verified from a draft.
+
 Failures never abort a request: evald down, a timeout or an evaluator error become
 ``<result_error>CODE</result_error>`` in the text, and an internal fault (logged) only stops
 evaluation for that request, which continues under its grammar alone.
@@ -30,7 +42,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +60,8 @@ logger = logging.getLogger("engine_adapter.vllm")
 #: While every running request is held and nothing waits, the scheduler sleeps on the pending
 #: evaluations in slices this long, so that new requests are still admitted promptly.
 IDLE_WAIT_S = 0.02
+#: vLLM samples greedily below this temperature (``vllm.sampling_params._SAMPLING_EPS``).
+GREEDY_BELOW = 1e-5
 
 
 class _Refusal:
@@ -83,6 +97,8 @@ class TrackedRequest:
     held_steps: int = 0
     held_until: int | None = None
     """The ``next_decode_eligible_step`` the request had before the adapter held it."""
+    plan: tuple[int, ...] = ()
+    """The tokens to force in the coming step: its drafts, then the token sampled after them."""
 
 
 @dataclass
@@ -96,6 +112,10 @@ class TrackerStats:
     idle_waits: int = 0
     fallback_waits: int = 0
     faults: int = 0
+    draft_steps: int = 0
+    """Steps in which a request's forced tokens went into the forward as verified drafts."""
+    cut_drafts: int = 0
+    """Proposer drafts cut before a token that would have closed a span."""
 
 
 class SpanTracker:
@@ -104,6 +124,13 @@ class SpanTracker:
     Parameters:
         config: the server's settings (``EVALD_*``).
         codec: the tokenizer's codec (the same vocabulary as the grammar's bitmask).
+        max_drafts: vLLM's ``num_speculative_tokens`` when speculative decoding is on (forced
+            tokens then go through the verify step as drafts, up to this many per forward),
+            0 without it (one forced token per step).
+        greedy_drafts_only: draft forced tokens only while every request on the server samples
+            greedily (else one forced token per step): for a vLLM whose verify step mangles
+            the sampling parameters of draft positions when a request samples randomly
+            (``plugin.random_verify_is_broken``).
         runtime_factory: builds the runtime (client, span log) for a target and token; the
             default shares one evald stream per target and token in the process.
     """
@@ -113,10 +140,18 @@ class SpanTracker:
         config: AdapterConfig,
         codec: TokenCodec,
         *,
+        max_drafts: int = 0,
+        greedy_drafts_only: bool = False,
         runtime_factory: Callable[[AdapterConfig], AdapterRuntime] | None = None,
     ) -> None:
+        if max_drafts < 0:
+            raise ValueError(f"max_drafts must not be negative, got {max_drafts}")
         self.config = config
         self.codec = codec
+        self.max_drafts = max_drafts
+        self.greedy_drafts_only = greedy_drafts_only
+        self._sampling: set[str] = set()
+        """Requests that sample randomly (followed only with ``greedy_drafts_only``)."""
         self.allowed = allowed_targets(config)
         self.stats = TrackerStats()
         self._factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
@@ -128,6 +163,8 @@ class SpanTracker:
 
     def add(self, request: Any) -> TrackedRequest | None:
         """Starts following ``request`` if its structural tag holds evaluated spans."""
+        if self.greedy_drafts_only and not _greedy(request):
+            self._sampling.add(str(request.request_id))
         try:
             options = request_options(request.sampling_params, self.config, self.allowed)
             if options is None:
@@ -146,7 +183,8 @@ class SpanTracker:
         return state
 
     def before_schedule(self, scheduler: Any) -> None:
-        """Reads the last step's tokens, submits closed spans, flushes, holds pending rows."""
+        """Reads the last step's tokens, submits closed spans, flushes, holds pending rows,
+        plans what to force (as drafts with speculative decoding), cuts proposer drafts."""
         states = self._states
         self._pending = []
         if not states:
@@ -154,6 +192,8 @@ class SpanTracker:
         requests = scheduler.requests
         pending = self._pending
         finished: list[str] = []
+        cutting = self.max_drafts > 0
+        drafting = cutting and not (self.greedy_drafts_only and self._sampling)
         for state in states.values():
             request = requests.get(state.request_id)
             if request is None or request.is_finished():
@@ -161,10 +201,11 @@ class SpanTracker:
                 continue
             if state.fault is not None:
                 continue
+            state.plan = ()
             output = state.output
             count = len(output)
+            injector = state.injector
             if count != state.fed:
-                injector = state.injector
                 try:
                     if count < state.fed:
                         raise RuntimeError(f"{state.fed - count} output tokens disappeared")
@@ -174,10 +215,10 @@ class SpanTracker:
                     self._stop(state, f"accept_token failed: {exc!r}")
                     continue
                 state.fed = count
-                if injector.pending:
-                    pending.append(state)
-            elif state.held_until is not None or state.injector.pending:
+            if state.held_until is not None or injector.pending:
                 pending.append(state)
+            elif cutting and request.spec_token_ids:
+                self._cut_drafts(state, request)
         for request_id in finished:
             self._forget(request_id)
         if not pending:
@@ -185,9 +226,23 @@ class SpanTracker:
         for runtime in self._runtimes.values():
             runtime.flush()
         self._hold(scheduler, pending)
+        manager = getattr(scheduler, "structured_output_manager", None)
+        for state in pending:
+            request = requests.get(state.request_id)
+            if state.fault is not None or request is None:
+                continue
+            if state.held_until is None:
+                self._plan(state, request, manager, self.max_drafts if drafting else 0)
+            elif cutting:
+                request.spec_token_ids = []  # no proposer draft enters a pending region
 
-    def narrow_bitmask(self, grammar_output: Any) -> None:
-        """Narrows the bitmask rows of requests with a token to force to that token."""
+    def narrow_bitmask(self, grammar_output: Any, scheduler_output: Any = None) -> None:
+        """Narrows the bitmask rows of requests with tokens to force to those tokens.
+
+        A request's rows are consecutive: one per scheduled draft, then the one sampled after
+        them (``vllm.v1.structured_output.utils.apply_grammar_bitmask``); ``scheduler_output``
+        says how many drafts each request has (none without speculative decoding).
+        """
         pending = self._pending
         if not pending or grammar_output is None:
             return
@@ -195,31 +250,47 @@ class SpanTracker:
         if bitmask is None:
             return
         ids = grammar_output.structured_output_request_ids
-        rows = {request_id: row for row, request_id in enumerate(ids)} if len(pending) > 4 else None
+        spec: dict[str, Sequence[int]] = (
+            getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        )
+        rows = _row_starts(ids, spec) if spec or len(pending) > 4 else None
         for state in pending:
             if state.fault is not None:
                 continue
-            row = rows.get(state.request_id) if rows is not None else _index(ids, state.request_id)
-            if row is None:
+            request_id = state.request_id
+            start = rows.get(request_id) if rows is not None else _index(ids, request_id)
+            if start is None:
                 continue  # not scheduled this step (held, or its prefill is still running)
             try:
-                token = self._next_forced(state)
-                if token is None:
+                scheduled = tuple(spec.get(request_id, ()))
+                plan = state.plan
+                if not plan and not scheduled:
+                    token = self._next_forced(state)
+                    plan = (token,) if token is not None else ()
+                if scheduled != plan[: len(scheduled)]:
+                    self._stop(state, f"drafts {list(scheduled)} are not the forced {list(plan)}")
                     continue
-                word, bit = divmod(token, 32)
-                line = bitmask[row]
-                if word >= len(line) or not (int(line[word]) >> bit) & 1:
-                    self._stop(state, f"the grammar refuses forced token {token}")
-                    continue
-                line[:] = 0
-                line[word] = (1 << bit) if bit < 31 else -(1 << 31)
-                state.forced_steps += 1
-                self.stats.forced_tokens += 1
+                forced = plan[: len(scheduled) + 1]
+                for offset, token in enumerate(forced):
+                    word, bit = divmod(token, 32)
+                    line = bitmask[start + offset]
+                    if word >= len(line) or not (int(line[word]) >> bit) & 1:
+                        self._stop(state, f"the grammar refuses forced token {token}")
+                        break
+                    line[:] = 0
+                    line[word] = (1 << bit) if bit < 31 else -(1 << 31)
+                else:
+                    if forced:
+                        state.forced_steps += 1
+                        self.stats.forced_tokens += len(forced)
+                    if scheduled:
+                        self.stats.draft_steps += 1
             except Exception as exc:
                 self._stop(state, f"forcing failed: {exc!r}")
 
     def finish(self, request_id: str) -> None:
         """Forgets a finished request (``Scheduler._free_request``); logs its spans."""
+        self._sampling.discard(request_id)
         self._forget(request_id)
 
     def close(self) -> None:
@@ -294,12 +365,53 @@ class SpanTracker:
                 self.stats.held_steps += 1
 
     def _must_wait(self, state: TrackedRequest) -> bool:
+        """Whether the request sits out the coming step: its value is pending and nothing can
+        be forced; with drafts, until the value is known (the region then takes one forward)."""
         injector = state.injector
         try:
-            return bool(injector.pending) and not injector.forced_tokens()
+            if not injector.pending:
+                return False
+            if self.max_drafts:
+                return not injector.result_known
+            return not injector.forced_tokens()
         except Exception as exc:
             self._stop(state, f"forced_tokens failed: {exc!r}")
             return False
+
+    def _plan(self, state: TrackedRequest, request: Any, manager: Any, max_drafts: int) -> None:
+        """What the request forces in the coming step; with speculative decoding the region's
+        tokens become its drafts, up to ``max_drafts`` (checked against the grammar, as vLLM
+        checks a proposer's)."""
+        injector = state.injector
+        try:
+            forced = injector.forced_tokens() if injector.pending else []
+            if self.max_drafts:
+                # A proposer's drafts never enter a result region: it is forced, or it waits.
+                request.spec_token_ids = []
+                drafts = forced[:max_drafts]
+                if drafts and manager is not None:
+                    valid = manager.validate_tokens(request, list(drafts))
+                    if len(valid) < len(drafts):
+                        self._stop(state, f"the grammar refuses forced token {drafts[len(valid)]}")
+                        return
+                request.spec_token_ids = list(drafts)
+        except Exception as exc:
+            self._stop(state, f"planning the forced tokens failed: {exc!r}")
+            return
+        state.plan = tuple(forced[: max_drafts + 1])
+
+    def _cut_drafts(self, state: TrackedRequest, request: Any) -> None:
+        """Cuts a proposer's drafts before the token that would close a span."""
+        drafts = request.spec_token_ids
+        try:
+            keep = state.injector.draft_limit(drafts)
+        except Exception as exc:
+            request.spec_token_ids = []
+            self._stop(state, f"draft_limit failed: {exc!r}")
+            return
+        if keep < len(drafts):
+            request.spec_token_ids = list(drafts[:keep])
+            self.stats.cut_drafts += 1
 
     @staticmethod
     def _release(state: TrackedRequest, request: Any) -> None:
@@ -342,6 +454,23 @@ class SpanTracker:
             state.request_id,
             reason,
         )
+
+
+def _greedy(request: Any) -> bool:
+    """Whether vLLM samples the request greedily (``SamplingParams.sampling_type``)."""
+    params = getattr(request, "sampling_params", None)
+    temperature = getattr(params, "temperature", None)
+    return params is None or (temperature is not None and temperature < GREEDY_BELOW)
+
+
+def _row_starts(ids: Sequence[str], spec: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The first bitmask row of each request: one row per scheduled draft, plus one."""
+    starts: dict[str, int] = {}
+    row = 0
+    for request_id in ids:
+        starts[request_id] = row
+        row += 1 + len(spec.get(request_id, ()))
+    return starts
 
 
 def _index(ids: Sequence[str], request_id: str) -> int | None:

@@ -9,9 +9,13 @@ methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler cla
   the scheduler's :class:`~engine_adapter.vllm._tracker.SpanTracker` (the tokenizer's codec is
   built here once, about a second for a 49k vocabulary, never on a request's path);
 - AFTER ``add_request``: follows the request if its structural tag holds evaluated spans;
-- BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, and
-  holds requests whose value is pending (left out of the step, KV blocks kept);
-- AFTER ``get_grammar_bitmask``: narrows the rows of requests with a token to force;
+- BEFORE ``schedule``: reads the last step's tokens, submits and flushes closed spans, holds
+  requests whose value is pending (left out of the step, KV blocks kept); with speculative
+  decoding, puts a known result region into the request's drafts and cuts a proposer's drafts
+  before a span's closing token;
+- AFTER ``get_grammar_bitmask``: narrows the rows of requests with tokens to force (one row per
+  draft and one more with speculative decoding: the verify step keeps every forced draft, so a
+  region takes one forward);
 - AFTER ``_free_request``: forgets a finished request (and logs its spans).
 
 Why the scheduler and not a logits processor: on the CPU platform the model runner (and so every
@@ -28,18 +32,24 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine_adapter._server_config import AdapterConfig, ConfigError
+from engine_adapter.vllm.proposer import FORCED_ONLY, speculative_config
 
 __all__ = [
+    "DRAFT_METHODS",
+    "RANDOM_VERIFY_BROKEN",
     "VLLM_VERSION",
     "PluginError",
     "UnsupportedConfiguration",
     "check_config",
     "install",
+    "max_drafts",
+    "random_verify_is_broken",
     "register",
     "tracker_of",
     "verify_installed",
@@ -49,6 +59,10 @@ logger = logging.getLogger("engine_adapter.vllm")
 
 #: The vLLM release whose internals (scheduler methods, step order) the adapter was written for.
 VLLM_VERSION = "0.32.0"
+#: The speculative-decoding proposers the adapter runs next to (``--speculative-config``): the
+#: n-gram proposer (drafts without probabilities, cut at span boundaries) and the adapter's own
+#: proposer, which drafts nothing but forced tokens.
+DRAFT_METHODS = ("ngram", f"custom_class with model {FORCED_ONLY}")
 
 _SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 _TRACKER_ATTR = "_evald_tracker"
@@ -154,15 +168,16 @@ def check_config(vllm_config: Any) -> None:
     """Refuses options the adapter cannot run with.
 
     Raises:
-        UnsupportedConfiguration: speculative decoding, async scheduling or pipeline
-            parallelism (the message says what to change).
+        UnsupportedConfiguration: a speculative-decoding method other than those in
+            :data:`DRAFT_METHODS`, async scheduling or pipeline parallelism (the message says
+            what to change).
     """
     problems = []
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        problems.append(
-            "speculative decoding: drafted tokens are verified against grammar states that "
-            "forced tokens bypass; start without --speculative-config"
-        )
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is not None:
+        problem = _speculative_problem(speculative)
+        if problem is not None:
+            problems.append(problem)
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if getattr(scheduler_config, "async_scheduling", False):
         problems.append(
@@ -181,6 +196,75 @@ def check_config(vllm_config: Any) -> None:
             + "; ".join(problems)
             + ". Unset EVALD_TARGET to run vLLM without the adapter."
         )
+
+
+def max_drafts(vllm_config: Any) -> int:
+    """How many forced tokens one forward verifies as drafts: vLLM's ``num_speculative_tokens``
+    with speculative decoding, else 0 (one forced token per step)."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None:
+        return 0
+    return int(getattr(speculative, "num_speculative_tokens", 0) or 0)
+
+
+#: Logged when :func:`random_verify_is_broken` finds the defect.
+RANDOM_VERIFY_BROKEN = (
+    "this vLLM's CPU stand-in for the verify step's expand kernel drops its output "
+    "(vllm-project/vllm#55005), so draft positions of a batch with a randomly sampling request "
+    "get uninitialized temperatures, top-k and top-p"
+)
+
+
+def random_verify_is_broken() -> bool:
+    """Whether vLLM's verify step would mangle draft positions when a request samples randomly.
+
+    On CPUs without Triton, vLLM 0.32.0 replaces the rejection sampler's ``expand_kernel`` with
+    ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, which fills an int64 copy of its float
+    output and drops it (vllm-project/vllm#55005): ``expand_batch_to_tokens`` then hands
+    ``new_empty`` memory to the verify step as the draft positions' temperatures, top-k and
+    top-p. Checked by running the stand-in on a float tensor, so a fixed vLLM is recognised.
+    """
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+    except Exception:
+        return False
+    if not current_platform.is_cpu() or HAS_TRITON:
+        return False
+    try:
+        import torch
+        import vllm._C  # noqa: F401  (loads the CPU kernels into torch.ops._C)
+        from vllm.utils import cpu_triton_utils
+
+        out = torch.zeros(2, dtype=torch.float32)
+        cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5]), torch.tensor([2]), -1, 1)
+        return not bool((out == 0.5).all())
+    except Exception:
+        return True  # the stand-in cannot even be run: assume the worst
+
+
+def _speculative_problem(speculative: Any) -> str | None:
+    """Why the adapter cannot run next to this speculative decoding, or None."""
+    method = getattr(speculative, "method", None)
+    model = getattr(speculative, "model", None)
+    allowed = method == "ngram" or (method == "custom_class" and model == FORCED_ONLY)
+    if not allowed:
+        what = f"{method} ({model})" if method == "custom_class" else str(method)
+        return (
+            f"speculative decoding method {what}: the adapter verifies its forced tokens as "
+            "drafts without draft probabilities, and runs next to the proposers tested with "
+            f"it: {', '.join(DRAFT_METHODS)}; use one of those, or start without "
+            "--speculative-config"
+        )
+    sampling = getattr(speculative, "rejection_sample_method", "standard")
+    if sampling != "standard":
+        return (
+            f"rejection_sample_method={sampling!r}: only 'standard' verification keeps every "
+            "draft the forced bitmask rows allow; leave it at 'standard'"
+        )
+    if getattr(speculative, "parallel_drafting", False):
+        return "parallel_drafting: not tested with the adapter; turn it off"
+    return None
 
 
 def tracker_of(scheduler: Any) -> Any:
@@ -246,7 +330,7 @@ def _wrap_get_grammar_bitmask(original: Callable[..., Any]) -> Callable[..., Any
         tracker = getattr(self, _TRACKER_ATTR, None)
         if tracker is not None:
             try:
-                tracker.narrow_bitmask(result)
+                tracker.narrow_bitmask(result, scheduler_output)
             except Exception:
                 logger.exception("evald adapter: narrow_bitmask failed")
         return result
@@ -285,7 +369,27 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
         )
     vocab_size = int(scheduler.vllm_config.model_config.get_vocab_size())
     codec = TokenCodec.from_tokenizer(tokenizer, vocab_size=vocab_size)
-    return SpanTracker(config, codec)
+    drafts = max_drafts(scheduler.vllm_config)
+    greedy_only = bool(drafts) and random_verify_is_broken()
+    if drafts:
+        logger.info(
+            "evald vLLM adapter: result regions go through vLLM's verify step, up to %d "
+            "forced tokens a forward",
+            drafts + 1,
+        )
+    if greedy_only:
+        logger.warning(
+            "evald vLLM adapter: %s; while a request samples randomly, result regions are "
+            "forced one token per step instead",
+            RANDOM_VERIFY_BROKEN,
+        )
+    else:
+        logger.info(
+            "evald vLLM adapter: one forced token per step; for a whole result in one forward "
+            "start vLLM with --speculative-config '%s'",
+            json.dumps(speculative_config()),
+        )
+    return SpanTracker(config, codec, max_drafts=drafts, greedy_drafts_only=greedy_only)
 
 
 def _share_vllm_log_handlers() -> None:

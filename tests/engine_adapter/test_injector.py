@@ -410,3 +410,56 @@ def test_rollback_restores_the_same_state_as_a_replay(tokens: list[str], cut: in
     replay.accept_tokens(token_ids)
     assert [s.content for s in rolled.spans] == [s.content for s in replay.spans]
     assert rolled.in_span == replay.in_span
+
+
+# Whole tags as well as their pieces, so that spans open and close often.
+_CHUNKS = st.lists(
+    st.one_of(
+        st.sampled_from(_POOL).map(lambda t: [t]),
+        st.sampled_from([["<", "calc", ">"], ["</", "calc", ">"], [")<", "/", "calc", ">"]]),
+    ),
+    max_size=8,
+).map(lambda chunks: [t for chunk in chunks for t in chunk])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=_CHUNKS, drafts=_CHUNKS)
+def test_draft_limit_stops_before_the_token_that_closes_a_span(
+    before: list[str], drafts: list[str]
+) -> None:
+    """``draft_limit`` equals what feeding the drafts one by one shows: the index of the first
+    draft after which one more span has closed (all of them when none closes), and it leaves
+    the injector as it was."""
+    prefix, draft_ids = [tid(t) for t in before], [tid(t) for t in drafts]
+    injector = Injector(codec(), grammar().bindings, None)
+    injector.accept_tokens(prefix)
+    text, spans, in_span = injector.text, injector.span_count, injector.in_span
+    limit = injector.draft_limit(draft_ids)
+    assert (injector.text, injector.span_count, injector.in_span) == (text, spans, in_span)
+    replay = Injector(codec(), grammar().bindings, None)
+    replay.accept_tokens(prefix)
+    expected = len(draft_ids)
+    for index, token in enumerate(draft_ids):
+        replay.accept_token(token)
+        if replay.span_count > spans:
+            expected = index
+            break
+    assert limit == expected
+
+
+def test_draft_limit_is_zero_while_a_region_is_pending(reference: ReferenceEvaluator) -> None:
+    held = HeldEvaluator(reference)
+    run = Run(held)
+    run.feed(ids("So <calc>1 + 2</calc>"))
+    assert run.injector.pending
+    assert run.injector.draft_limit(ids("<result>3</result>")) == 0
+    assert run.injector.draft_limit([]) == 0
+    held.release.set()
+    fresh = Run(reference)
+    fresh.feed(ids("So "))
+    # A draft may open a span and write its content; it stops at the token that closes it.
+    drafts = ids("<calc>1 + 2</calc>.")
+    closes = next(
+        i for i in range(len(drafts)) if b"</calc>" in codec().decode(drafts[: i + 1])
+    )
+    assert fresh.injector.draft_limit(drafts) == closes

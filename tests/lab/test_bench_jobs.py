@@ -71,5 +71,6 @@ def test_a_job_without_its_venv_says_how_to_build_it(
     """The server benchmarks run from a checkout with the server's venv; elsewhere they say so."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EVALD_VLLM_PYTHON", raising=False)
-    assert adapter_main(["bench", "vllm-stall", "--rounds", "1"]) == 2
-    assert "make vllm-venv" in capsys.readouterr().err
+    for job in ("vllm-stall", "vllm-forwards"):
+        assert adapter_main(["bench", job, "--rounds", "1"]) == 2
+        assert "make vllm-venv" in capsys.readouterr().err

