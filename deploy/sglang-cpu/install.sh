@@ -58,7 +58,9 @@ else
   CMAKE_ISA="-DSGL_KERNEL_CPU_X86_V3=ON"
   echo "    no AMX: an x86-64-v3 kernel; SGLang will log 'does not support Intel AMX, will fallback to torch_native backend'"
 fi
-NUMA_SO="$(ldconfig -p 2>/dev/null | awk '/libnuma\.so\.1 .*x86-64/ {print $NF; exit}')"
+# awk reads all of ldconfig's output: exiting at the first match could end ldconfig with SIGPIPE,
+# which pipefail turns into a failed install (exit 141), depending on timing.
+NUMA_SO="$(ldconfig -p 2>/dev/null | awk '/libnuma\.so\.1 .*x86-64/ && !found {print $NF; found = 1}')"
 [ -n "$NUMA_SO" ] && [ -e "$NUMA_SO" ] || fail 4 "libnuma.so.1 not found (apt-get install libnuma1)"
 command -v g++ >/dev/null || fail 4 "g++ not found (apt-get install g++; GCC >= 11)"
 
@@ -108,7 +110,8 @@ build_kernel() {
     NUMA_INC="$BUILD/numa/root/usr/include"
   fi
   "${PIP[@]}" install "scikit-build-core==1.1.2" "pathspec==1.1.1"
-  if ! cmake --version 2>/dev/null | awk 'NR==1 {split($3, v, "."); exit !(v[1] > 3 || (v[1] == 3 && v[2] >= 18))}'; then
+  # (awk reads to the end, as above: no SIGPIPE for cmake)
+  if ! cmake --version 2>/dev/null | awk 'NR==1 {split($3, v, "."); ok = v[1] > 3 || (v[1] == 3 && v[2] >= 18)} END {exit !ok}'; then
     "${PIP[@]}" install "cmake>=3.18,<4"
   fi
   ( cd "$BUILD/src" &&

@@ -1,15 +1,20 @@
 """The SGLang CPU venv's own files (deploy/sglang-cpu/): the kernel source it carries, with its
-licence, and the build option its CMake patch adds (the install runs in `make sglang-test`)."""
+licence, the build option its CMake patch adds (the install runs in `make sglang-test`), and
+the shell scripts' pipelines under ``pipefail``."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[2] / "deploy" / "sglang-cpu"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "deploy" / "sglang-cpu"
 TARBALL = HERE / "sgl-kernel-cpu-src.tar.gz"
 #: docs/sglang.md names this source; a changed tarball must change the docs with it.
 TARBALL_SHA256 = "54a2778a77b994a55307e386d503011db8539af851f9306f791b5f483b7838f7"
@@ -52,3 +57,31 @@ def test_the_cmake_patch_adds_the_x86_64_v3_build_once(tmp_path: Path) -> None:
     cmake.write_text("project(other)\n")
     refused = patch("kernel-cmake", str(source))
     assert refused.returncode == 1 and "not the kernel source" in refused.stderr
+
+
+#: A pipeline whose last command stops reading before the end (``head``, ``grep -q``/``-m``, an
+#: awk program that exits outside its END block) can end the writer with SIGPIPE; under
+#: ``set -o pipefail`` that is the pipeline's status, so the script fails or takes the wrong
+#: branch depending on timing (the install once failed with exit 141 on
+#: ``ldconfig -p | awk '… {print; exit}'``).
+_EARLY_READER = re.compile(r"\|\s*(head\b|grep\s+-\w*[qm])")
+_AWK_PROGRAM = re.compile(r"\|\s*awk\s+'([^']*)'")
+_AWK_END_BLOCK = re.compile(r"\bEND\s*\{[^}]*\}")
+
+
+@pytest.mark.parametrize(
+    "script", ["deploy/sglang-cpu/install.sh", "deploy/gpu-check.sh", ".ci/run"]
+)
+def test_no_pipeline_under_pipefail_stops_reading_early(script: str) -> None:
+    text = (ROOT / script).read_text()
+    assert "pipefail" in text
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        early = _EARLY_READER.search(line)
+        assert early is None, f"{script}:{number}: {early.group(0)!r} can SIGPIPE its writer"
+        for program in _AWK_PROGRAM.findall(line):
+            body = _AWK_END_BLOCK.sub("", program)
+            assert not re.search(r"\bexit\b", body), (
+                f"{script}:{number}: awk exits before reading all input; its writer can SIGPIPE"
+            )
