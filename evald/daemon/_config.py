@@ -199,7 +199,10 @@ class ServerSettings:
     them one tenant's (more are refused with ``unavailable``), served round-robin across
     tenants; one that uses more than ``compile_cpu_s`` of CPU, ``compile_memory_bytes`` of
     memory or ``compile_timeout_s`` of wall time is refused (one starved of CPU by a busy machine
-    until ``compile_timeout_s`` gets ``unavailable`` instead: it may be retried).
+    until ``compile_timeout_s`` gets ``unavailable`` instead: it may be retried). A worker
+    running a heavy tenant's items (one of its evaluations used more than 5 ms of CPU in the
+    last second) runs at nice ``heavy_tenant_nice`` until the item's deadline (0: off), so
+    other tenants' light calls go first on a busy machine (:mod:`evald.daemon._priority`).
     """
 
     listen: str = ""
@@ -231,6 +234,7 @@ class ServerSettings:
     open_request_bytes: int = 4 * KIB
     frame_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
+    heavy_tenant_nice: int = 19
 
     @property
     def resolved_listen(self) -> str:
@@ -329,7 +333,9 @@ class _Table:
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def get_int(self, key: str, default: int, *, minimum: int = 0) -> int:
+    def get_int(
+        self, key: str, default: int, *, minimum: int = 0, maximum: int | None = None
+    ) -> int:
         value = self._get(key)
         if value is None:
             return default
@@ -337,6 +343,8 @@ class _Table:
             raise self.error(key, f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.error(key, f"expected an integer <= {maximum}, got {value}")
         return value
 
     def get_float(self, key: str, default: float, *, minimum: float = 0.0) -> float:
@@ -498,6 +506,9 @@ def _server(table: _Table) -> ServerSettings:
             "open_request_bytes", base.open_request_bytes, minimum=256
         ),
         frame_timeout_s=table.get_float("frame_timeout_s", base.frame_timeout_s, minimum=0.1),
+        heavy_tenant_nice=table.get_int(
+            "heavy_tenant_nice", base.heavy_tenant_nice, minimum=0, maximum=19
+        ),
         idle_timeout_s=table.get_float("idle_timeout_s", base.idle_timeout_s),
     )
     if bool(settings.tls_cert) != bool(settings.tls_key):

@@ -20,12 +20,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from evald.contract import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError, pb
 from evald.daemon._admission import Tenant
 from evald.daemon._gatekeeping import Malformed, pack_responses
-from evald.daemon._scheduler import Work
+from evald.daemon._scheduler import Batch, Work
 from evald.daemon._transport import Admitted, Core, Intake, OutputBudget, shutting_down
 
 __all__ = ["METHOD", "serve_stream"]
@@ -110,7 +110,8 @@ class _Stream:
         self._loop = asyncio.get_running_loop()
         self._sink = _Sink(self._loop)
         self._budget = OutputBudget(tenant, self._bound, self._sink.wake)
-        self._drains: set[asyncio.Task[None]] = set()
+        # Batches handed to the scheduler and not finished, with enqueue's ``added``.
+        self._batches: dict[Batch, bool] = {}
         self._reader: asyncio.Task[None] | None = None
         self._released = False
         self._idle_timeout_s = settings.idle_timeout_s
@@ -133,8 +134,9 @@ class _Stream:
         self._core.untrack(self._sink)
         if self._reader is not None:
             self._reader.cancel()
-        for task in list(self._drains):
-            task.cancel()
+        batches, self._batches = self._batches, {}
+        for batch, added in batches.items():
+            self._core.abandon(batch, added)  # items no worker has taken: unavailable, freed
         self._budget.close()  # whatever was not sent goes back to the tenant
         self._on_end()
 
@@ -194,15 +196,26 @@ class _Stream:
             await self._room(admitted.seen)
 
     def _dispatch(self, admitted: Admitted) -> None:
-        """Answers the refused items and starts running the admitted ones."""
+        """Answers the refused items and hands the admitted ones to the scheduler.
+
+        At once, not from a task: a task cancelled before its first step (the client cancels
+        the stream as its message is admitted) never runs its body, so its items would stay
+        admitted and never run, holding the tenant's quota for good. :meth:`release`
+        abandons the batches that have not finished.
+        """
         if admitted.refused:
             self._sink.put_local(admitted.refused)
-        if admitted.queue:
-            task = self._loop.create_task(
-                self._core.drain(admitted.queue, self._sink.put_threadsafe)
-            )
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+        if not admitted.queue:
+            return
+        batch = Batch(self._loop, admitted.queue, self._sink.put_threadsafe)
+        added, scheduled = self._core.enqueue(batch)
+        if not scheduled or self._released:
+            self._core.abandon(batch, added)
+            return
+        self._batches[batch] = added
+        cast("asyncio.Future[None]", batch.done).add_done_callback(
+            lambda _done: self._batches.pop(batch, None)
+        )
 
     async def _room(self, seen: int) -> None:
         """Waits until room may have been freed since ``seen`` (the reader stops reading)."""

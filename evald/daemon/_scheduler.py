@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Final, cast
 
 from evald.contract import ErrorCode, pb
 from evald.daemon._gatekeeping import error_response
+from evald.daemon._priority import HEAVY_FOR_S, HEAVY_RUN_S
 
 if TYPE_CHECKING:
+    from evald.daemon._priority import Priorities
     from evald.daemon._registry import Evaluator
     from evald.host import Limits
 
@@ -61,6 +63,9 @@ class TenantQueue:
         self.queued = 0  # items queued and not yet counted as taken (never an undercount)
         self.batches: collections.deque[Batch] = collections.deque()
         self.ready = False  # in the scheduler's round-robin queue
+        # Until then (time.monotonic()) its items run on lowered workers (evald.daemon._priority):
+        # one of its evaluations used more than HEAVY_RUN_S of CPU. Written without the lock.
+        self.heavy_until = 0.0
 
     def release(self) -> None:
         """Ends one admitted item that will not run (it is answered ``unavailable``); any thread.
@@ -106,9 +111,7 @@ class Batch:
         self.loop = loop
         self.queue = queue
         self.deliver = deliver
-        self.done: asyncio.Future[None] | None = (
-            loop.create_future() if loop is not None else None
-        )
+        self.done: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
         self._remaining = len(queue)
         self._lock = threading.Lock()
         self.tenant: TenantQueue = queue[0].tenant
@@ -142,6 +145,8 @@ class Scheduler:
         workers: guest worker threads.
         flush: called on a worker after a batch's last item and at the end of each slice (the
             daemon adds the thread's deferred metrics there); default: nothing.
+        priorities: lowers the workers running a heavy tenant's items
+            (:mod:`evald.daemon._priority`); None: every worker keeps its priority.
     """
 
     def __init__(
@@ -150,9 +155,11 @@ class Scheduler:
         workers: int,
         *,
         flush: Callable[[], None] = _nothing,
+        priorities: Priorities | None = None,
     ) -> None:
         self._run = run
         self._flush = flush
+        self.priorities = priorities
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="evald-guest")
         # Tenants with queued work and a free slot under their cap, in round-robin order, and
         # the workers not running a scheduling job.
@@ -260,30 +267,49 @@ class Scheduler:
             self._free -= 1
 
     def _slice(self, tenant: TenantQueue) -> int:
-        """Runs the tenant's queued items for one time slice; returns how many it took."""
-        end = time.monotonic() + SLICE_S
+        """Runs the tenant's queued items for one time slice; returns how many it took.
+
+        Each item's CPU time decides whether the tenant is heavy; a heavy tenant's items run on
+        a lowered worker, given back its priority when the slice ends (before the worker may
+        start a pool thread, which would inherit the lowered priority).
+        """
+        clock = time.monotonic
+        cpu = time.thread_time
+        end = clock() + SLICE_S
         taken = 0
         batches = tenant.batches
         run = self._run
-        while True:
-            try:
-                batch = batches[0]
-            except IndexError:
-                return taken
-            try:
-                work = batch.queue.popleft()
-            except IndexError:
-                with self._lock:
-                    if batches and batches[0] is batch:
-                        batches.popleft()
-                continue
-            taken += 1
-            response = run(work)
-            if not batch.queue:  # a batch's last item: its caller may read the metrics next
-                self._flush()
-            batch.finish(work, response)
-            if time.monotonic() >= end:
-                return taken
+        priorities = self.priorities
+        held = False
+        try:
+            while True:
+                try:
+                    batch = batches[0]
+                except IndexError:
+                    return taken
+                try:
+                    work = batch.queue.popleft()
+                except IndexError:
+                    with self._lock:
+                        if batches and batches[0] is batch:
+                            batches.popleft()
+                    continue
+                taken += 1
+                if priorities is not None and tenant.heavy_until > clock():
+                    priorities.hold(clock() + work.limits.deadline_ms / 1000)
+                    held = True
+                began = cpu()
+                response = run(work)
+                if cpu() - began > HEAVY_RUN_S:
+                    tenant.heavy_until = clock() + HEAVY_FOR_S
+                if not batch.queue:  # a batch's last item: its caller may read the metrics next
+                    self._flush()
+                batch.finish(work, response)
+                if clock() >= end:
+                    return taken
+        finally:
+            if held:
+                cast("Priorities", priorities).release()
 
     def _worker(self, tenant: TenantQueue | None) -> None:
         """A scheduling job: runs one slice for a tenant, gives the slot back and takes the

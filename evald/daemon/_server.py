@@ -45,6 +45,7 @@ from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
 from evald.daemon._lifecycle import bind, grpc_server, run_until_signal
 from evald.daemon._logging import configure_logging
 from evald.daemon._metrics import Metrics
+from evald.daemon._priority import Priorities, can_restore_priority
 from evald.daemon._registry import Evaluator, Registry
 from evald.daemon._scheduler import Scheduler, Work
 from evald.daemon._standard_modules import standard_module_paths
@@ -84,6 +85,20 @@ def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
     )
 
 
+def _priorities(nice: int) -> Priorities | None:
+    """Lowering heavy tenants' workers, when configured and permitted (else logged, off)."""
+    if nice <= 0:
+        return None
+    why_not = can_restore_priority(nice)
+    if why_not:
+        _log.warning(
+            "heavy tenants keep their CPU priority",
+            extra={"fields": {"heavy_tenant_nice": nice, "reason": why_not}},
+        )
+        return None
+    return Priorities(nice)
+
+
 class EvaldServer:
     """The daemon: state, host, registry and the gRPC server. Use from one event loop.
 
@@ -104,7 +119,10 @@ class EvaldServer:
         self.metrics_port: int | None = None
         self.stopping = False
         self.admission = Admission(config, self.metrics, self.threads)
-        self.scheduler = Scheduler(self.run, self.threads, flush=self.metrics.flush_tally)
+        self.priorities = _priorities(settings.heavy_tenant_nice)
+        self.scheduler = Scheduler(
+            self.run, self.threads, flush=self.metrics.flush_tally, priorities=self.priorities
+        )
         # Core's operations that run per call and per item, bound once here: no forwarding
         # call on the evaluation path.
         self.authenticate = self.admission.tenant_for
@@ -363,6 +381,8 @@ class EvaldServer:
             self._data = None
         self.scheduler.close_scheduler()
         await loop.run_in_executor(None, self.scheduler.pool.shutdown, True)
+        if self.priorities is not None:
+            self.priorities.close()
         await loop.run_in_executor(None, self._control_pool.shutdown, True)
         await loop.run_in_executor(None, self._compiler.close)
         self.metrics.close()

@@ -1,0 +1,245 @@
+"""Heavy tenants yield the CPU (evald.daemon._priority): the workers running a heavy tenant's
+items are lowered, and get their priority back at the item's end or its deadline.
+
+Priorities are read from the kernel (/proc/PID/task/TID/stat), both for threads of this
+process and for the workers of a real daemon; the tests say nothing about speed (the fuzz's
+noisy-neighbour measurement does).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from daemon_harness import Daemon, module, outcome, start_daemon
+
+from evald.client import Client
+from evald.daemon import ConfigError, hash_token, parse_config
+from evald.daemon._priority import HEAVY_RUN_S, Priorities, can_restore_priority
+from evald.daemon._scheduler import Scheduler, TenantQueue, Work
+
+NICE = 19
+ATTACKER_TOKEN = "priority-attacker-token-0123"
+VICTIM_TOKEN = "priority-victim-token-0123"
+LOOP_DEADLINE_MS = 600
+
+
+def _nice(pid: int, tid: int) -> int:
+    """The nice value of one thread, as the kernel reports it (field 19 of its stat line)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def _threads(pid: int, prefix: str) -> dict[int, int]:
+    """Nice value per thread of ``pid`` whose name starts with ``prefix`` (every thread: "")."""
+    found: dict[int, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(prefix):
+                found[int(task.name)] = _nice(pid, int(task.name))
+        except (OSError, ValueError):
+            continue  # the thread ended while we looked
+    return found
+
+
+def _on_thread(function: object) -> object:
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(function()))  # type: ignore[operator]
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_hold_lowers_the_calling_thread_and_release_restores_it() -> None:
+    priorities = Priorities(NICE)
+    pid = os.getpid()
+
+    def held() -> tuple[int, int, int]:
+        tid = threading.get_native_id()
+        priorities.hold(time.monotonic() + 60)
+        during = _nice(pid, tid)
+        priorities.hold(time.monotonic() + 60)  # the next item: still lowered, once
+        count = priorities.lowered()
+        priorities.release()
+        return during, count, _nice(pid, tid)
+
+    try:
+        assert _on_thread(held) == (NICE, 1, 0)
+        assert priorities.lowered() == 0
+    finally:
+        priorities.close()
+
+
+def test_the_watchdog_restores_a_worker_at_its_items_deadline() -> None:
+    priorities = Priorities(NICE)
+    pid = os.getpid()
+
+    def past_the_deadline() -> tuple[int, int]:
+        tid = threading.get_native_id()
+        priorities.hold(time.monotonic() + 0.05)
+        lowered = _nice(pid, tid)
+        give_up = time.monotonic() + 10
+        while _nice(pid, tid) != 0 and time.monotonic() < give_up:
+            sum(range(10_000))  # a guest still running past its deadline
+        restored = _nice(pid, tid)
+        priorities.release()  # the item ends: nothing more to restore
+        return lowered, restored
+
+    try:
+        assert _on_thread(past_the_deadline) == (NICE, 0)
+        assert priorities.lowered() == 0
+    finally:
+        priorities.close()
+
+
+_WITHOUT_PERMISSION = """
+import ctypes, resource
+# RLIMIT_NICE 0 (nothing below nice 20), and no CAP_SYS_NICE (capset: this thread and the
+# threads it starts): what an unprivileged daemon without LimitNICE has.
+resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+libc = ctypes.CDLL(None, use_errno=True)
+header, data = Header(0x20080522, 0), (Data * 2)()
+assert libc.capget(ctypes.byref(header), data) == 0
+for field in ("effective", "permitted"):
+    setattr(data[0], field, getattr(data[0], field) & ~(1 << 23))  # CAP_SYS_NICE
+assert libc.capset(ctypes.byref(header), data) == 0, ctypes.get_errno()
+from evald.daemon._priority import can_restore_priority
+print(can_restore_priority(19))
+"""
+
+
+def test_the_probe_says_why_without_permission_to_restore() -> None:
+    assert can_restore_priority(NICE) == ""  # the test suite may (root or RLIMIT_NICE)
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PERMISSION],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "RLIMIT_NICE" in result.stdout and "LimitNICE=+0" in result.stdout, result.stdout
+
+
+def _work(tenant: TenantQueue, index: int) -> Work:
+    from evald.host import Limits
+
+    return Work(index, f"r{index}", None, b"", Limits(deadline_ms=1000), tenant)  # type: ignore[arg-type]
+
+
+def test_the_scheduler_marks_a_tenant_heavy_by_the_cpu_its_items_use() -> None:
+    """A tenant whose item uses more than HEAVY_RUN_S of CPU is heavy, and its next items run on
+    a lowered worker; a tenant of quick items is never lowered."""
+    import collections
+
+    from evald.contract import pb
+    from evald.daemon._scheduler import Batch
+
+    pid = os.getpid()
+    seen: dict[str, list[int]] = {"heavy": [], "light": []}
+
+    def run(work: Work) -> pb.EvaluateResponse:
+        seen[work.tenant.name].append(_nice(pid, threading.get_native_id()))
+        if work.tenant.name == "heavy":
+            began = time.thread_time()
+            while time.thread_time() - began < HEAVY_RUN_S * 3:
+                pass
+        return pb.EvaluateResponse(id=work.request_id)
+
+    priorities = Priorities(NICE)
+    scheduler = Scheduler(run, 1, priorities=priorities)
+    heavy, light = TenantQueue("heavy", 1), TenantQueue("light", 1)
+    try:
+        for tenant in (heavy, light, heavy, light):
+            done = threading.Event()
+            items = collections.deque([_work(tenant, 0), _work(tenant, 1)])
+            remaining = [2]
+
+            def deliver(
+                _work: Work,
+                _response: pb.EvaluateResponse,
+                remaining: list[int] = remaining,
+                done: threading.Event = done,
+            ) -> None:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+            scheduler.enqueue(Batch(None, items, deliver))
+            assert done.wait(30)
+        assert heavy.heavy_until > time.monotonic() and light.heavy_until == 0.0
+        # The first heavy item ran at normal priority (nothing was known yet), every later one
+        # lowered; the light tenant's items, on the same worker between them, never.
+        assert seen["heavy"] == [0, NICE, NICE, NICE], seen
+        assert seen["light"] == [0, 0, 0, 0], seen
+        assert priorities.lowered() == 0
+    finally:
+        scheduler.pool.shutdown(wait=True)
+        priorities.close()
+
+
+def _config(nice: int) -> str:
+    return f"""
+[server]
+threads = 2
+heavy_tenant_nice = {nice}
+
+[[tenants]]
+name = "attacker"
+token_sha256 = "{hash_token(ATTACKER_TOKEN)}"
+allow_register = true
+[tenants.limits]
+fuel = 0
+deadline_ms = {LOOP_DEADLINE_MS}
+
+[[tenants]]
+name = "victim"
+token_sha256 = "{hash_token(VICTIM_TOKEN)}"
+evaluators = ["calc"]
+"""
+
+
+@pytest.mark.parametrize("nice", [NICE, 0])
+def test_a_daemon_lowers_the_worker_of_a_looping_tenant(tmp_path: Path, nice: int) -> None:
+    """Against a real daemon: the second infinite loop of a tenant runs on a worker at
+    ``heavy_tenant_nice`` (0: none is ever lowered), the victim's calls still answer, and
+    every worker is back at nice 0 once the loops ended."""
+    daemon: Daemon = start_daemon(tmp_path, _config(nice))
+    attacker = Client(daemon.target, ATTACKER_TOKEN, timeout_s=60)
+    victim = Client(daemon.target, VICTIM_TOKEN, timeout_s=60)
+    try:
+        attacker.register(module("loop", "spin"))
+        assert outcome(attacker.evaluate("spin", b"")) == "deadline_exceeded"  # now heavy
+        lowest = 0
+        with ThreadPoolExecutor(1) as sender:
+            call = sender.submit(attacker.evaluate, "spin", b"")
+            while not call.done():
+                lowest = max(lowest, *_threads(daemon.pid, "").values())
+                assert victim.evaluate("calc", b"17 * 23 + 91").value == "482"
+                time.sleep(0.01)
+            assert outcome(call.result()) == "deadline_exceeded"
+        assert lowest == nice
+        assert set(_threads(daemon.pid, "").values()) == {0}
+        assert "keep their CPU priority" not in daemon.log_path.read_text()
+    finally:
+        attacker.close()
+        victim.close()
+        assert daemon.stop() == 0, daemon.log_path.read_text()
+
+
+def test_heavy_tenant_nice_config() -> None:
+    assert parse_config("").server.heavy_tenant_nice == NICE
+    assert parse_config("[server]\nheavy_tenant_nice = 0\n").server.heavy_tenant_nice == 0
+    for bad in ("-1", "20", '"19"', "true"):
+        with pytest.raises(ConfigError, match=r"heavy_tenant_nice"):
+            parse_config(f"[server]\nheavy_tenant_nice = {bad}\n")
