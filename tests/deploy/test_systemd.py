@@ -540,9 +540,12 @@ def test_hardened_unit_serves_under_systemd(start_sandbox: SandboxFactory) -> No
     assert os.readlink(f"/proc/{host_pid}/ns/net") != os.readlink("/proc/self/ns/net")
     assert box.show("evald.service", "MemoryMax") == str(2 * 1024**3)
     # LimitNICE=+0: the daemon may give a lowered worker nice 0 back, so heavy tenants yield.
+    # A sandbox whose own hard limit is lower cannot grant it (rlimits are not namespaced;
+    # LimitNOFILE is clamped the same way here): the daemon then says why and still serves.
+    assert box.show("evald.service", "LimitNICE") == "20"
     limits = Path(f"/proc/{host_pid}/limits").read_text()
-    assert re.search(r"Max nice priority\s+20\s+20", limits), limits
-    assert "keep their CPU priority" not in box.log()
+    granted = re.search(r"Max nice priority\s+20\s+20", limits) is not None
+    assert ("heavy tenants keep their CPU priority" in box.log()) != granted, limits
 
     # The socket: group evald may connect, others may not.
     socket_path = "/run/evald/evald.sock"
