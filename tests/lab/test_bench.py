@@ -185,3 +185,17 @@ def test_the_registration_benchmark_runs(tmp_path: Path) -> None:
         assert figures["registrations"] >= 1 and figures["ratio_p99"] > 0
     assert result["oracle"]["ratio_unseen_over_seen"] > 0
     assert json.loads((tmp_path / "registration.json").read_text())["benchmark"] == "registration"
+
+
+def test_the_heavy_tenants_benchmark_runs(tmp_path: Path) -> None:
+    from evald_lab.bench.heavy_tenants import run
+
+    result = run(20, 1, tmp_path)
+    assert set(result["conditions"]) == {"quiet", "busy"}
+    for figures in result["conditions"].values():
+        for nice in ("nice_0", "nice_19"):
+            assert figures[nice]["under_attack"]["p99_ms"] > 0
+            assert figures[nice]["attacker_calls_per_s"] > 0
+        assert figures["lowered_over_normal"]["p99_ms"] > 0
+    saved = json.loads((tmp_path / "heavy_tenants.json").read_text())
+    assert saved["benchmark"] == "heavy_tenants" and (tmp_path / "heavy_tenants.png").exists()

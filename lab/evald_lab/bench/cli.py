@@ -37,6 +37,7 @@ Jobs:
 
 Measurements of one part each (their own flags: evald bench JOB --help):
   daemon        unary, batched and streamed calls from one blocking client (docs/daemon.md).
+  heavy-tenants a victim next to a looping tenant, its workers lowered or not, quiet or busy.
   host          the host's call paths, isolation modes, compile cache and threads.
   registration  other tenants' latency while one registers heavy modules; the upload oracle.
   workers       one daemon process against two, side by side (docs/data-path.md).
@@ -62,6 +63,7 @@ _HEADLINE_JOBS = {
 #: The measurements of one part each: (job, module, help).
 _MEASUREMENTS = (
     ("daemon", "evald_lab.bench.daemon_calls", "calls from one blocking client"),
+    ("heavy-tenants", "evald_lab.bench.heavy_tenants", "heavy tenants' workers lowered or not"),
     ("host", "evald_lab.bench.host_paths", "the host's call paths and modes"),
     ("registration", "evald_lab.bench.registration", "registration as a neighbour"),
     ("workers", "evald_lab.bench.workers", "one daemon process against two"),

@@ -1,0 +1,246 @@
+"""Heavy tenants yield the CPU: a victim's latency next to a tenant that loops to its deadline on
+every call, with the heavy tenant's workers lowered (``heavy_tenant_nice = 19``) and without
+(``0``), on a quiet machine and on a busy one, side by side in one run.
+
+    evald bench heavy-tenants [--samples N] [--rounds R] [--out DIR]
+
+Each configuration gets a daemon of its own (2 worker threads, unix socket): the victim's
+sequential unary ``calc`` calls are timed alone, then while the attacker calls an infinite loop
+(20 ms deadline, no fuel limit) back to back from 2 threads. "busy" runs a CPU-bound process of
+normal priority beside the daemon for the whole configuration (an inference server's busy core).
+Configurations are interleaved round by round, so a burst of load hits all alike; the figures
+are medians over the rounds. Writes ``heavy_tenants.json`` and ``heavy_tenants.png`` to
+``--out`` (default reports/bench) and prints the lowered/normal ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from evald.client import Client
+from evald.testing import DaemonProcess, named_guest, start_daemon, tenant_table
+from evald_lab.bench._common import load_average, machine_info, percentile, write_json
+
+__all__ = ["add_arguments", "main", "run"]
+
+#: The two tenants' tokens (the config holds their hashes).
+TOKENS = {"victim": "victim-token-0123456789", "attacker": "attacker-token-0123456789"}
+NICE_VALUES = (0, 19)
+CONDITIONS = ("quiet", "busy")
+ATTACKER_THREADS = 2
+ATTACKER_DEADLINE_MS = 20
+_HOG = "while True:\n    pass\n"
+
+
+def _config(nice: int) -> str:
+    return "\n".join(
+        [
+            "[server]",
+            "threads = 2",
+            f"heavy_tenant_nice = {nice}",
+            "shutdown_grace_s = 2",
+            tenant_table("victim", token=TOKENS["victim"], evaluators=["calc"]),
+            tenant_table(
+                "attacker",
+                token=TOKENS["attacker"],
+                allow_register=True,
+                limits={"fuel": 0, "deadline_ms": ATTACKER_DEADLINE_MS},
+            ),
+        ]
+    )
+
+
+def _victim(client: Client, samples: int) -> list[float]:
+    latencies = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        response = client.evaluate("calc", b"17 * 23 + 91")
+        latencies.append((time.perf_counter() - began) * 1000)
+        assert response.value == "482", response
+    return latencies
+
+
+def _figures(latencies_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies_ms)
+    return {
+        "p50_ms": round(percentile(ordered, 0.5), 3),
+        "p99_ms": round(percentile(ordered, 0.99), 3),
+    }
+
+
+def _one(root: Path, nice: int, busy: bool, samples: int) -> dict[str, Any]:
+    """One configuration on a daemon of its own: the victim alone, then under attack."""
+    hog = subprocess.Popen([sys.executable, "-c", _HOG]) if busy else None
+    daemon: DaemonProcess | None = None
+    try:
+        daemon = start_daemon(root, _config(nice))
+        victim = Client(daemon.target, TOKENS["victim"], timeout_s=30)
+        attacker = Client(daemon.target, TOKENS["attacker"], timeout_s=30)
+        attacker.register(named_guest("loop", "spin"))
+        _victim(victim, min(100, samples))  # warm the channel and the instances
+        alone = _victim(victim, samples)
+        stop = threading.Event()
+        calls = [0] * ATTACKER_THREADS
+
+        target: str = daemon.target
+
+        def burn(slot: int) -> None:
+            client = Client(target, TOKENS["attacker"], timeout_s=30)
+            while not stop.is_set():
+                client.evaluate("spin", b"")
+                calls[slot] += 1
+            client.close()
+
+        burners = [
+            threading.Thread(target=burn, args=(slot,), daemon=True)
+            for slot in range(ATTACKER_THREADS)
+        ]
+        for thread in burners:
+            thread.start()
+        time.sleep(0.3)  # every burner has a call running
+        began = time.perf_counter()
+        try:
+            loaded = _victim(victim, samples)
+        finally:
+            elapsed = time.perf_counter() - began
+            stop.set()
+            for thread in burners:
+                thread.join(timeout=30)
+        victim.close()
+        attacker.close()
+        return {
+            "alone": _figures(alone),
+            "under_attack": _figures(loaded),
+            "attacker_calls_per_s": round(sum(calls) / elapsed, 1),
+        }
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+
+
+def _median(runs: list[dict[str, Any]], *path: str) -> float:
+    values = []
+    for figures in runs:
+        value: Any = figures
+        for key in path:
+            value = value[key]
+        values.append(float(value))
+    return round(statistics.median(values), 3)
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "alone": {key: _median(runs, "alone", key) for key in ("p50_ms", "p99_ms")},
+        "under_attack": {key: _median(runs, "under_attack", key) for key in ("p50_ms", "p99_ms")},
+        "attacker_calls_per_s": _median(runs, "attacker_calls_per_s"),
+        "runs": runs,
+    }
+
+
+def _plot(result: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    positions = range(len(CONDITIONS))
+    for axis, key in zip(axes, ("p50_ms", "p99_ms"), strict=True):
+        for offset, nice in ((-0.2, 0), (0.2, 19)):
+            values = [
+                result["conditions"][condition][f"nice_{nice}"]["under_attack"][key]
+                for condition in CONDITIONS
+            ]
+            axis.bar(
+                [p + offset for p in positions], values, 0.4, label=f"heavy_tenant_nice {nice}"
+            )
+        axis.set_xticks(list(positions), CONDITIONS)
+        axis.set_ylabel(f"victim {key.replace('_ms', '')} under attack (ms)")
+        axis.legend()
+    fig.suptitle("Victim latency next to a tenant looping to its deadline (2 workers, 2 cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def run(samples: int, rounds: int, out: Path) -> dict[str, Any]:
+    """Measures every configuration ``rounds`` times, interleaved; writes the result files."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {
+        (condition, nice): [] for condition in CONDITIONS for nice in NICE_VALUES
+    }
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="evald-bench-") as tmp:
+        for index in range(rounds):
+            for condition, nice in runs:
+                root = Path(tmp) / f"{index}-{condition}-{nice}"
+                runs[condition, nice].append(_one(root, nice, condition == "busy", samples))
+    conditions: dict[str, Any] = {}
+    for condition in CONDITIONS:
+        normal = _summary(runs[condition, 0])
+        lowered = _summary(runs[condition, 19])
+        conditions[condition] = {
+            "nice_0": normal,
+            "nice_19": lowered,
+            "lowered_over_normal": {
+                key: round(lowered["under_attack"][key] / normal["under_attack"][key], 2)
+                for key in ("p50_ms", "p99_ms")
+            }
+            | {
+                "attacker_calls_per_s": round(
+                    lowered["attacker_calls_per_s"] / normal["attacker_calls_per_s"], 2
+                )
+            },
+        }
+    result: dict[str, Any] = {
+        "benchmark": "heavy_tenants",
+        "machine": machine_info(),
+        "load_average": {"before": load_before, "after": load_average()},
+        "samples_per_phase": samples,
+        "rounds": rounds,
+        "attacker": f"{ATTACKER_THREADS} threads, an infinite loop, {ATTACKER_DEADLINE_MS} ms "
+        "deadline",
+        "conditions": conditions,
+    }
+    write_json(out / "heavy_tenants.json", result)
+    result["plot"] = _plot(result, out / "heavy_tenants.png")
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``evald bench heavy-tenants``."""
+    parser.add_argument("--samples", type=int, default=1000, help="victim calls per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
+    parser.add_argument("--out", type=Path, default=Path("reports/bench"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark and prints the figures; returns the exit status."""
+    result = run(args.samples, args.rounds, args.out)
+    for condition, figures in result["conditions"].items():
+        normal, lowered = figures["nice_0"], figures["nice_19"]
+        ratios = figures["lowered_over_normal"]
+        print(
+            f"{condition:>5}: victim under attack p50 {normal['under_attack']['p50_ms']} -> "
+            f"{lowered['under_attack']['p50_ms']} ms (x{ratios['p50_ms']}), p99 "
+            f"{normal['under_attack']['p99_ms']} -> {lowered['under_attack']['p99_ms']} ms "
+            f"(x{ratios['p99_ms']}); alone p99 {normal['alone']['p99_ms']} / "
+            f"{lowered['alone']['p99_ms']} ms; attacker calls/s "
+            f"{normal['attacker_calls_per_s']} -> {lowered['attacker_calls_per_s']} "
+            f"(x{ratios['attacker_calls_per_s']})"
+        )
+    print(f"wrote {args.out / 'heavy_tenants.json'}")
+    return 0
