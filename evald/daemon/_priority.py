@@ -45,23 +45,25 @@ _NORMAL = 0
 
 
 def _raise_rlimit_nice() -> None:
-    """Raises the soft RLIMIT_NICE to the hard limit: it decides whether nice 0 can be had back."""
+    """Raises the soft RLIMIT_NICE to the hard limit: it decides whether a
+    lowered thread can have its nice value back."""
     with contextlib.suppress(OSError, ValueError):
         _soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
         resource.setrlimit(resource.RLIMIT_NICE, (hard, hard))
 
 
 def can_restore_priority(nice: int) -> str:
-    """Tries to lower a scratch thread to ``nice`` and back to 0; returns ``""`` when that works,
-    else why not (for the log)."""
+    """Tries to lower a scratch thread to ``nice`` and back to the nice value it started with;
+    returns ``""`` when that works, else why not (for the log)."""
     _raise_rlimit_nice()
     failure: list[str] = []
 
     def probe() -> None:
         tid = threading.get_native_id()
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-            os.setpriority(os.PRIO_PROCESS, tid, _NORMAL)
+            base = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, max(base, nice))
+            os.setpriority(os.PRIO_PROCESS, tid, base)
         except OSError as error:
             failure.append(
                 f"{error.strerror or error}: lowering a thread to nice {nice} and back needs "
@@ -72,6 +74,14 @@ def can_restore_priority(nice: int) -> str:
     thread.start()
     thread.join()
     return failure[0] if failure else ""
+
+
+def _current(tid: int) -> int:
+    """A thread's nice value now (0 if it cannot be read)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        return _NORMAL
 
 
 class Priorities:
@@ -86,41 +96,45 @@ class Priorities:
     def __init__(self, nice: int) -> None:
         self.nice = nice
         self._cond = threading.Condition()
-        self._lowered: dict[int, float] = {}  # native thread id -> its item's deadline
+        # native thread id -> (its item's deadline, the nice value it had before)
+        self._lowered: dict[int, tuple[float, int]] = {}
         self._watchdog: threading.Thread | None = None
         self._closed = False
 
     def hold(self, deadline_s: float) -> None:
         """Lowers the calling worker thread until :meth:`release`, or until ``deadline_s``
-        (``time.monotonic()``) passes."""
+        (``time.monotonic()``) passes; it gets back the nice value it had (the daemon's own,
+        0 unless it was started niced)."""
         tid = threading.get_native_id()
         with self._cond:
             if self._closed:
                 return
-            lowered = tid in self._lowered
-            self._lowered[tid] = deadline_s
+            held = self._lowered.get(tid)
+            base = held[1] if held is not None else _current(tid)
+            self._lowered[tid] = (deadline_s, base)
             if self._watchdog is None:
                 self._watchdog = threading.Thread(
                     target=self._watch, name="evald-priority-watchdog", daemon=True
                 )
                 self._watchdog.start()
             self._cond.notify()
-            if not lowered:
+            if held is None and base < self.nice:
                 self._set(tid, self.nice)
 
     def release(self) -> None:
-        """Gives the calling worker thread its normal priority back, if it was lowered."""
+        """Gives the calling worker thread its priority back, if it was lowered."""
         tid = threading.get_native_id()
         with self._cond:
-            if self._lowered.pop(tid, None) is not None:
-                self._set(tid, _NORMAL)
+            held = self._lowered.pop(tid, None)
+            if held is not None:
+                self._set(tid, held[1])
 
     def close(self) -> None:
         """Restores every lowered thread and stops the watchdog."""
         with self._cond:
             self._closed = True
-            for tid in list(self._lowered):
-                self._set(tid, _NORMAL)
+            for tid, (_deadline, base) in self._lowered.items():
+                self._set(tid, base)
             self._lowered.clear()
             self._cond.notify()
         if self._watchdog is not None:
@@ -135,12 +149,13 @@ class Priorities:
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
-                for tid, deadline in list(self._lowered.items()):
+                for tid, (deadline, base) in list(self._lowered.items()):
                     if deadline <= now:
                         del self._lowered[tid]
-                        self._set(tid, _NORMAL)
+                        self._set(tid, base)
                 if self._lowered:
-                    self._cond.wait(max(0.0, min(self._lowered.values()) - now))
+                    earliest = min(deadline for deadline, _base in self._lowered.values())
+                    self._cond.wait(max(0.0, earliest - now))
                 else:
                     self._cond.wait()
 

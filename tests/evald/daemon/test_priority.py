@@ -48,6 +48,12 @@ def _threads(pid: int, prefix: str) -> dict[int, int]:
     return found
 
 
+def _base() -> int:
+    """The nice value of the calling thread (on Linux, PRIO_PROCESS 0 is the calling thread):
+    call it from the test's own thread, whose value the threads it starts inherit."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def _on_thread(function: object) -> object:
     result: list[object] = []
     thread = threading.Thread(target=lambda: result.append(function()))  # type: ignore[operator]
@@ -70,8 +76,30 @@ def test_hold_lowers_the_calling_thread_and_release_restores_it() -> None:
         return during, count, _nice(pid, tid)
 
     try:
-        assert _on_thread(held) == (NICE, 1, 0)
+        assert _on_thread(held) == (NICE, 1, _base())
         assert priorities.lowered() == 0
+    finally:
+        priorities.close()
+
+
+def test_a_worker_started_niced_gets_its_own_nice_value_back() -> None:
+    """A daemon an operator started at nice 5 keeps nice 5 outside heavy items: restoring
+    never raises a worker above the priority it had."""
+    priorities = Priorities(NICE)
+    pid = os.getpid()
+
+    base = _base()
+
+    def niced() -> tuple[int, int]:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, base + 5)
+        priorities.hold(time.monotonic() + 60)
+        during = _nice(pid, tid)
+        priorities.release()
+        return during, _nice(pid, tid)
+
+    try:
+        assert _on_thread(niced) == (NICE, base + 5)
     finally:
         priorities.close()
 
@@ -80,19 +108,21 @@ def test_the_watchdog_restores_a_worker_at_its_items_deadline() -> None:
     priorities = Priorities(NICE)
     pid = os.getpid()
 
+    base = _base()
+
     def past_the_deadline() -> tuple[int, int]:
         tid = threading.get_native_id()
         priorities.hold(time.monotonic() + 0.05)
         lowered = _nice(pid, tid)
         give_up = time.monotonic() + 10
-        while _nice(pid, tid) != 0 and time.monotonic() < give_up:
+        while _nice(pid, tid) != base and time.monotonic() < give_up:
             sum(range(10_000))  # a guest still running past its deadline
         restored = _nice(pid, tid)
         priorities.release()  # the item ends: nothing more to restore
         return lowered, restored
 
     try:
-        assert _on_thread(past_the_deadline) == (NICE, 0)
+        assert _on_thread(past_the_deadline) == (NICE, base)
         assert priorities.lowered() == 0
     finally:
         priorities.close()
@@ -180,8 +210,9 @@ def test_the_scheduler_marks_a_tenant_heavy_by_the_cpu_its_items_use() -> None:
         assert heavy.heavy_until > time.monotonic() and light.heavy_until == 0.0
         # The first heavy item ran at normal priority (nothing was known yet), every later one
         # lowered; the light tenant's items, on the same worker between them, never.
-        assert seen["heavy"] == [0, NICE, NICE, NICE], seen
-        assert seen["light"] == [0, 0, 0, 0], seen
+        base = _base()
+        assert seen["heavy"] == [base, NICE, NICE, NICE], seen
+        assert seen["light"] == [base] * 4, seen
         assert priorities.lowered() == 0
     finally:
         scheduler.pool.shutdown(wait=True)
@@ -213,7 +244,7 @@ evaluators = ["calc"]
 def test_a_daemon_lowers_the_worker_of_a_looping_tenant(tmp_path: Path, nice: int) -> None:
     """Against a real daemon: the second infinite loop of a tenant runs on a worker at
     ``heavy_tenant_nice`` (0: none is ever lowered), the victim's calls still answer, and
-    every worker is back at nice 0 once the loops ended."""
+    every worker is back at the daemon's nice value once the loops ended."""
     daemon: Daemon = start_daemon(tmp_path, _config(nice))
     attacker = Client(daemon.target, ATTACKER_TOKEN, timeout_s=60)
     victim = Client(daemon.target, VICTIM_TOKEN, timeout_s=60)
@@ -228,8 +259,8 @@ def test_a_daemon_lowers_the_worker_of_a_looping_tenant(tmp_path: Path, nice: in
                 assert victim.evaluate("calc", b"17 * 23 + 91").value == "482"
                 time.sleep(0.01)
             assert outcome(call.result()) == "deadline_exceeded"
-        assert lowest == nice
-        assert set(_threads(daemon.pid, "").values()) == {0}
+        assert lowest == max(nice, _base())
+        assert set(_threads(daemon.pid, "").values()) == {_base()}
         assert "keep their CPU priority" not in daemon.log_path.read_text()
     finally:
         attacker.close()
