@@ -169,7 +169,8 @@ def _plot(result: dict[str, Any], path: Path) -> bool:
             )
         axis.set_xticks(list(positions), CONDITIONS)
         axis.set_ylabel(f"victim {key.replace('_ms', '')} under attack (ms)")
-        axis.legend()
+        axis.set_ylim(top=axis.get_ylim()[1] * 1.3)  # room for the legend above the bars
+        axis.legend(loc="upper left", fontsize=8)
     fig.suptitle("Victim latency next to a tenant looping to its deadline (2 workers, 2 cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
