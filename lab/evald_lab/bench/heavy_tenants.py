@@ -27,7 +27,13 @@ from typing import Any
 
 from evald.client import Client
 from evald.testing import DaemonProcess, named_guest, start_daemon, tenant_table
-from evald_lab.bench._common import load_average, machine_info, percentile, write_json
+from evald_lab.bench._common import (
+    DEFAULT_OUT_DIR,
+    load_average,
+    machine_info,
+    percentile,
+    write_json,
+)
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -224,8 +230,8 @@ def run(samples: int, rounds: int, out: Path) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``evald bench heavy-tenants``."""
     parser.add_argument("--samples", type=int, default=1000, help="victim calls per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
-    parser.add_argument("--out", type=Path, default=Path("reports/bench"))
+    parser.add_argument("--rounds", type=int, default=5, help="runs of each configuration")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR)
 
 
 def main(args: argparse.Namespace) -> int:
