@@ -110,8 +110,8 @@ class _Stream:
         self._loop = asyncio.get_running_loop()
         self._sink = _Sink(self._loop)
         self._budget = OutputBudget(tenant, self._bound, self._sink.wake)
-        # Batches handed to the scheduler and not finished, with enqueue's ``added``.
-        self._batches: dict[Batch, bool] = {}
+        # Batches handed to the scheduler and not finished (release abandons them).
+        self._batches: set[Batch] = set()
         self._reader: asyncio.Task[None] | None = None
         self._released = False
         self._idle_timeout_s = settings.idle_timeout_s
@@ -134,9 +134,9 @@ class _Stream:
         self._core.untrack(self._sink)
         if self._reader is not None:
             self._reader.cancel()
-        batches, self._batches = self._batches, {}
-        for batch, added in batches.items():
-            self._core.abandon(batch, added)  # items no worker has taken: unavailable, freed
+        batches, self._batches = self._batches, set()
+        for batch in batches:
+            self._core.abandon(batch, True)  # items no worker has taken: unavailable, freed
         self._budget.close()  # whatever was not sent goes back to the tenant
         self._on_end()
 
@@ -212,9 +212,9 @@ class _Stream:
         if not scheduled or self._released:
             self._core.abandon(batch, added)
             return
-        self._batches[batch] = added
+        self._batches.add(batch)  # scheduled: it was added to its tenant's queue
         cast("asyncio.Future[None]", batch.done).add_done_callback(
-            lambda _done: self._batches.pop(batch, None)
+            lambda _done: self._batches.discard(batch)
         )
 
     async def _room(self, seen: int) -> None:

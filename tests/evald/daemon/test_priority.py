@@ -20,9 +20,10 @@ import pytest
 from daemon_harness import Daemon, module, outcome, start_daemon
 
 from evald.client import Client
-from evald.daemon import ConfigError, hash_token, parse_config
+from evald.daemon import ConfigError, parse_config
 from evald.daemon._priority import HEAVY_RUN_S, Priorities, can_restore_priority
 from evald.daemon._scheduler import Scheduler, TenantQueue, Work
+from evald.testing import tenant_table
 
 NICE = 19
 ATTACKER_TOKEN = "priority-attacker-token-0123"
@@ -220,24 +221,18 @@ def test_the_scheduler_marks_a_tenant_heavy_by_the_cpu_its_items_use() -> None:
 
 
 def _config(nice: int) -> str:
-    return f"""
-[server]
-threads = 2
-heavy_tenant_nice = {nice}
-
-[[tenants]]
-name = "attacker"
-token_sha256 = "{hash_token(ATTACKER_TOKEN)}"
-allow_register = true
-[tenants.limits]
-fuel = 0
-deadline_ms = {LOOP_DEADLINE_MS}
-
-[[tenants]]
-name = "victim"
-token_sha256 = "{hash_token(VICTIM_TOKEN)}"
-evaluators = ["calc"]
-"""
+    return "\n".join(
+        [
+            f"[server]\nthreads = 2\nheavy_tenant_nice = {nice}",
+            tenant_table(
+                "attacker",
+                token=ATTACKER_TOKEN,
+                allow_register=True,
+                limits={"fuel": 0, "deadline_ms": LOOP_DEADLINE_MS},
+            ),
+            tenant_table("victim", token=VICTIM_TOKEN, evaluators=["calc"]),
+        ]
+    )
 
 
 @pytest.mark.parametrize("nice", [NICE, 0])

@@ -22,6 +22,7 @@ from daemon_harness import (
     EVALD,
     TOKENS,
     Daemon,
+    free_port,
     module,
     outcome,
     padded,
@@ -339,8 +340,6 @@ def test_streams_cancelled_as_their_messages_arrive_give_back_their_quota(
     tenant, 20 ms deadlines (the race did not show with 100 ms)."""
     import asyncio
 
-    from daemon_harness import free_port
-
     port = free_port()
     config = (
         f'[server]\nthreads = 2\nmetrics_listen = "127.0.0.1:{port}"\n'
@@ -376,5 +375,13 @@ def test_streams_cancelled_as_their_messages_arrive_give_back_their_quota(
                 time.sleep(0.05)
             stranded.append(_inflight(handle, "beta"))
         assert stranded == [0] * 20
+        # And dropped, not run: the items no worker had taken when their stream ended.
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        pattern = r'evald_evaluations_total\{evaluator="spin",[^}]*\} (\S+)'
+        ran = sum(float(count) for count in re.findall(pattern, text))
+        # About 40 of the 2,560 ran; with the queued ones run anyway, over 1,000.
+        assert ran < 20 * 16 * 8 / 4, f"{ran:g} of {20 * 16 * 8} items ran"
     finally:
         assert handle.stop() == 0, handle.log_path.read_text()
