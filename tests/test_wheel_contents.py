@@ -3,7 +3,8 @@
 The wheel is built for real (setuptools, as ``pip install .`` builds it) from a copy of the
 files it is made of, and its file list is checked: the runtime, the guests' built modules,
 sources and references, the public test harnesses; none of the repository's tools, tests,
-conformance cases or the lab.
+conformance cases, ports (``evaluators_wasm/ports/``) or the lab; the SDK's templates and guest
+libraries are in it, so ``evald new`` and ``evald build`` work from the wheel alone.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def test_the_wheel_ships_the_runtime_and_the_guests(wheel_files: set[str]) -> No
         "evald/daemon/default_config.toml",
         "evald/contract/_abi.py",
         "evald/sdk/_toolchain.py",
+        # `evald new --lang rust|assemblyscript` and their builds, from an installed wheel
+        "evald/sdk/_templates/main.zig",
+        "evald/sdk/_templates/rust/Cargo.toml",
+        "evald/sdk/_templates/rust/src/lib.rs",
+        "evald/sdk/_templates/assemblyscript/package.json",
+        "evald/sdk/_templates/assemblyscript/assembly/index.ts",
+        "evald/sdk/_templates/assemblyscript/assembly/tsconfig.json",
+        "evald/sdk/guest/rust/evald-guest/Cargo.toml",
+        "evald/sdk/guest/rust/evald-guest/src/lib.rs",
+        "evald/sdk/guest/assemblyscript/evald-guest/package.json",
+        "evald/sdk/guest/assemblyscript/evald-guest/index.ts",
+        "evald/sdk/guest/assemblyscript/evald-guest/abi.ts",
         "evald/testing/__init__.py",
         "engine_adapter/testing/sglang.py",
         "engine_adapter/_inprocess.py",
@@ -73,6 +86,7 @@ def test_the_wheel_ships_no_repository_tool_test_case_or_lab(wheel_files: set[st
         name
         for name in wheel_files
         if "/conformance/" in name  # the tests' cases
+        or "/ports/" in name  # the standard evaluators in other languages: tests and benchmarks
         or name.endswith(("_protogen.py", "evaluators_wasm/build.py", "/toolchain.py"))
         or "evald_lab" in name
         or name.startswith(("tools/", "tests/", "lab/"))

@@ -1,34 +1,54 @@
 """Rebuilds the standard evaluators: ``make wasm``, or ``python tools/build_wasm.py [NAME ...]
-[--out DIR]``.
+[--out DIR]``; and their ports to other languages: ``make ports``, or ``python
+tools/build_wasm.py --ports [NAME ...]``.
 
 Each ``evaluators_wasm/src/NAME/`` holds ``main.zig``, ``manifest.json`` and ``grammar.ebnf``; the
-module with its embedded manifest is written to ``evaluators_wasm/wasm/NAME.wasm``. The build is
-the SDK's (:func:`evald.sdk.build_evaluator`, the one ``evald build`` runs) and is deterministic:
-``tests/evaluators_wasm/test_build_reproducible.py`` runs this script and compares the bytes with
-the committed modules. A repository tool, not part of any wheel: the guest package holds the
+module with its embedded manifest is written to ``evaluators_wasm/wasm/NAME.wasm``. Each port,
+``evaluators_wasm/ports/NAME/`` (Rust or AssemblyScript), is written beside its source as
+``NAME.wasm``, where ``evald build`` writes it; the ports need rustc for wasm32 and the
+repository's pinned asc (``make toolchains``). The build is the SDK's
+(:func:`evald.sdk.build_evaluator`, the one ``evald build`` runs) and is deterministic:
+``tests/evaluators_wasm/test_build_reproducible.py`` rebuilds and compares the bytes with the
+committed modules. A repository tool, not part of any wheel: the guest package holds the
 sources and the built modules, the SDK the build.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from evald.sdk import build_evaluator
-from evaluators_wasm import SOURCE_DIR, WASM_DIR
+from evaluators_wasm import PORTS, PORTS_DIR, SOURCE_DIR, WASM_DIR, port_path
+
+#: The AssemblyScript compiler ``make toolchains`` installs (package.json and lock beside it).
+REPOSITORY_ASC = Path(__file__).resolve().parent / "assemblyscript/node_modules/.bin/asc"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", help="evaluators to build (default: every src/*)")
-    parser.add_argument("--out", type=Path, default=WASM_DIR, help="output folder")
+    parser.add_argument("names", nargs="*", help="evaluators to build (default: all of them)")
+    parser.add_argument("--out", type=Path, help="output folder (default: where they belong)")
+    parser.add_argument("--ports", action="store_true", help="build the ports instead")
     args = parser.parse_args(argv)
-    names = args.names or sorted(p.name for p in SOURCE_DIR.iterdir() if p.is_dir())
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.ports:
+        if REPOSITORY_ASC.is_file():
+            os.environ.setdefault("EVALD_ASC", str(REPOSITORY_ASC))
+        names = args.names or list(PORTS)
+        sources = {name: PORTS_DIR / name for name in names}
+        targets = {
+            name: args.out / f"{name}.wasm" if args.out else port_path(name) for name in names
+        }
+    else:
+        names = args.names or sorted(p.name for p in SOURCE_DIR.iterdir() if p.is_dir())
+        sources = {name: SOURCE_DIR / name for name in names}
+        targets = {name: (args.out or WASM_DIR) / f"{name}.wasm" for name in names}
     for name in names:
-        wasm = build_evaluator(SOURCE_DIR / name)
-        (args.out / f"{name}.wasm").write_bytes(wasm)
-        print(f"built {name}.wasm ({len(wasm)} bytes)")
+        wasm = build_evaluator(sources[name])
+        targets[name].parent.mkdir(parents=True, exist_ok=True)
+        targets[name].write_bytes(wasm)
+        print(f"built {targets[name].name} ({len(wasm)} bytes)")
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ COPY evald ./evald
 COPY engine_adapter ./engine_adapter
 COPY evaluators_wasm ./evaluators_wasm
 # The wheel, not the source tree, is what gets installed: the image holds exactly what
-# `pip wheel` packages (the built-in evaluators' .wasm files included).
+# `pip wheel` packages (the built-in evaluators' .wasm files included), with the postgres extra
+# (psycopg with its own libpq), so one image serves the embedded store and the fleet store.
 RUN python3 -m venv /venv \
  && /venv/bin/pip install --no-cache-dir --upgrade pip \
  && /venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && /venv/bin/pip install --no-cache-dir /wheels/evald-*.whl \
+ && /venv/bin/pip install --no-cache-dir "$(ls /wheels/evald-*.whl)[postgres]" \
  && /venv/bin/pip uninstall -y pip \
- && /venv/bin/python -c "import evald.host._epoch" \
+ && /venv/bin/python -c "import evald.host._epoch, psycopg, psycopg_pool" \
  && /venv/bin/evald --help > /dev/null
 # Mount points owned by the runtime user (no shell there to make them).
 RUN mkdir -p /staging/var/lib/evald /staging/run/evald /staging/etc/evald

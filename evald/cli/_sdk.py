@@ -97,7 +97,7 @@ def build_for_cli(
         manifest = result.manifest
         print(
             f"built {manifest.name} {manifest.version} -> {result.path} ({len(result.wasm)} "
-            f"bytes, sha256 {result.sha256[:12]}, {result.seconds:.1f} s)"
+            f"bytes, sha256 {result.sha256[:12]}, {result.seconds:.1f} s, {result.toolchain})"
         )
     return result
 
@@ -106,7 +106,10 @@ def build_for_cli(
 def _new(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("name", metavar="NAME", help="the evaluator's name and tag, e.g. roman")
     parser.add_argument(
-        "--lang", choices=("zig", "c"), default="zig", help="guest language (default zig)"
+        "--lang",
+        choices=("zig", "c", "rust", "assemblyscript"),
+        default="zig",
+        help="guest language (default zig; rust needs rustc for wasm32, assemblyscript asc)",
     )
     parser.add_argument(
         "--dir", type=Path, metavar="DIR", help="folder to create (default: ./NAME)"
@@ -118,9 +121,10 @@ def _new(parser: argparse.ArgumentParser) -> Runner:
 
         folder: Path = args.dir or Path(args.name)
         files = new_evaluator(args.name, folder, args.lang)
-        print(f"created {folder}/ ({args.lang}): {', '.join(path.name for path in files)}")
+        shown = [path.relative_to(folder).as_posix() for path in files]
+        print(f"created {folder}/ ({args.lang}): {', '.join(shown)}")
         print(
-            f"next: edit {files[0].name} and grammar.ebnf, then `evald build {folder}`, "
+            f"next: edit {shown[0]} and grammar.ebnf, then `evald build {folder}`, "
             f"`evald test {folder}`, `evald register {folder}`"
         )
         return EXIT_OK

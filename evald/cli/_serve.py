@@ -103,7 +103,26 @@ def _health(parser: argparse.ArgumentParser) -> Runner:
                 if status == "SERVING" or time.monotonic() >= give_up:
                     break
                 time.sleep(0.05)
-        print(status)
+            degraded = ""
+            if status == "SERVING" and not args.service:
+                degraded = _store_problem(client)
+        print(status + degraded)
         return EXIT_OK if status == "SERVING" else EXIT_ERROR
 
     return run
+
+
+def _store_problem(client: object) -> str:
+    """`` (degraded: …)`` when the daemon cannot reach its store (health service
+    ``evald.v1.Store`` NOT_SERVING): it serves what it has; else empty."""
+    from evald.client import CallError, Client
+    from evald.daemon import STORE_HEALTH_SERVICE
+
+    assert isinstance(client, Client)
+    try:
+        store = client.health(STORE_HEALTH_SERVICE)
+    except CallError:  # a daemon without the service: nothing to say
+        return ""
+    if store == "SERVING":
+        return ""
+    return " (degraded: the fleet store is unreachable; serving what the daemon has)"

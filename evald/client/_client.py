@@ -174,6 +174,15 @@ class Client:
         )
         return list(response.evaluators)
 
+    def revision(self) -> int:
+        """The daemon's revision of tenants and modules (``ListEvaluatorsResponse.revision``):
+        it changes whenever what the daemon serves changes, so a client that cached evaluator
+        specs knows when to list them again."""
+        response: pb.ListEvaluatorsResponse = self._invoke(
+            self._stub.ListEvaluators, pb.ListEvaluatorsRequest()
+        )
+        return int(response.revision)
+
     def register(self, module: bytes, *, replace: bool = False) -> pb.EvaluatorInfo:
         """Registers a module (docs/abi.md) for this tenant.
 

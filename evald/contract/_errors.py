@@ -46,6 +46,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_MODULE = "invalid_module"
     INVALID_ARGUMENT = "invalid_argument"
     INTERNAL = "internal"
+    UNAUTHENTICATED = "unauthenticated"
 
     @property
     def proto_value(self) -> int:
@@ -85,6 +86,7 @@ _PROTO_NUMBERS = _proto_numbers()
 _FROM_PROTO = {number: code for code, number in _PROTO_NUMBERS.items()}
 _GRPC_STATUS = {
     ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorCode.UNKNOWN_EVALUATOR: grpc.StatusCode.NOT_FOUND,
     ErrorCode.QUOTA_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,

@@ -9,6 +9,8 @@ or run it with :func:`serve` (what ``evald serve`` does). Its configuration is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from evald.daemon._admission import host_limits
 from evald.daemon._config import (
     DEFAULT_CONFIG_PATH,
@@ -16,12 +18,16 @@ from evald.daemon._config import (
     ConfigError,
     HostSettings,
     ServerSettings,
+    StoreSettings,
     TenantConfig,
     TenantLimits,
+    check_store_url,
     default_state_dir,
     hash_token,
+    is_tenant_name,
     load_config,
     parse_config,
+    parse_limits,
 )
 from evald.daemon._gatekeeping import send_limit
 from evald.daemon._parent_watch import (
@@ -31,30 +37,65 @@ from evald.daemon._parent_watch import (
     watch_parent,
 )
 from evald.daemon._registry import STANDARD_OWNER, check_not_reserved
-from evald.daemon._server import SERVICE_NAME, EvaldServer, host_config, serve
+from evald.daemon._server import (
+    SERVICE_NAME,
+    STORE_HEALTH_SERVICE,
+    EvaldServer,
+    host_config,
+    serve,
+)
+from evald.daemon._store import running_daemon_pid
+
+if TYPE_CHECKING:
+    from evald.daemon._postgres import Database
+
+
+def store_database(settings: StoreSettings, *, application: str = "evald") -> Database:
+    """The fleet store's connections for an operator's tool (``evald tenants``, ``evald store
+    log``, the control-plane benchmark). Needs ``evald[postgres]``; imported only here, so the
+    embedded store never needs psycopg."""
+    from evald.daemon._postgres import Database
+
+    return Database(settings, application=application)
+
+
+def init_store(settings: StoreSettings) -> None:
+    """Creates the fleet store's schema, roles and grants (``evald store init``)."""
+    from evald.daemon._postgres import init_schema
+
+    init_schema(settings)
+
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "PARENT_FD_FLAG",
     "SERVICE_NAME",
     "STANDARD_OWNER",
+    "STORE_HEALTH_SERVICE",
     "Config",
     "ConfigError",
     "EvaldServer",
     "HostSettings",
     "ParentLink",
     "ServerSettings",
+    "StoreSettings",
     "TenantConfig",
     "TenantLimits",
     "check_not_reserved",
+    "check_store_url",
     "default_state_dir",
     "hash_token",
     "host_config",
     "host_limits",
+    "init_store",
+    "is_tenant_name",
     "load_config",
     "parse_config",
+    "parse_limits",
+    "running_daemon_pid",
     "send_limit",
     "serve",
     "set_parent_death_signal",
+    "store_database",
     "watch_parent",
 ]

@@ -26,7 +26,7 @@ import hashlib
 import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from evald.contract import ErrorCode, EvaldError, pb
@@ -44,6 +44,23 @@ __all__ = ["Admission", "Tenant", "Transport", "UnreadWaiter", "host_limits"]
 
 #: The door a call came through: a gRPC call, or a data-path connection.
 Transport = Literal["grpc", "data"]
+
+
+def _authorization(metadata: Any) -> str | None:
+    """The ``authorization`` value of a call's metadata, if any."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else bytes(value).decode("latin-1")
+    return None
+
+
+def _token_digest(metadata: Any) -> bytes | None:
+    """The SHA-256 of the bearer token in ``metadata`` (None: no token, the tokenless call)."""
+    authorization = _authorization(metadata)
+    if authorization is None:
+        return None
+    _scheme, _, token = authorization.strip().partition(" ")
+    return hashlib.sha256(token.strip().encode("utf-8")).digest()
 
 
 def host_limits(limits: TenantLimits) -> Limits:
@@ -83,6 +100,7 @@ class Tenant(TenantQueue):
         self.config = config
         self.limits = host_limits(config.limits)
         self._by_deadline: dict[int, Limits] = {config.limits.deadline_ms: self.limits}
+        self._threads = threads
         self._lock = threading.Lock()
         self._inflight = 0
         # Calls and unread output are shared by the gRPC streams (event loop) and the data
@@ -98,6 +116,19 @@ class Tenant(TenantQueue):
         self._refilled = time.monotonic()
         # Read at scrape time: no metric update on the evaluation path.
         metrics.inflight.labels(config.name).set_function(lambda: self._inflight)
+
+    def reconfigure(self, config: TenantConfig, *, shared: bool) -> None:
+        """Takes a changed config of the same tenant (a live reload, the fleet store): its new
+        limits apply to the next call, its counters (what is in flight now) carry over."""
+        limits = host_limits(config.limits)
+        with self._lock:
+            self.config = config
+            self.limits = limits
+            self._by_deadline = {config.limits.deadline_ms: limits}
+            self._rate = config.limits.rate_per_s
+            self._burst = float(config.limits.effective_burst)
+            self._tokens = min(self._tokens, self._burst)
+        self.running_cap = config.limits.running_cap(self._threads, shared=shared)
 
     def limits_for(self, requested_deadline_ms: int) -> Limits:
         """Host limits with deadline ``min(requested or tenant limit, tenant limit)``."""
@@ -228,22 +259,20 @@ class Admission:
 
     def __init__(self, config: Config, metrics: Metrics, threads: int) -> None:
         self._metrics = metrics
+        self._threads = threads
         self._max_batch_items = config.server.max_batch_items
         self._listens_on_unix = config.server.is_unix
         #: The evaluators; set once they are loaded (:meth:`prepare` needs them).
         self.registry: Registry | None = None
-        self.tenants = {
-            tenant.name: Tenant(tenant, metrics, threads, shared=len(config.tenants) > 1)
-            for tenant in config.tenants
-        }
-        self._tokened = [
-            (bytes.fromhex(state.config.token_sha256), state)
-            for state in self.tenants.values()
-            if not state.config.tokenless
-        ]
-        self._tokenless = next(
-            (state for state in self.tenants.values() if state.config.tokenless), None
-        )
+        self.tenants: dict[str, Tenant] = {}
+        self._tokened: list[tuple[bytes, Tenant]] = []
+        self._tokenless: Tenant | None = None
+        # Long-lived calls (streams, data connections) and the credential each came with, so
+        # a revoked token ends them (:meth:`watch`).
+        self._watch_lock = threading.Lock()
+        self._watched: dict[int, tuple[Tenant, bytes | None, Callable[[EvaldError], None]]] = {}
+        self._next_watch = 0
+        self._index_tenants(config.tenants)
         server = config.server
         self._shared = {
             "grpc": SharedPool(
@@ -267,15 +296,96 @@ class Admission:
             what="streams that need no token",
         )
         self._unauthenticated = {
-            "grpc": Slots(
-                server.open_calls, setting="open_calls", what="calls that need no token"
-            ),
+            "grpc": Slots(server.open_calls, setting="open_calls", what="calls that need no token"),
             "data": Slots(
                 server.data_unauthenticated_connections,
                 setting="data_unauthenticated_connections",
                 what="data-path connections that have not authenticated",
             ),
         }
+
+    def _index_tenants(self, configs: Sequence[TenantConfig]) -> None:
+        """Builds the tenant table and the token index from ``configs``, keeping the live state
+        of tenants that stay. Each table is built whole and swapped in, so a reader on any
+        thread sees the old table or the new one."""
+        shared = len(configs) > 1
+        tenants: dict[str, Tenant] = {}
+        for config in configs:
+            state = self.tenants.get(config.name)
+            if state is None:
+                state = Tenant(config, self._metrics, self._threads, shared=shared)
+            else:
+                state.reconfigure(config, shared=shared)
+            tenants[config.name] = state
+        self._tokened = [
+            (bytes.fromhex(token_sha256), state)
+            for state in tenants.values()
+            for token_sha256 in state.config.token_sha256s
+        ]
+        self._tokenless = next((s for s in tenants.values() if s.config.tokenless), None)
+        self.tenants = tenants
+
+    def apply_tenants(self, configs: Sequence[TenantConfig]) -> list[str]:
+        """Serves ``configs`` from now on (a live reload, a change in the fleet store): new
+        tenants are admitted, changed limits apply to the next call, and every stream and
+        data-path connection whose token no longer names its tenant is ended with
+        ``unauthenticated`` (in band: a status, an ERROR frame).
+
+        Returns:
+            The names of the tenants whose open calls were ended.
+        """
+        self._index_tenants(configs)
+        names = list(self.tenants)
+        for pool in self._shared.values():
+            pool.set_tenants(names)
+        with self._watch_lock:
+            watched = list(self._watched.values())
+        ended: list[str] = []
+        for tenant, digest, end in watched:
+            if self._still_valid(tenant, digest):
+                continue
+            ended.append(tenant.name)
+            end(
+                EvaldError(
+                    ErrorCode.UNAUTHENTICATED,
+                    f"the token of tenant {tenant.name!r} was revoked (or the tenant removed); "
+                    "this call is ended: reconnect with a valid token",
+                )
+            )
+        return ended
+
+    def tenants_configs(self) -> list[TenantConfig]:
+        """The configs of the tenants served now."""
+        return [state.config for state in self.tenants.values()]
+
+    def _still_valid(self, tenant: Tenant, digest: bytes | None) -> bool:
+        current = self.tenants.get(tenant.name)
+        if current is not tenant:
+            return False
+        if digest is None:
+            return tenant.config.tokenless
+        return digest.hex() in tenant.config.token_sha256s
+
+    def watch(
+        self, tenant: Tenant, metadata: Any, end: Callable[[EvaldError], None]
+    ) -> Callable[[], None]:
+        """Remembers a long-lived call of ``tenant`` (a stream, a data-path connection) and the
+        token in its ``metadata``: when that token is revoked, ``end`` is called (from the
+        thread that applies the change) with the ``unauthenticated`` error. Returns the
+        call's idempotent ``unwatch``."""
+        digest = _token_digest(metadata)
+        with self._watch_lock:
+            key = self._next_watch
+            self._next_watch += 1
+            self._watched[key] = (tenant, digest, end)
+        if not self._still_valid(tenant, digest):  # revoked between its check and now
+            self.unwatch(key)
+            end(EvaldError(ErrorCode.UNAUTHENTICATED, "the token was revoked"))
+        return lambda: self.unwatch(key)
+
+    def unwatch(self, key: int) -> None:
+        with self._watch_lock:
+            self._watched.pop(key, None)
 
     def enter(self, tenant: Tenant, transport: Transport) -> Callable[[], None]:
         """Counts one call (a gRPC call, a data-path connection) of ``tenant``: against its
@@ -344,11 +454,7 @@ class Admission:
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
         """
-        authorization: str | None = None
-        for key, value in metadata or ():
-            if key == "authorization":
-                authorization = value if isinstance(value, str) else value.decode("latin-1")
-                break
+        authorization = _authorization(metadata)
         if authorization is None:
             if self._tokenless is not None and over_unix:
                 return self._tokenless

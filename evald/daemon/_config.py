@@ -31,13 +31,18 @@ __all__ = [
     "ConfigError",
     "HostSettings",
     "ServerSettings",
+    "StoreSettings",
     "TenantConfig",
     "TenantLimits",
+    "check_store_url",
     "default_state_dir",
     "hash_token",
+    "is_tenant_name",
     "load_config",
     "parse_config",
+    "parse_limits",
     "parse_size",
+    "tenant_from_store",
 ]
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "default_config.toml"
@@ -159,20 +164,28 @@ class TenantLimits:
 
 @dataclass(frozen=True)
 class TenantConfig:
-    """One tenant: who it is (a token hash, or none for the unix-socket-only tenant), its limits,
-    which standard evaluators it may call and whether it may register its own."""
+    """One tenant: who it is (the hashes of its tokens, or none for the unix-socket-only
+    tenant), its limits, which standard evaluators it may call and whether it may register its
+    own.
+
+    A tenant may hold several tokens at once, so a token rotates with no gap: the new token's
+    hash is added, clients move to it, then the old hash is removed (``evald tenants rotate``
+    and ``revoke``, or the config's ``token_sha256s`` and ``evald reload``). ``source`` says
+    where the tenant is defined: ``config`` (this daemon's TOML) or ``store`` (the fleet store).
+    """
 
     name: str
-    token_sha256: str
+    token_sha256s: tuple[str, ...]
     limits: TenantLimits
     evaluators: tuple[str, ...] = ()
     allow_register: bool = False
     max_modules: int = 16
+    source: Literal["config", "store"] = "config"
 
     @property
     def tokenless(self) -> bool:
         """True for the tenant served without a token, and only on the unix socket."""
-        return not self.token_sha256
+        return not self.token_sha256s and self.source == "config"
 
     def may_use_standard(self, name: str) -> bool:
         """Whether this tenant's ``evaluators`` list admits the standard evaluator ``name``."""
@@ -283,14 +296,67 @@ class HostSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """The ``[store]`` table: where tenants and registered modules live.
+
+    Empty ``url`` (the default) is the embedded store: tenants from this file, modules in the
+    state folder, for one machine. A ``postgresql://`` URL is the fleet store shared by every
+    daemon (docs/operations.md, "A fleet"): tenants, tokens, limits and modules in PostgreSQL,
+    followed live; the state folder then holds the local cache that a restart serves while the
+    store is down. The password is never part of the URL: ``password_file`` names a file that
+    holds it, ``password_env`` an environment variable (libpq's own ``PGPASSWORD`` and
+    ``PGPASSFILE`` work too). ``poll_s`` is how often a daemon checks the store's revision
+    besides its notifications; ``connect_timeout_s`` bounds one attempt to reach it.
+    """
+
+    url: str = ""
+    password_file: str = ""
+    password_env: str = ""
+    poll_s: float = 5.0
+    connect_timeout_s: float = 3.0
+
+    @property
+    def fleet(self) -> bool:
+        """Whether the fleet store (PostgreSQL) is configured."""
+        return bool(self.url)
+
+    def password(self) -> str | None:
+        """The store's password from ``password_file`` or ``password_env`` (None: libpq's own
+        ways, or none).
+
+        Raises:
+            ConfigError: the file cannot be read, or the variable is not set.
+        """
+        if self.password_file:
+            try:
+                text = Path(self.password_file).expanduser().read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise ConfigError(
+                    f"store.password_file: cannot read {self.password_file}: {reason}"
+                ) from None
+            return text.strip("\r\n")
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(
+                    f"store.password_env: the environment variable {self.password_env} is not set"
+                )
+            return value
+        return None
+
+
+@dataclass(frozen=True)
 class Config:
-    """The whole configuration. ``source`` names the file it came from (for messages)."""
+    """The whole configuration. ``source`` names the file it came from (for messages, and the
+    file a live reload reads again)."""
 
     server: ServerSettings = field(default_factory=ServerSettings)
     host: HostSettings = field(default_factory=HostSettings)
     default_limits: TenantLimits = field(default_factory=TenantLimits)
     tenants: tuple[TenantConfig, ...] = ()
     source: str = "<defaults>"
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     def tenant(self, name: str) -> TenantConfig | None:
         """The tenant called ``name``, if any."""
@@ -488,9 +554,7 @@ def _server(table: _Table) -> ServerSettings:
             "compile_memory_bytes", base.compile_memory_bytes, minimum=64 * MIB
         ),
         compile_cpu_s=table.get_float("compile_cpu_s", base.compile_cpu_s, minimum=1.0),
-        compile_timeout_s=table.get_float(
-            "compile_timeout_s", base.compile_timeout_s, minimum=1.0
-        ),
+        compile_timeout_s=table.get_float("compile_timeout_s", base.compile_timeout_s, minimum=1.0),
         socket_mode=socket_mode,
         log_level=table.get_str("log_level", base.log_level, choices=_LOG_LEVELS),
         shutdown_grace_s=table.get_float("shutdown_grace_s", base.shutdown_grace_s),
@@ -551,16 +615,25 @@ def _host(table: _Table) -> HostSettings:
     return settings
 
 
+_HASH_HELP = "expected 64 hex digits (the SHA-256 of the token; make one with `evald hash-token`)"
+
+
+def is_tenant_name(name: str) -> bool:
+    """Whether ``name`` is a valid tenant name (``[a-z][a-z0-9_-]{0,63}``)."""
+    return _TENANT_NAME.fullmatch(name) is not None
+
+
 def _tenant(table: _Table, default_limits: TenantLimits) -> TenantConfig:
     name = table.get_str("name", "")
-    if not _TENANT_NAME.fullmatch(name):
+    if not is_tenant_name(name):
         raise table.error("name", f"expected a name matching [a-z][a-z0-9_-]{{0,63}}, got {name!r}")
-    token_sha256 = table.get_str("token_sha256", "").lower()
-    if token_sha256 and not _SHA256_HEX.fullmatch(token_sha256):
-        raise table.error(
-            "token_sha256",
-            "expected 64 hex digits (the SHA-256 of the token; make one with `evald hash-token`)",
-        )
+    one = table.get_str("token_sha256", "").lower()
+    hashes = tuple(value.lower() for value in table.get_str_list("token_sha256s", ()))
+    if one and not _SHA256_HEX.fullmatch(one):
+        raise table.error("token_sha256", _HASH_HELP)
+    for value in hashes:
+        if not _SHA256_HEX.fullmatch(value):
+            raise table.error("token_sha256s", _HASH_HELP)
     evaluators = table.get_str_list("evaluators", ())
     for evaluator in evaluators:
         if evaluator != "*" and evaluator not in STANDARD_EVALUATORS:
@@ -572,7 +645,7 @@ def _tenant(table: _Table, default_limits: TenantLimits) -> TenantConfig:
             )
     tenant = TenantConfig(
         name=name,
-        token_sha256=token_sha256,
+        token_sha256s=tuple(dict.fromkeys((one, *hashes) if one else hashes)),
         limits=_limits(table.get_table("limits"), default_limits),
         evaluators=evaluators,
         allow_register=table.get_bool("allow_register", False),
@@ -580,6 +653,79 @@ def _tenant(table: _Table, default_limits: TenantLimits) -> TenantConfig:
     )
     table.finish()
     return tenant
+
+
+def tenant_from_store(
+    document: Mapping[str, Any], default_limits: TenantLimits, source: str
+) -> TenantConfig:
+    """A fleet store's tenant row (name, token hashes, limits that differ from the defaults,
+    evaluators, may-register, max modules), checked as a config's tenant is.
+
+    Raises:
+        ConfigError: a value of the wrong type or range (the message names ``source``).
+    """
+    table = _Table(
+        {
+            "name": document.get("name", ""),
+            "token_sha256s": list(document.get("token_sha256s") or []),
+            "evaluators": list(document.get("evaluators") or []),
+            "allow_register": bool(document.get("may_register", False)),
+            "max_modules": document.get("max_modules", 16),
+            "limits": dict(document.get("limits") or {}),
+        },
+        "",
+        source,
+    )
+    return replace(_tenant(table, default_limits), source="store")
+
+
+def parse_limits(overrides: Mapping[str, Any], base: TenantLimits, source: str) -> TenantLimits:
+    """``base`` with ``overrides`` (``[tenants.limits]`` keys) applied, checked.
+
+    Raises:
+        ConfigError: an unknown key or a bad value (the message names ``source``).
+    """
+    return _limits(_Table(dict(overrides), "limits", source), base)
+
+
+def check_store_url(url: str, where: str = "store.url") -> None:
+    """Refuses a store URL that is not ``postgresql://`` or that carries a password (the
+    message never echoes the URL).
+
+    Raises:
+        ConfigError: saying what to change.
+    """
+    if not url:
+        return
+    scheme = url.partition("://")[0]
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{where}: expected a postgresql:// URL (or nothing: the embedded store)")
+    userinfo = url.partition("://")[2].partition("/")[0].partition("@")
+    if (userinfo[1] and ":" in userinfo[0]) or "password=" in url.lower():
+        raise ConfigError(
+            f"{where}: the URL carries a password; put it in a file (store.password_file, "
+            "--password-file) or the environment (store.password_env, PGPASSWORD) instead"
+        )
+
+
+def _store(table: _Table) -> StoreSettings:
+    base = StoreSettings()
+    url = table.get_str("url", base.url)
+    try:
+        check_store_url(url)
+    except ConfigError as exc:
+        raise ConfigError(f"{table.source}: {exc}") from None
+    settings = StoreSettings(
+        url=url,
+        password_file=table.get_str("password_file", base.password_file),
+        password_env=table.get_str("password_env", base.password_env),
+        poll_s=table.get_float("poll_s", base.poll_s, minimum=0.1),
+        connect_timeout_s=table.get_float("connect_timeout_s", base.connect_timeout_s, minimum=0.1),
+    )
+    if (settings.password_file or settings.password_env) and not url:
+        raise table.error("password_file", "a password needs store.url (the fleet store)")
+    table.finish()
+    return settings
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
@@ -596,6 +742,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     root = _Table(data, "", source)
     server = _server(root.get_table("server"))
     host = _host(root.get_table("host"))
+    store = _store(root.get_table("store"))
     defaults = root.get_table("defaults")
     default_limits = _limits(defaults.get_table("limits"), TenantLimits())
     defaults.finish()
@@ -610,20 +757,25 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         if tenant.name in names:
             raise ConfigError(f"{source}: tenants[{index}].name: duplicate tenant {tenant.name!r}")
         names.add(tenant.name)
-        if tenant.token_sha256:
-            if tenant.token_sha256 in hashes:
+        for token_sha256 in tenant.token_sha256s:
+            if token_sha256 in hashes:
                 raise ConfigError(
                     f"{source}: tenants[{index}].token_sha256: "
                     "the same token is given to two tenants"
                 )
-            hashes.add(tenant.token_sha256)
+            hashes.add(token_sha256)
     if len(tokenless) > 1:
         raise ConfigError(
             f"{source}: tenants: at most one tenant may have no token_sha256 (the unix-socket "
             f"tenant); found {', '.join(tokenless)}"
         )
     return Config(
-        server=server, host=host, default_limits=default_limits, tenants=tenants, source=source
+        server=server,
+        host=host,
+        default_limits=default_limits,
+        tenants=tenants,
+        source=source,
+        store=store,
     )
 
 

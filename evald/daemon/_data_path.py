@@ -172,7 +172,15 @@ class _Connection:
         self._bound = settings.stream_unread_bytes
         self._stall_s = settings.stream_stall_s
         self._max_frame = settings.max_message_bytes
+        self._metadata: tuple[tuple[str, str], ...] = ()  # the HELLO's credential
+        self._revoked: tuple[ErrorCode, str] | None = None
         self.thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+
+    def revoke(self, error: EvaldError) -> None:
+        """Ends the connection with ``error`` (its token was revoked); any thread. It stops
+        reading, answers what it admitted, then sends the ERROR frame and closes."""
+        self._revoked = (error.code, error.message)
+        self.shut_reading()
 
     # -- the reader thread ---------------------------------------------------------------
 
@@ -183,6 +191,7 @@ class _Connection:
         failure: tuple[ErrorCode, str] | None = None
         authenticated = False
         leave: Callable[[], None] | None = None
+        unwatch: Callable[[], None] | None = None
         try:
             try:
                 tenant = self._hello()
@@ -192,6 +201,7 @@ class _Connection:
             tenant_label = tenant.name
             # One call of its tenant's max_calls, and one of its share of the connections.
             leave = core.enter(tenant, "data")
+            unwatch = core.watch(tenant, self._metadata, self.revoke)
             budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
             self._sock.settimeout(None)
@@ -214,6 +224,10 @@ class _Connection:
             _log.exception("data connection failed", extra={"fields": {"tenant": tenant_label}})
             failure = (ErrorCode.INTERNAL, "internal error in the daemon (see its log)")
         finally:
+            if unwatch is not None:
+                unwatch()
+            if self._revoked is not None:
+                failure = self._revoked
             if isinstance(self._writer.failed, WriterStalled):
                 _log.info(
                     "data connection cut off: its client stopped reading",
@@ -322,6 +336,7 @@ class _Connection:
         except UnicodeDecodeError:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = metadata
         return self._core.authenticate(metadata, over_unix=True)
 
     def _unread(self) -> int:

@@ -115,6 +115,20 @@ class _Stream:
         self._reader: asyncio.Task[None] | None = None
         self._released = False
         self._idle_timeout_s = settings.idle_timeout_s
+        self._revoked: EvaldError | None = None  # its token was revoked: end with this
+
+    def revoke(self, error: EvaldError) -> None:
+        """Ends the stream with ``error`` (its token was revoked); any thread. Results already
+        handed to gRPC have gone; what is still running is abandoned."""
+
+        def end() -> None:
+            self._revoked = error
+            if self._reader is not None:
+                self._reader.cancel()
+            self._sink.event.set()
+
+        with contextlib.suppress(RuntimeError):  # the loop is gone: so is the stream
+            self._loop.call_soon_threadsafe(end)
 
     async def run(self) -> EvaldError | None:
         """Reads and answers until the client is done and every result is sent."""
@@ -244,6 +258,8 @@ class _Stream:
         while True:
             await sink.event.wait()
             sink.event.clear()
+            if self._revoked is not None:
+                raise self._revoked
             results = sink.take()
             if results:
                 for batch, freed in pack_responses(results, self._max_message_bytes):
@@ -296,6 +312,7 @@ async def serve_stream(
     (before a failure's status goes out: gRPC sends the status only after a message it has
     started, which a client that stopped reading may never take)."""
     stream = _Stream(core, tenant, requests, context, on_end)
+    unwatch = core.watch(tenant, context.invocation_metadata(), stream.revoke)
     code = "ok"
     try:
         failure = await stream.run()
@@ -311,5 +328,6 @@ async def serve_stream(
         code = "cancelled"
         raise
     finally:
+        unwatch()
         stream.release()
         core.observe_call(METHOD, tenant.name, code)

@@ -59,6 +59,8 @@ class Served(Core, ControlPlane, Protocol):
 
     async def stop(self, grace_s: float | None = None) -> None: ...
 
+    async def reload(self) -> bool: ...
+
 
 def grpc_server(daemon: Served) -> tuple[Any, health_aio.HealthServicer]:
     """The daemon's ``grpc.aio`` server, not yet bound or started, and its health servicer.
@@ -218,9 +220,9 @@ def check_unix_socket(path: Path) -> None:
 async def run_until_signal(daemon: Served) -> None:
     """Starts ``daemon``, serves until SIGTERM or SIGINT, then drains it and returns.
 
-    A second signal while draining exits the process at once (status 1). SIGHUP is logged and
-    ignored: there is no live reload, and systemd's ``Restart=on-failure`` would not bring back
-    a daemon that SIGHUP ended.
+    A second signal while draining exits the process at once (status 1). SIGHUP reloads: the
+    config file is read again and its tenants applied without dropping calls
+    (:meth:`evald.daemon.EvaldServer.reload`); reloads queue, one at a time.
 
     Raises:
         EvaldError: start-up failed (nothing is left running).
@@ -238,10 +240,15 @@ async def run_until_signal(daemon: Served) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(
-        signal.SIGHUP,
-        lambda: _log.warning("SIGHUP ignored: restart the daemon to apply a new config"),
-    )
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def on_reload() -> None:
+        _log.info("signal", extra={"fields": {"signal": "SIGHUP"}})
+        task = loop.create_task(daemon.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_reload)
     # Readiness for systemd Type=notify (a no-op outside systemd). The status starts with
     # "serving": the deploy tests check it.
     _sdnotify.notify_ready(f"serving on {daemon.listen}")

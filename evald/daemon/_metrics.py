@@ -80,6 +80,18 @@ class Metrics:
             ("tenant",),
             registry=self.registry,
         )
+        self.store_connected = Gauge(
+            "evald_store_connected",
+            "1 while the daemon reaches its store (always 1 for the embedded store), else 0: "
+            "it serves what it has, and registrations answer unavailable.",
+            registry=self.registry,
+        )
+        self.store_connected.set(1)
+        self.revision = Gauge(
+            "evald_store_revision",
+            "The revision of tenants and modules the daemon serves.",
+            registry=self.registry,
+        )
         # labels() costs a lock and a tuple hash per call: resolve each child once.
         self._evaluation_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
         self._rpc_children: dict[tuple[str, str, str], Any] = {}

@@ -52,9 +52,12 @@ class Evaluator:
         return str(self.module.manifest.semantics_version)
 
 
-def check_not_reserved(
-    name: str, tag: str, reserved: Iterable[str] = STANDARD_EVALUATORS
-) -> None:
+def _shown(name: str) -> str:
+    """A name as a log line shows it: at most 64 characters (a file may hold any string)."""
+    return name if len(name) <= 64 else name[:64] + "..."
+
+
+def check_not_reserved(name: str, tag: str, reserved: Iterable[str] = STANDARD_EVALUATORS) -> None:
     """Refuses a tenant module whose name or tag is a standard evaluator's name or tag.
 
     The daemon applies it at registration; ``evald build`` applies it too, so a tenant learns
@@ -101,7 +104,7 @@ class Registry:
         self._unreadable: set[str] = set()
         self._store = store
         self._tenants = {tenant.name: tenant for tenant in tenants}
-        self._write_lock = threading.Lock()
+        self._write_lock = threading.RLock()
         self._standard: dict[str, Evaluator] = {}
         # Standard names and tags, reserved whether or not the module is installed.
         self._reserved: frozenset[str] = frozenset(STANDARD_EVALUATORS)
@@ -109,6 +112,10 @@ class Registry:
         self._index: dict[str, dict[str, IndexEntry]] = {name: {} for name in self._tenants}
         # Per tenant: every name and tag it can call -> evaluator. Rebuilt on every change.
         self._visible: dict[str, dict[str, Evaluator]] = {}
+        #: Grows with every change served (ListEvaluators reports it).
+        self.revision = 0
+        #: Called with the new revision after each change (the embedded store persists it).
+        self.on_change: Callable[[int], None] | None = None
         self._rebuild()
 
     # Loading ---------------------------------------------------------------------------------
@@ -167,41 +174,16 @@ class Registry:
         referenced: set[str] = set()
         with self._write_lock:
             for tenant in self._store.tenant_names():
-                try:
-                    index = self._store.read_index(tenant)
-                except StoreError as exc:
-                    _log.error("tenant index unreadable", extra={"fields": {"error": exc.message}})
-                    # Keep every module file: the index may be repaired by hand.
-                    referenced.update(path.stem for path in self._store.modules_dir.glob("*.wasm"))
-                    self._unreadable.add(tenant)
+                index = self._read_index(tenant, referenced)
+                if index is None:
                     continue
-                referenced.update(entry.sha256 for entry in index.values())
                 if tenant not in self._tenants:
                     _log.warning(
                         "registered modules of a tenant not in the config are not served",
                         extra={"fields": {"tenant": tenant, "modules": len(index)}},
                     )
                     continue
-                self._index[tenant] = index
-                owned: dict[str, Evaluator] = {}
-                for entry in index.values():
-                    try:
-                        owned[entry.name] = self._load_entry(
-                            self._tenants[tenant], owned, entry, limits_for[tenant]
-                        )
-                    except EvaldError as exc:
-                        _log.error(
-                            "registered module not served",
-                            extra={
-                                "fields": {
-                                    "tenant": tenant,
-                                    "evaluator": entry.name,
-                                    "error": str(exc),
-                                }
-                            },
-                        )
-                self._owned[tenant] = owned
-                counts[tenant] = len(owned)
+                counts[tenant] = self._serve_index(tenant, index, limits_for[tenant])
             self._rebuild()
         removed = self._store.collect_garbage(referenced)
         # Compiled code of modules nobody refers to any more (refused or deleted before a
@@ -211,6 +193,78 @@ class Registry:
         if removed:
             _log.info("removed unreferenced files", extra={"fields": {"files": removed}})
         return counts
+
+    def _read_index(self, tenant: str, referenced: set[str]) -> dict[str, IndexEntry] | None:
+        """A tenant's index, its hashes added to ``referenced``; None (logged once) when it
+        cannot be read: then every module file counts as referenced (the index may be repaired
+        by hand) and the tenant's index is never overwritten."""
+        try:
+            index = self._store.read_index(tenant)
+        except StoreError as exc:
+            _log.error("tenant index unreadable", extra={"fields": {"error": exc.message}})
+            referenced.update(path.stem for path in self._store.modules_dir.glob("*.wasm"))
+            self._unreadable.add(tenant)
+            return None
+        referenced.update(entry.sha256 for entry in index.values())
+        return index
+
+    def _serve_index(self, tenant: str, index: dict[str, IndexEntry], limits: Limits) -> int:
+        """Loads and serves one tenant's index (caller holds the lock); returns how many of
+        its entries are served."""
+        self._index[tenant] = index
+        owned: dict[str, Evaluator] = {}
+        config = self._tenants[tenant]
+        past_cap = 0
+        for entry in index.values():
+            if len(owned) >= config.max_modules:
+                past_cap += 1  # not loaded at all: one line says how many
+                continue
+            try:
+                owned[entry.name] = self._load_entry(config, owned, entry, limits)
+            except EvaldError as exc:
+                _log.error(
+                    "registered module not served",
+                    extra={
+                        "fields": {
+                            "tenant": tenant,
+                            "evaluator": _shown(entry.name),
+                            "error": exc.message[:300],
+                        }
+                    },
+                )
+        if past_cap:
+            _log.error(
+                "registered modules not served: past max_modules",
+                extra={
+                    "fields": {
+                        "tenant": tenant,
+                        "entries": past_cap,
+                        "max_modules": config.max_modules,
+                    }
+                },
+            )
+        self._owned[tenant] = owned
+        return len(owned)
+
+    def set_tenants(self, tenants: Iterable[TenantConfig], limits_for: dict[str, Limits]) -> None:
+        """Serves ``tenants`` from now on (a live reload): a new tenant's modules are loaded
+        from its index, a removed tenant's are no longer served (its index is kept), a changed
+        tenant's config (evaluators, may-register, max modules) applies at once. Blocking."""
+        with self._write_lock:
+            configs = {tenant.name: tenant for tenant in tenants}
+            added = [name for name in configs if name not in self._tenants]
+            for name in list(self._tenants):
+                if name not in configs:
+                    self._owned.pop(name, None)
+                    self._index.pop(name, None)
+            self._tenants = configs
+            for name in added:
+                self._owned.setdefault(name, {})
+                self._index.setdefault(name, {})
+                index = self._read_index(name, set())
+                if index:
+                    self._serve_index(name, index, limits_for[name])
+            self._rebuild()
 
     def _load_entry(
         self,
@@ -347,26 +401,57 @@ class Registry:
         with self._write_lock:
             self._check_index_readable(tenant.name)
             owned = self._check_name(tenant, name, str(module.manifest.tag), replace)
-            sha256, created = self._store.put_module(wasm)
-            index = dict(self._index.get(tenant.name, {}))
-            previous = index.get(name)
             replaced = owned.get(name)
-            index[name] = self._store.new_entry(name, sha256)
-            try:
-                self._store.write_index(tenant.name, index)
-            except StoreError:
-                if created:
-                    self._store.remove_module(sha256)
-                raise
+            self._persist(tenant, name, wasm, replace)
             evaluator = Evaluator(name=name, owner=tenant.name, module=module)
             owned[name] = evaluator
             self._owned[tenant.name] = owned
-            self._index[tenant.name] = index
             self._rebuild()
             self._host.store_compiled(module)
-            if previous is not None and previous.sha256 != sha256:
-                self._forget_if_unused(previous.sha256, replaced)
+            if replaced is not None and replaced.module.sha256 != module.sha256:
+                self._forget_if_unused(replaced.module.sha256, replaced)
+            self._changed()
         return evaluator
+
+    def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
+        """Stores one registration durably before it is served (caller holds the lock): the
+        module file, then the tenant's index. The fleet store overrides it.
+
+        Raises:
+            EvaldError: ``unavailable`` when it could not be stored; nothing was kept.
+        """
+        sha256, created = self._store.put_module(wasm)
+        index = dict(self._index.get(tenant.name, {}))
+        index[name] = self._store.new_entry(name, sha256)
+        try:
+            self._store.write_index(tenant.name, index)
+        except StoreError:
+            if created:
+                self._store.remove_module(sha256)
+            raise
+        self._index[tenant.name] = index
+
+    def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
+        """Stores one deletion durably before the module stops being served (caller holds
+        the lock). The fleet store overrides it.
+
+        Raises:
+            EvaldError: ``unavailable``: the index could not be written; nothing changed.
+        """
+        index = dict(self._index.get(tenant.name, {}))
+        index.pop(name, None)
+        self._store.write_index(tenant.name, index)
+        self._index[tenant.name] = index
+
+    def _changed(self) -> None:
+        """One change was applied (caller holds the lock): the revision grows."""
+        self.revision += 1
+        if self.on_change is not None:
+            self.on_change(self.revision)
+
+    def tenant_configs(self) -> dict[str, TenantConfig]:
+        """The tenants served now, by name."""
+        return dict(self._tenants)
 
     def _check_index_readable(self, tenant: str) -> None:
         if tenant in self._unreadable:
@@ -447,15 +532,12 @@ class Registry:
                     ErrorCode.UNKNOWN_EVALUATOR,
                     f"tenant {tenant.name!r} has no registered evaluator {name!r}",
                 )
-            index = dict(self._index.get(tenant.name, {}))
-            entry = index.pop(name, None)
-            self._store.write_index(tenant.name, index)
+            self._persist_delete(tenant, name)
             del owned[name]
             self._owned[tenant.name] = owned
-            self._index[tenant.name] = index
             self._rebuild()
-            if entry is not None:
-                self._forget_if_unused(entry.sha256, evaluator)
+            self._forget_if_unused(evaluator.module.sha256, evaluator)
+            self._changed()
         return evaluator
 
     def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:

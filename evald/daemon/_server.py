@@ -27,9 +27,10 @@ validating and compiling an upload runs in a niced, CPU- and memory-limited work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,8 +40,10 @@ from grpc_health.v1 import health_pb2
 from evald.contract import ErrorCode, pb
 from evald.daemon._admission import Admission, Tenant, host_limits
 from evald.daemon._compile_queue import CompileQueue
-from evald.daemon._config import Config, HostSettings, ServerSettings
+from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
+from evald.daemon._control_store import ControlStore
 from evald.daemon._data_path import DataServer
+from evald.daemon._embedded import EmbeddedStore
 from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
 from evald.daemon._lifecycle import bind, grpc_server, run_until_signal
 from evald.daemon._logging import configure_logging
@@ -51,9 +54,13 @@ from evald.daemon._scheduler import Scheduler, Work
 from evald.daemon._standard_modules import standard_module_paths
 from evald.daemon._store import ModuleStore
 from evald.daemon._transport import Stoppable
-from evald.host import CompiledModule, Compiler, EvalOutcome, HostConfig, WasmHost
+from evald.host import CompiledModule, Compiler, EvalOutcome, HostConfig, Limits, WasmHost
 
-__all__ = ["SERVICE_NAME", "EvaldServer", "host_config", "serve"]
+__all__ = ["SERVICE_NAME", "STORE_HEALTH_SERVICE", "EvaldServer", "host_config", "serve"]
+
+#: The health service that says whether the daemon reaches its store (NOT_SERVING: degraded,
+#: it serves what it has).
+STORE_HEALTH_SERVICE = "evald.v1.Store"
 
 
 _log = logging.getLogger("evald.server")
@@ -133,6 +140,7 @@ class EvaldServer:
         self.drain = self.scheduler.drain
         self.enqueue = self.scheduler.enqueue
         self.abandon = self.scheduler.abandon
+        self.watch = self.admission.watch
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
         self._compile_queue = CompileQueue(
             capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant
@@ -150,6 +158,9 @@ class EvaldServer:
         self._health: Any = None
         self._socket_path: Path | None = None
         self._data: DataServer | None = None  # the data path, when [server] data_listen is set
+        self._control_store: ControlStore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._health_updates: set[asyncio.Future[Any]] = set()
 
     # Core and ControlPlane, beyond the operations bound in __init__ ------------------------
 
@@ -169,6 +180,90 @@ class EvaldServer:
 
     def evaluators(self, tenant: Tenant) -> list[Evaluator]:
         return self.registry.visible(tenant.name)
+
+    @property
+    def revision(self) -> int:
+        return self._registry.revision if self._registry is not None else 0
+
+    # StoreDaemon: what the store does to the daemon (on the control thread) ------------------
+
+    def apply_tenants(self, tenants: Sequence[TenantConfig]) -> None:
+        """Serves ``tenants`` from now on: tokens and limits at once, modules of new tenants,
+        and the streams and data-path connections of revoked tokens end ``unauthenticated``."""
+        ended = self.admission.apply_tenants(tenants)
+        limits = {name: state.limits for name, state in self.admission.tenants.items()}
+        if self._registry is not None:
+            self._registry.set_tenants(tenants, limits)
+            for name in limits:
+                self.metrics.modules.labels(name).set(self._registry.owned_count(name))
+        if ended:
+            _log.info(
+                "calls of revoked tokens ended",
+                extra={"fields": {"tenants": sorted(set(ended)), "calls": len(ended)}},
+            )
+
+    def limits_of(self, tenant: str) -> Limits:
+        state = self.admission.tenants.get(tenant)
+        return state.limits if state is not None else host_limits(self.config.default_limits)
+
+    def store_health(self, problem: str | None) -> None:
+        """The store became unreachable or reachable again (any thread): the metric, and the
+        health service :data:`STORE_HEALTH_SERVICE`."""
+        self.metrics.store_connected.set(0 if problem else 1)
+        loop, health = self._loop, self._health
+        if loop is None or health is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+            if problem
+            else health_pb2.HealthCheckResponse.SERVING
+        )
+
+        def set_status() -> None:
+            if not self.stopping:
+                task = asyncio.ensure_future(health.set(STORE_HEALTH_SERVICE, status))
+                self._health_updates.add(task)
+                task.add_done_callback(self._health_updates.discard)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon stopped
+            loop.call_soon_threadsafe(set_status)
+
+    async def reload(self) -> bool:
+        """Reads the config file again and applies its tenants (``SIGHUP``, ``evald reload``);
+        with the fleet store, reads the whole store too. A config that does not parse changes
+        nothing (logged). Returns whether it was applied."""
+        return await self.control(self._reload)
+
+    def _reload(self) -> bool:
+        from evald.daemon._config import load_config
+
+        store = self._control_store
+        if store is None or self.stopping:
+            return False
+        try:
+            fresh = load_config(self.config.source)
+        except ConfigError as exc:
+            _log.error("config not reloaded", extra={"fields": {"error": str(exc)[:500]}})
+            return False
+        before = {tenant.name: tenant for tenant in self.admission.tenants_configs()}
+        store.reload(fresh)
+        after = {tenant.name: tenant for tenant in self.admission.tenants_configs()}
+        _log.info(
+            "config reloaded",
+            extra={
+                "fields": {
+                    "source": fresh.source,
+                    "added": sorted(set(after) - set(before)),
+                    "removed": sorted(set(before) - set(after)),
+                    "changed": sorted(
+                        name for name in set(before) & set(after) if before[name] != after[name]
+                    ),
+                    "revision": self.revision,
+                }
+            },
+        )
+        self.metrics.revision.set(self.revision)
+        return True
 
     async def delete(self, tenant: Tenant, name: str) -> Evaluator:
         """Deletes one of the tenant's modules on the control thread."""
@@ -272,32 +367,49 @@ class EvaldServer:
         return host_config(self.config.host, self.state_dir)
 
     def _load(self) -> None:
-        """Blocking start-up work: lock the store, start the host, load every evaluator."""
-        store = ModuleStore(self.state_dir)
+        """Blocking start-up work: lock the state folder, start the host, open the store and
+        load every evaluator."""
+        host_settings = self._host_config()
+        store = ModuleStore(self.state_dir, max_module_bytes=host_settings.module_bytes)
         store.lock()
         self._store = store
-        host_settings = self._host_config()
         self._host = WasmHost(host_settings)
         compiler = self._compiler
 
         def compile_upload(wasm: bytes, memory_cap: int) -> CompiledModule:
             return compiler.compile(host_settings, wasm, memory_cap)
 
-        registry = Registry(self._host, store, self.config.tenants, compile=compile_upload)
+        control_store: ControlStore
+        if self.config.store.fleet:
+            from evald.daemon._fleet import FleetStore  # needs psycopg: only for the fleet
+
+            compiler.warm()  # it compiles what other daemons register: ready before the first
+
+            control_store = FleetStore(self.config, self, store, self._control_pool)
+        else:
+            control_store = EmbeddedStore(self.config, self, store)
+        self._control_store = control_store
+        registry = control_store.make_registry(self._host, compile_upload)
+        self._registry = registry
+        self.admission.registry = registry
         standard = registry.load_standard(
             standard_module_paths(),
             host_limits(self.config.default_limits),
         )
-        counts = registry.load_registered(
-            {name: state.limits for name, state in self.admission.tenants.items()}
-        )
-        self._registry = registry
-        self.admission.registry = registry
+        counts = control_store.load()
         for name in self.admission.tenants:
             self.metrics.modules.labels(name).set(registry.owned_count(name))
+        self.metrics.revision.set(registry.revision)
         _log.info(
             "evaluators loaded",
-            extra={"fields": {"standard": standard, "registered": counts}},
+            extra={
+                "fields": {
+                    "standard": standard,
+                    "registered": counts,
+                    "store": control_store.kind,
+                    "revision": registry.revision,
+                }
+            },
         )
 
     async def start(self) -> None:
@@ -308,6 +420,7 @@ class EvaldServer:
                 cannot be read. Nothing is left running.
         """
         loop = asyncio.get_running_loop()
+        self._loop = loop
         settings = self.config.server
         try:
             await loop.run_in_executor(self._control_pool, self._load)
@@ -325,6 +438,13 @@ class EvaldServer:
                 self.metrics_port = self.metrics.serve(settings.metrics_listen)
             await health.set("", health_pb2.HealthCheckResponse.SERVING)
             await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+            problem = self._control_store.problem if self._control_store is not None else None
+            await health.set(
+                STORE_HEALTH_SERVICE,
+                health_pb2.HealthCheckResponse.NOT_SERVING
+                if problem
+                else health_pb2.HealthCheckResponse.SERVING,
+            )
         except BaseException:
             await self._release()
             raise
@@ -376,6 +496,9 @@ class EvaldServer:
 
     async def _release(self) -> None:
         loop = asyncio.get_running_loop()
+        control_store, self._control_store = self._control_store, None
+        if control_store is not None:  # its follower submits to the control thread: first
+            await loop.run_in_executor(None, control_store.close)
         if self._data is not None:  # start() failed after the data path started
             await loop.run_in_executor(None, self._data.stop, 0.0)
             self._data = None

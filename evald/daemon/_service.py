@@ -52,6 +52,11 @@ _T = TypeVar("_T")
 class ControlPlane(Protocol):
     """What the gRPC service asks of the daemon beyond evaluations: its modules."""
 
+    @property
+    def revision(self) -> int:
+        """The revision of tenants and modules the daemon serves now (grows with each change)."""
+        ...
+
     def evaluators(self, tenant: Tenant) -> list[Evaluator]:
         """The evaluators ``tenant`` may call: the standard ones it is allowed, and its own."""
         ...
@@ -237,8 +242,11 @@ class _Service(pb_grpc.EvaluatorServicer):
         self, request: pb.ListEvaluatorsRequest, context: Any
     ) -> pb.ListEvaluatorsResponse:
         async def body(tenant: Tenant) -> pb.ListEvaluatorsResponse:
+            revision = self._control.revision  # before the list: never newer than what it shows
             evaluators = self._control.evaluators(tenant)
-            return pb.ListEvaluatorsResponse(evaluators=[_evaluator_info(ev) for ev in evaluators])
+            return pb.ListEvaluatorsResponse(
+                evaluators=[_evaluator_info(ev) for ev in evaluators], revision=revision
+            )
 
         return await self._call("ListEvaluators", context, body)
 
@@ -247,10 +255,14 @@ class _Service(pb_grpc.EvaluatorServicer):
     ) -> pb.RegisterEvaluatorResponse:
         async def body(tenant: Tenant) -> pb.RegisterEvaluatorResponse:
             if not tenant.config.allow_register:
+                where = (
+                    "`evald tenants limits --may-register` in the fleet store"
+                    if tenant.config.source == "store"
+                    else "set allow_register = true for it in the daemon config"
+                )
                 raise EvaldError(
                     ErrorCode.PERMISSION_DENIED,
-                    f"tenant {tenant.name!r} may not register evaluators "
-                    "(set allow_register = true for it in the daemon config)",
+                    f"tenant {tenant.name!r} may not register evaluators ({where})",
                 )
             wasm = bytes(request.module)
             evaluator = await self._control.register(tenant, wasm, request.replace)
@@ -266,7 +278,9 @@ class _Service(pb_grpc.EvaluatorServicer):
                     }
                 },
             )
-            return pb.RegisterEvaluatorResponse(evaluator=_evaluator_info(evaluator))
+            return pb.RegisterEvaluatorResponse(
+                evaluator=_evaluator_info(evaluator), revision=self._control.revision
+            )
 
         return await self._call("RegisterEvaluator", context, body)
 
@@ -279,7 +293,7 @@ class _Service(pb_grpc.EvaluatorServicer):
                 "deleted evaluator",
                 extra={"fields": {"tenant": tenant.name, "evaluator": evaluator.name}},
             )
-            return pb.DeleteEvaluatorResponse()
+            return pb.DeleteEvaluatorResponse(revision=self._control.revision)
 
         return await self._call("DeleteEvaluator", context, body)
 

@@ -43,8 +43,28 @@ class SharedPool:
         self._what = what
         self._lock = threading.Lock()
         self._held = dict.fromkeys(names, 0)
-        # Slots held or guaranteed: the sum over tenants of max(held, share).
+        self._active = set(names)
+        # Slots held or guaranteed: the sum over tenants of max(held, share), plus what tenants
+        # no longer sharing the pool still hold.
         self._committed = self.share * len(names)
+
+    def set_tenants(self, tenants: Iterable[str]) -> None:
+        """The tenants sharing the pool changed (a live reload, the fleet store): from now on
+        each is guaranteed ``capacity // len(tenants)``; a tenant that left keeps what it holds,
+        without a guarantee, until it gives it back."""
+        names = list(tenants)
+        with self._lock:
+            self._active = set(names)
+            for name in names:
+                self._held.setdefault(name, 0)
+            for name in [n for n, held in self._held.items() if n not in self._active]:
+                if self._held[name] <= 0:
+                    del self._held[name]
+            self.share = max(1, self.capacity // max(1, len(names)))
+            self._committed = sum(
+                max(held, self.share) if name in self._active else held
+                for name, held in self._held.items()
+            )
 
     def take(self, tenant: str) -> None:
         """Takes one slot for ``tenant`` (any thread).
@@ -54,8 +74,8 @@ class SharedPool:
                 guaranteed share.
         """
         with self._lock:
-            held = self._held[tenant]
-            if held >= self.share:
+            held = self._held.get(tenant, 0)
+            if held >= self.share or tenant not in self._active:
                 if self._committed >= self.capacity:
                     raise EvaldError(
                         ErrorCode.QUOTA_EXCEEDED,
@@ -69,13 +89,13 @@ class SharedPool:
     def give(self, tenant: str) -> None:
         """Returns a slot :meth:`take` gave ``tenant`` (any thread)."""
         with self._lock:
-            held = self._held[tenant] - 1
+            held = self._held.get(tenant, 0) - 1
             self._held[tenant] = held
-            if held >= self.share:
+            if held >= self.share or tenant not in self._active:
                 self._committed -= 1
 
     def held(self, tenant: str) -> int:
-        return self._held[tenant]
+        return self._held.get(tenant, 0)
 
 
 class Slots:

@@ -127,6 +127,14 @@ class Core(Protocol):
         """Remembers an open stream until :meth:`untrack`, to wake it when the daemon stops."""
         ...
 
+    def watch(
+        self, tenant: Tenant, metadata: Any, end: Callable[[EvaldError], None]
+    ) -> Callable[[], None]:
+        """Remembers a long-lived call (a stream, a data-path connection) and the token in its
+        ``metadata``; when that token is revoked, ``end`` is called (from any thread) with the
+        ``unauthenticated`` error to end the call with. Returns the idempotent ``unwatch``."""
+        ...
+
     def untrack(self, stream: Stoppable) -> None: ...
 
 

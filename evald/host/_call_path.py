@@ -7,8 +7,9 @@ rarer — a new instance, a trap, an error payload, an output to check — leave
 function of its own. What the call does, in order:
 
 * checks the input against the limit and the guest's input buffer (the guest is not called);
-* takes the thread's instance for (pool key, module) (:mod:`evald.host._instance_pool`), or
-  in ``fresh`` mode a new one that shares nothing;
+* takes the thread's instance for (pool key, module) (:mod:`evald.host._instance_pool`); in
+  ``fresh`` mode that instance is one that was put back to a new instance's state after its
+  last call, or, for a module that cannot be put back, a new instance for this call alone;
 * copies the input into the guest's input buffer through the memory view (no foreign call);
 * gives the store the call's fuel (``Limits.fuel``; unmetered calls get more than any deadline
   allows) and an epoch deadline of ``deadline_ms`` worth of ticks, read right before the call;
@@ -17,22 +18,27 @@ function of its own. What the call does, in order:
 * reads the fuel used, takes a new memory view if the call grew the memory, and reads the
   value, or the error payload (:func:`~evald.host._guest_output.read_output`), from the
   output buffer;
-* in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); a trap or a
-  malformed output discards the instance instead, and a call that grew the memory charges the
-  growth to the pool key's budget (``Limits.instance_cache_bytes``).
+* in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); in fresh mode
+  puts the whole instance back (``Instance.reset``: every page the call wrote, by the kernel's
+  account, back to the module's image; the globals when the next call enters), or drops it
+  when it cannot (its memory grew); a trap or a malformed output discards the instance in
+  either mode, and a reused call that grew the memory charges the growth to the pool key's
+  budget (``Limits.instance_cache_bytes``).
 
 Five foreign calls in all: fuel set and read, the epoch deadline, the guest call, the memory
-size.
+size; a fresh call adds the reset's scan (one ``ioctl``) and a ``memset`` per written region.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host._deadline import EpochDeadlines
+from evald.host._fastcall import memory_reset_unavailable
 from evald.host._guest_output import read_output
 from evald.host._instance import instantiate
 from evald.host._instance_pool import InstancePool, ThreadInstances
@@ -41,6 +47,8 @@ from evald.host._loaded_module import LoadedModule
 from evald.host._outcome import Failure, call_trap_failure, first_line
 
 __all__ = ["CallPath"]
+
+_log = logging.getLogger("evald.host")
 
 #: Fuel given to a call when ``Limits.fuel == 0`` (not metered): more than any deadline allows.
 _UNMETERED_FUEL: Final = 2**63 - 1
@@ -58,6 +66,7 @@ class CallPath:
         "_pool",
         "_pool_memory_bytes",
         "_pooling",
+        "_resets",
     )
 
     def __init__(
@@ -69,6 +78,14 @@ class CallPath:
     ) -> None:
         self._engine = engine
         self._fresh = config.isolation == "fresh"
+        #: Fresh instances are kept and reset after each call where the kernel can tell what a
+        #: call wrote (:class:`~evald.host._fastcall.MemoryReset`); else one per call.
+        self._resets = self._fresh and not memory_reset_unavailable()
+        if self._fresh and not self._resets:
+            _log.warning(
+                "fresh isolation makes a new instance for every call here (slower): %s",
+                memory_reset_unavailable(),
+            )
         #: With the pooling allocator, its slot size bounds every memory cap.
         self._pooling = config.pooling
         self._pool_memory_bytes = config.pool_memory_bytes
@@ -102,7 +119,8 @@ class CallPath:
             memory_cap = self._pool_memory_bytes  # as WasmHost.memory_cap, inline
         fresh = self._fresh
         fuel = limits.fuel or _UNMETERED_FUEL
-        if fresh:
+        if fresh and (module._fresh_export is None or not self._resets):
+            # nothing to reset this module's instances with: a new one for this call only
             instance = instantiate(
                 self._engine, module, memory_cap, fuel, self._deadlines.ticks(limits.deadline_ms)
             )
@@ -161,6 +179,7 @@ class CallPath:
             instance.refresh_view()  # the guest grew its memory: the old view may be stale
             if not fresh:
                 self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
+            # (fresh: a grown memory cannot be reset; the instance goes after the read below)
         value: str | None = None
         if 0 <= result <= instance.out_cap and result <= limits.output_bytes:
             # The common case, inline: a value inside the output buffer, which lies inside the
@@ -178,7 +197,11 @@ class CallPath:
                     self._pool.discard(instance, pool_key)
                 elif not fresh:
                     instance.clear_buffers(size, result)
+                elif not instance.reset():
+                    self._pool.discard(instance, pool_key)
                 raise
         if not fresh:
             instance.clear_buffers(size, result)
+        elif not instance.reset():
+            self._pool.discard(instance, pool_key)  # not put back (or made for this call only)
         return value, used

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -118,7 +119,11 @@ def peek_manifest_section(wasm: bytes) -> bytes | None:
 def _engine(config: HostConfig) -> wasmtime.Engine:
     from evald.host._engine import make_engine_config
 
-    engine_config = make_engine_config(config, pooling=config.pooling)
+    # The pool's size does not change the compiled code (a daemon's engine of any pool size
+    # deserializes it); one slot keeps the worker's own pool out of its RLIMIT_DATA.
+    engine_config = make_engine_config(
+        dataclasses.replace(config, pool_instances=1), pooling=config.pooling
+    )
     # One function at a time: the memory a compilation needs is then that of its costliest
     # function (docs/design.md §5), not of as many functions as the machine has cores. The
     # code is the same; the daemon's engine deserializes it.
@@ -285,6 +290,13 @@ class Compiler:
                 with contextlib.suppress(OSError, ValueError):
                     process.kill()
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def warm(self) -> None:
+        """Starts the worker now rather than at the first compilation: a fleet daemon compiles
+        the modules other daemons registered, and the first should not wait for a process to
+        start (about a second)."""
+        with contextlib.suppress(EvaldError):
+            self._executor().submit(os.getpid)
 
     def compile(self, config: HostConfig, wasm: bytes, memory_cap: int) -> CompiledModule:
         """Validates and compiles ``wasm`` in the worker.

@@ -33,6 +33,7 @@ from typing import Any
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from evald.host._instance import MAX_TABLE_ELEMENTS, MAX_TABLES
 from evald.host._instrument import INSTRUMENTATION_VERSION
 from evald.host._limits import HostConfig
 
@@ -80,6 +81,7 @@ def _settings(config: HostConfig, pooling: bool) -> dict[str, object]:
         "signals_based_traps": config.signals_based_traps,
         "pool_instances": config.pool_instances if pooling else None,
         "pool_memory_bytes": config.pool_memory_bytes if pooling else None,
+        "pool_tables": [MAX_TABLES, MAX_TABLE_ELEMENTS] if pooling else None,
     }
 
 
@@ -98,7 +100,12 @@ def make_engine_config(config: HostConfig, *, pooling: bool) -> wasmtime.Config:
             slots = config.pool_instances
             ffi.wasmtime_pooling_allocation_config_total_core_instances_set(pool, slots)
             ffi.wasmtime_pooling_allocation_config_total_memories_set(pool, slots)
+            # the store caps (evald.host._instance) hold in the pool too: up to MAX_TABLES
+            # tables of MAX_TABLE_ELEMENTS per instance, one table per slot on average (the
+            # table pool is mapped up front: slots x 512 KiB of address space)
             ffi.wasmtime_pooling_allocation_config_total_tables_set(pool, slots)
+            ffi.wasmtime_pooling_allocation_config_max_tables_per_module_set(pool, MAX_TABLES)
+            ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, MAX_TABLE_ELEMENTS)
             ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, 0)
             ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, 0)
             ffi.wasmtime_pooling_allocation_config_total_gc_heaps_set(pool, 0)

@@ -13,7 +13,7 @@ exceptions.
 ``_module_loader.py``      validate → compile or cache → trial instantiation
 ``_loaded_module.py``      what loading leaves for every call (``LoadedModule``)
 ``_instance.py``           one live store and instance, its buffers, the table caps
-``_instance_pool.py``      reuse mode's per-thread instances
+``_instance_pool.py``      the per-thread kept instances (both modes)
 ``_call_path.py``          one call: fuel, deadline, input and output buffers, the result
 ``_deadline.py``           deadlines in epoch ticks, and the ticker thread
 ``_guest_output.py``       the guest's value or error payload, checked
@@ -39,13 +39,16 @@ How each limit is enforced (docs/design.md §5):
   (:mod:`evald.host._instance` says why neither fuel nor the memory cap bounds them).
 * input / output size: checked by the host before and after the call.
 
-Instances: in ``reuse`` mode each thread keeps one instance per (pool key, module) — the daemon
-passes the tenant as pool key, so tenants never share an instance; what one key's instances
-hold, all threads together, stays within ``Limits.instance_cache_bytes`` — and after every call
-zeroes what crossed the boundary (the input written, the output returned; what the guest keeps
-elsewhere in its memory persists, as any guest state does); in ``fresh`` mode each call gets a
-new store and instance (wasmtime's pooling allocator by default) and shares nothing. An instance
-is discarded after any trap (the guest's shadow stack pointer is not unwound) and after any
+Instances: each thread keeps one instance per (pool key, module) — the daemon passes the tenant
+as pool key, so tenants never share an instance; what one key's instances hold, all threads
+together, stays within ``Limits.instance_cache_bytes``. In ``fresh`` mode (the default) every
+call starts from a new instance's state: the kept instance is put back after the call (every
+page the call wrote, by the kernel's account, and every global; :class:`Instance.reset
+<evald.host._instance.Instance>`), and a module that cannot be put back gets a new instance per
+call (pre-linked, on the pooling allocator by default). In ``reuse`` mode the instance stays as
+the call left it, with what crossed the boundary zeroed (the input written, the output
+returned; what the guest keeps elsewhere in its memory or its globals persists). An instance is
+discarded after any trap (the guest's shadow stack pointer is not unwound) and after any
 malformed output.
 """
 
@@ -90,7 +93,12 @@ class WasmHost:
             # a host dropped without close() must not leave its ticker thread running
             weakref.finalize(self, self._ticker.stop)
         self._loader = ModuleLoader(self._engine, config, self._deadlines)
-        self._pool = InstancePool(self._engine, self._deadlines, config.instances_per_thread)
+        self._pool = InstancePool(
+            self._engine,
+            self._deadlines,
+            config.instances_per_thread,
+            fresh=config.isolation == "fresh",
+        )
         self._call = CallPath(self._engine, config, self._deadlines, self._pool)
         self._closed = False
 

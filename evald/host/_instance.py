@@ -14,10 +14,16 @@ cap a guest could commit gigabytes and run for seconds past its deadline in one 
 
 The call path copies through a byte view of the guest memory (no foreign call per copy); the
 view is taken again only when the memory size changed (:meth:`Instance.refresh_view`).
+
+A *fresh* instance (``isolation = "fresh"``, a resettable module: :mod:`evald.host._instrument`)
+is called through the fresh wrapper, which puts the globals back before the guest runs, and
+carries a :class:`~evald.host._fastcall.MemoryReset` that puts its memory back after each
+call (:meth:`Instance.reset`): the next call starts from a new instance's state.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 import wasmtime
@@ -31,10 +37,13 @@ __all__ = [
     "MAX_TABLES",
     "MAX_TABLE_ELEMENTS",
     "Instance",
+    "PoolExhausted",
     "bind_function",
     "instantiate",
     "start_instance",
 ]
+
+_log = logging.getLogger("evald.host")
 
 #: Table caps per store (see the module docstring); an evaluator needs one small function table.
 MAX_TABLES: Final = 4
@@ -71,6 +80,7 @@ class Instance:
         "module",
         "out_cap",
         "out_ptr",
+        "resetter",
         "store",
         "view",
         "view_size",
@@ -89,6 +99,8 @@ class Instance:
         self.view_size = 0
         #: The memory the instance pool charged for it (its size when last counted).
         self.held_bytes = 0
+        #: Puts the memory back after a call (fresh instances of resettable modules only).
+        self.resetter: fast.MemoryReset | None = None
 
     def refresh_view(self) -> None:
         """Takes a new view of the memory (after instantiation, or a call that grew it)."""
@@ -146,6 +158,21 @@ class Instance:
                 zeros[:output_size] if output_size <= len(zeros) else _zero_source(output_size)
             )
 
+    def reset(self) -> bool:
+        """Puts a fresh instance back to a new instance's state after a call: its memory by
+        :class:`~evald.host._fastcall.MemoryReset` (its globals are put back by the fresh
+        wrapper when the next call enters). Returns False when it cannot be (not a fresh
+        instance, its memory grew, or the scan failed): the caller must then drop it."""
+        resetter = self.resetter
+        if resetter is None or self.view_size != resetter.size:
+            return False
+        try:
+            resetter.reset()
+        except OSError:
+            _log.exception("cannot reset an instance of %s; dropping it", self.module)
+            return False
+        return True
+
 
 def bind_function(
     store: wasmtime.Store, wasm_instance: wasmtime.Instance, name: str, params: int
@@ -159,9 +186,16 @@ def bind_function(
 
 
 def start_instance(
-    engine: wasmtime.Engine, module: LoadedModule, memory_cap: int, fuel: int, ticks: int
+    engine: wasmtime.Engine,
+    module: LoadedModule,
+    memory_cap: int,
+    fuel: int,
+    ticks: int,
+    *,
+    fresh: bool = False,
 ) -> tuple[Instance, wasmtime.Instance]:
-    """A new store and instance of ``module``, its buffers not yet placed.
+    """A new store and instance of ``module``, its buffers not yet placed; with ``fresh`` (and
+    a resettable module) bound to the fresh wrapper.
 
     Returns:
         The instance (memory, ``evald_eval`` and the grow flag bound) and the wasmtime
@@ -185,19 +219,27 @@ def start_instance(
     context.set_fuel(fuel)
     context.set_epoch_deadline(ticks)
     try:
-        wasm_instance = fast.instantiate(store, module._module)
+        wasm_instance = fast.instantiate(store, module._pre)
     except wasmtime.Trap as trap:
         raise start_trap_failure(trap, evaluator=module.manifest.name, fuel=fuel) from None
     except wasmtime.WasmtimeError as exc:
+        message = first_line(exc)
+        if "concurrent" in message and "limit" in message:
+            raise PoolExhausted(
+                ErrorCode.UNAVAILABLE,
+                f"no instance slot is free for evaluator {module.manifest.name}: every slot of "
+                f"the pooling allocator is in use (host pool_instances; {message})",
+            ) from None
         raise Failure(
             ErrorCode.INTERNAL,
-            f"cannot instantiate evaluator {module.manifest.name}: {first_line(exc)}",
+            f"cannot instantiate evaluator {module.manifest.name}: {message}",
         ) from None
     memory = fast.export(store, wasm_instance, "memory")
     if not isinstance(memory, wasmtime.Memory):
         raise Failure(ErrorCode.INTERNAL, "export memory vanished")
     instance.memory = fast.RawMemory(store, memory)
-    instance.eval = bind_function(store, wasm_instance, module._eval_export, 1)
+    export = module._fresh_export if fresh and module._fresh_export else module._eval_export
+    instance.eval = bind_function(store, wasm_instance, export, 1)
     if module._flag_export is not None:
         flag = fast.export(store, wasm_instance, module._flag_export)
         instance.flag = flag if isinstance(flag, wasmtime.Global) else None
@@ -205,18 +247,34 @@ def start_instance(
 
 
 def instantiate(
-    engine: wasmtime.Engine, module: LoadedModule, memory_cap: int, fuel: int, ticks: int
+    engine: wasmtime.Engine,
+    module: LoadedModule,
+    memory_cap: int,
+    fuel: int,
+    ticks: int,
+    *,
+    fresh: bool = False,
 ) -> Instance:
     """A ready instance of a loaded module, its buffers where the trial found them.
 
     A guest without imports is deterministic, so every instance has the buffers the trial saw;
-    their bounds are still checked per instance (:meth:`Instance.place_buffers`).
+    their bounds are still checked per instance (:meth:`Instance.place_buffers`). With
+    ``fresh``, an instance of a resettable module gets its reset (:meth:`Instance.reset`)
+    where the kernel allows it (:func:`~evald.host._fastcall.memory_reset_unavailable`).
 
     Raises:
         Failure: as :func:`start_instance` and :meth:`Instance.place_buffers`.
     """
-    instance, _ = start_instance(engine, module, memory_cap, fuel, ticks)
+    instance, _ = start_instance(engine, module, memory_cap, fuel, ticks, fresh=fresh)
     instance.place_buffers(
         module._input_ptr, module.input_cap, module._output_ptr, module.output_cap
     )
+    if fresh and module._fresh_export and not fast.memory_reset_unavailable():
+        if instance.view_size == module._pristine_bytes:
+            instance.resetter = fast.MemoryReset(instance.memory, module._pristine_pages)
     return instance
+
+
+class PoolExhausted(Failure):
+    """Instantiation found no free slot in the pooling allocator (``HostConfig.pool_instances``):
+    kept instances can be dropped to make room."""

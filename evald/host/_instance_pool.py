@@ -1,8 +1,13 @@
-"""Reuse mode's instances: one per (pool key, module) in each thread, least recently used first
-out, and a memory budget per pool key over every thread.
+"""The kept instances: one per (pool key, module) in each thread, least recently used first out,
+and a memory budget per pool key over every thread.
 
-Instantiating costs tens of microseconds and a reused call a few, so in ``reuse`` mode each
-worker thread keeps its instances in a thread-local ordered dict. The daemon passes the tenant
+Instantiating costs tens of microseconds and a reused call a few, so each worker thread keeps
+its instances in a thread-local ordered dict: as the last call left them (``reuse``), or put
+back to a new instance's state after each call (``fresh``, :meth:`Instance.reset
+<evald.host._instance.Instance.reset>`; the call path drops one it cannot put back). With the
+pooling allocator each kept instance holds a slot; when none is free, the calling thread's
+least recently used instances are dropped to make room (:class:`PoolExhausted
+<evald.host._instance.PoolExhausted>` when it has none). The daemon passes the tenant
 as pool key, so tenants never share an instance; a store is single-threaded, so threads never
 do either. A trap or a malformed output discards the instance (the guest's shadow stack pointer
 is not unwound). An instance made under another memory cap is adjusted in place when its memory
@@ -38,7 +43,7 @@ from collections import OrderedDict
 import wasmtime
 
 from evald.host._deadline import EpochDeadlines
-from evald.host._instance import Instance, instantiate
+from evald.host._instance import Instance, PoolExhausted, instantiate
 from evald.host._loaded_module import LoadedModule
 
 __all__ = ["InstancePool", "ThreadInstances"]
@@ -61,10 +66,28 @@ class InstancePool:
     calling thread's instances; :meth:`forget` and :meth:`clear` on every thread's.
     """
 
-    __slots__ = ("_deadlines", "_engine", "_held", "_lock", "_per_thread", "_threads", "local")
+    __slots__ = (
+        "_deadlines",
+        "_engine",
+        "_fresh",
+        "_held",
+        "_lock",
+        "_per_thread",
+        "_threads",
+        "local",
+    )
 
-    def __init__(self, engine: wasmtime.Engine, deadlines: EpochDeadlines, per_thread: int) -> None:
+    def __init__(
+        self,
+        engine: wasmtime.Engine,
+        deadlines: EpochDeadlines,
+        per_thread: int,
+        *,
+        fresh: bool = False,
+    ) -> None:
         self._engine = engine
+        #: Instances made for ``isolation = "fresh"`` (reset after each call, not reused as is).
+        self._fresh = fresh
         self._deadlines = deadlines
         self._per_thread = per_thread
         #: ``local.instances`` is the calling thread's :data:`ThreadInstances` once it has any.
@@ -119,9 +142,7 @@ class InstancePool:
                 instance.memory_cap = memory_cap
                 self._touch(instances, key)
                 return instance
-        instance = instantiate(
-            self._engine, module, memory_cap, fuel, self._deadlines.ticks(deadline_ms)
-        )
+        instance = self._instantiate(instances, key, module, memory_cap, fuel, deadline_ms)
         with self._lock:
             old = instances.get(key)
             if old is not None:
@@ -134,6 +155,34 @@ class InstancePool:
                 self._remove(instances, oldest, instances[oldest])
             self._within_budget(instances, key, instance, budget_bytes)
         return instance
+
+    def _instantiate(
+        self,
+        instances: ThreadInstances,
+        key: tuple[str, str],
+        module: LoadedModule,
+        memory_cap: int,
+        fuel: int,
+        deadline_ms: int,
+    ) -> Instance:
+        """A new instance; when the pooling allocator has no free slot, this thread's least
+        recently used instances (``key``'s last) are dropped until one is free."""
+        while True:
+            try:
+                return instantiate(
+                    self._engine,
+                    module,
+                    memory_cap,
+                    fuel,
+                    self._deadlines.ticks(deadline_ms),
+                    fresh=self._fresh,
+                )
+            except PoolExhausted:
+                with self._lock:
+                    victims = [k for k in instances if k != key] or [k for k in instances]
+                    if not victims:
+                        raise
+                    self._remove(instances, victims[0], instances[victims[0]])
 
     def resized(self, instance: Instance, pool_key: str, budget_bytes: int) -> None:
         """Charges ``instance``'s memory as it is now (after a call grew it), if it is kept."""

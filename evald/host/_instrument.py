@@ -1,4 +1,4 @@
-"""Makes a refused ``memory.grow`` visible to the host.
+"""Makes a refused ``memory.grow`` visible to the host, and a module's globals resettable.
 
 wasmtime enforces the memory cap (``Store.set_limits``) by making ``memory.grow`` return -1,
 and the C API offers no callback to observe that. A guest that then traps (a Zig allocator
@@ -8,7 +8,22 @@ to a small added function that performs the grow and sets an added global when i
 and adds a wrapper around ``evald_eval`` that clears the global first:
 
 * ``__evald_eval(len) -> i32``: clears the flag, calls ``evald_eval``;
-* ``__evald_grow_refused``: an exported mutable ``i32`` global, 1 after a refused grow.
+* ``__evald_grow_refused``: an exported mutable ``i32`` global, 1 after a refused grow;
+* ``__evald_eval_fresh(len) -> i32``, only in a module whose whole state is its linear memory
+  and its globals (:func:`reset_blocker` finds none of the rest): sets every mutable global
+  back to its initial value (its own constant expression, copied), then does what
+  ``__evald_eval`` does. With the linear memory put back to its image by the host
+  (:class:`evald.host._fastcall.MemoryReset`), a call through it starts from exactly the state
+  a new instance would have: ``isolation = "fresh"`` then keeps the instance (docs/design.md
+  §5, "Fresh instances").
+
+What else an instance could carry from one call to the next, and why the fresh wrapper is
+withheld then: a start function (globals would start from what it computed, not from their
+initial values); ``table.set``, ``table.grow``, ``table.fill``, ``table.copy``, ``table.init``
+(a changed table); ``data.drop`` and ``elem.drop`` (a dropped segment stays dropped). Memory
+size is checked by the host after each call (a memory that grew cannot shrink: the instance is
+dropped). Nothing else is mutable in the features the engine enables (no GC, exceptions,
+threads or multiple memories).
 
 Only the added exports are new; function, global and type indices of the original module are
 unchanged (the additions go at the end of each index space), so name sections, element
@@ -26,18 +41,90 @@ from evald.host._wasm_code import MEMORY_GROW, read_instruction
 
 __all__ = [
     "EVAL_WRAPPER_EXPORT",
+    "FRESH_WRAPPER_EXPORT",
     "GROW_FLAG_EXPORT",
     "INSTRUMENTATION_VERSION",
     "RESERVED_EXPORT_PREFIX",
     "instrument_memory_grow",
+    "reset_blocker",
 ]
 
-INSTRUMENTATION_VERSION = 1
+INSTRUMENTATION_VERSION = 2
 RESERVED_EXPORT_PREFIX = "__evald_"
 EVAL_WRAPPER_EXPORT = "__evald_eval"
+FRESH_WRAPPER_EXPORT = "__evald_eval_fresh"
 GROW_FLAG_EXPORT = "__evald_grow_refused"
 
 _I32 = 0x7F
+_END = 0x0B
+_GLOBAL_SET = 0x24
+#: Instructions that change a table: table.set (0x26) and these 0xFC sub-opcodes.
+_TABLE_SET = 0x26
+#: 0xFC sub-opcodes that leave state behind: data.drop, table.init, elem.drop, table.copy,
+#: table.grow, table.fill (memory.init reads a segment; without data.drop it stays intact).
+_STATEFUL_FC = {
+    9: "data.drop",
+    12: "table.init",
+    13: "elem.drop",
+    14: "table.copy",
+    15: "table.grow",
+    17: "table.fill",
+}
+
+
+def _mutable_globals(wasm: bytes, info: ModuleInfo) -> list[tuple[int, bytes]]:
+    """(index, initial-value expression without its ``end``) of each mutable global."""
+    section = info.section(6)
+    if section is None:
+        return []
+    reader = Reader(wasm, section.content_start, section.end)
+    found = []
+    for index in range(reader.uleb()):
+        code = reader.byte()
+        if code in (0x64, 0x63):  # (ref ht) / (ref null ht)
+            reader.sleb(33)
+        mutable = reader.byte() == 1
+        start = reader.pos
+        while True:
+            at = reader.pos
+            if read_instruction(reader) == _END:
+                break
+        if mutable:
+            found.append((index, wasm[start:at]))
+    return found
+
+
+def reset_blocker(wasm: bytes, info: ModuleInfo) -> str:
+    """Why an instance of ``wasm`` cannot be put back to its initial state by resetting its
+    globals and memory (see the module docstring), or ``""`` when it can.
+
+    Raises:
+        WasmFormatError: a body this reader cannot decode.
+    """
+    if info.start_function is not None:
+        return "it has a start function"
+    section = info.section(10)
+    if section is None:
+        return ""
+    reader = Reader(wasm, section.content_start, section.end)
+    for _ in range(reader.uleb()):
+        size = reader.uleb()
+        body_end = reader.pos + size
+        body = Reader(wasm, reader.pos, body_end)
+        for _ in range(body.uleb()):
+            body.uleb()
+            body.byte()
+        while not body.at_end():
+            at = body.pos
+            op = read_instruction(body)
+            if op == _TABLE_SET:
+                return "it uses table.set"
+            if op == 0xFC:
+                sub = Reader(wasm, at + 1, body_end).uleb()
+                if sub in _STATEFUL_FC:
+                    return f"it uses {_STATEFUL_FC[sub]}"
+        reader.pos = body_end
+    return ""
 
 
 def _rewrite_body(code: bytes, start: int, end: int, hook: bytes) -> tuple[bytes, int]:
@@ -76,11 +163,18 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
 
     ``info`` must come from :func:`evald.host._wasm_binary.parse_module` of ``wasm``, and the module
     must have passed the ABI checks (no imports, so defined indices start at 0).
-    ``eval_function`` is the function index exported as ``evald_eval``.
+    ``eval_function`` is the function index exported as ``evald_eval``. The fresh wrapper is
+    added only when :func:`reset_blocker` finds nothing.
     """
+    try:
+        resettable = not reset_blocker(wasm, info)
+        mutable = _mutable_globals(wasm, info) if resettable else []
+    except WasmFormatError:
+        return None
     type_index = len(info.types)
     hook_index = len(info.function_types)
     wrapper_index = hook_index + 1
+    fresh_index = hook_index + 2
     flag_index = info.global_count
     hook_call = b"\x10" + encode_uleb128(hook_index)
     flag = encode_uleb128(flag_index)
@@ -99,17 +193,34 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
         + encode_uleb128(eval_function)
         + b"\x0b"
     )
+    # the fresh wrapper: every mutable global to its initial value, then the plain wrapper
+    fresh_body = (
+        b"\x00"
+        + b"".join(expr + bytes([_GLOBAL_SET]) + encode_uleb128(i) for i, expr in mutable)
+        + b"\x20\x00\x10"
+        + encode_uleb128(wrapper_index)
+        + b"\x0b"
+    )
+    functions = [encode_uleb128(type_index)] * (3 if resettable else 2)
+    exports = [
+        encode_uleb128(len(EVAL_WRAPPER_EXPORT))
+        + EVAL_WRAPPER_EXPORT.encode()
+        + b"\x00"
+        + encode_uleb128(wrapper_index),
+        encode_uleb128(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03" + flag,
+    ]
+    if resettable:
+        exports.append(
+            encode_uleb128(len(FRESH_WRAPPER_EXPORT))
+            + FRESH_WRAPPER_EXPORT.encode()
+            + b"\x00"
+            + encode_uleb128(fresh_index)
+        )
     additions = {
         1: [bytes([0x60, 1, _I32, 1, _I32])],
-        3: [encode_uleb128(type_index), encode_uleb128(type_index)],
+        3: functions,
         6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
-        7: [
-            encode_uleb128(len(EVAL_WRAPPER_EXPORT))
-            + EVAL_WRAPPER_EXPORT.encode()
-            + b"\x00"
-            + encode_uleb128(wrapper_index),
-            encode_uleb128(len(GROW_FLAG_EXPORT)) + GROW_FLAG_EXPORT.encode() + b"\x03" + flag,
-        ],
+        7: exports,
     }
 
     out = bytearray(wasm[:8])
@@ -148,6 +259,8 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
                     encode_uleb128(len(hook_body)) + hook_body,
                     encode_uleb128(len(wrapper_body)) + wrapper_body,
                 ]
+                if resettable:
+                    bodies.append(encode_uleb128(len(fresh_body)) + fresh_body)
                 out += _section(10, _vector(bodies))
             else:
                 out += wasm[section.start : section.end]

@@ -63,8 +63,13 @@ class HostConfig:
         epoch_tick_ms: period of the epoch ticker thread; deadlines are counted in these ticks.
             0 disables the thread (tests advance the epoch by hand with
             :meth:`evald.host.WasmHost.advance_epoch`; a tick then counts as 1 ms).
-        isolation: ``reuse`` keeps one instance per (thread, pool key, module) and zeroes its
-            buffers after each call; ``fresh`` instantiates per call.
+        isolation: ``fresh`` (the default) starts every call from a new instance's state: the
+            instance kept per (thread, pool key, module) is put back after each call (every
+            page the call wrote, and every global), or, for a module that cannot be put back,
+            a new instance is made for the call. ``reuse`` keeps the instance as the last call
+            left it and zeroes only its buffers: a little faster, but what one call leaves in
+            the guest's heap or globals the next call of the same pool key sees
+            (docs/daemon.md, "Isolation").
         cache_dir: where compiled modules (``.cwasm``) are kept; None disables the disk cache.
             The directory must be private to the daemon (a cached file is native code).
         load_fuel, load_deadline_ms: the budget of the trial instantiation at load.
@@ -73,8 +78,9 @@ class HostConfig:
         pool_instances: pooling allocator slots (instances alive at once, all threads).
         pool_memory_bytes: per-slot memory reservation of the pooling allocator; also an upper
             bound on any tenant's memory cap in pooling mode.
-        instances_per_thread: reuse mode keeps at most this many instances per thread (least
-            recently used are dropped); ``Limits.instance_cache_bytes`` bounds their memory.
+        instances_per_thread: at most this many instances are kept per thread, in either mode
+            (least recently used are dropped); ``Limits.instance_cache_bytes`` bounds their
+            memory.
         signals_based_traps: let wasmtime catch out-of-bounds accesses with guard pages and a
             SIGSEGV handler instead of explicit bounds checks. Off by default: a library that
             installs its own SIGSEGV handler later in the process (``tvm_ffi``, imported by
@@ -84,7 +90,7 @@ class HostConfig:
     max_wasm_stack_bytes: int = 256 * 2**10
     module_bytes: int = 4 * 2**20
     epoch_tick_ms: float = 1.0
-    isolation: Literal["reuse", "fresh"] = "reuse"
+    isolation: Literal["reuse", "fresh"] = "fresh"
     cache_dir: Path | None = None
     load_fuel: int = 50_000_000
     load_deadline_ms: int = 2000

@@ -11,7 +11,7 @@ from __future__ import annotations
 import wasmtime
 
 from evald.contract import EVAL_EXPORT, Manifest
-from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT
+from evald.host._instrument import EVAL_WRAPPER_EXPORT, FRESH_WRAPPER_EXPORT, GROW_FLAG_EXPORT
 
 __all__ = ["LoadedModule"]
 
@@ -26,6 +26,9 @@ class LoadedModule:
         input_cap, output_cap: the guest's buffer capacities, read at trial instantiation.
         from_cache: the compiled code came from the disk cache.
         grow_observed: the host can tell a refused ``memory.grow`` (the module was rewritten).
+        resettable: a kept instance can be put back to a new instance's state after each call
+            (the rewrite added the fresh wrapper; :mod:`evald.host._instrument`), so
+            ``isolation = "fresh"`` keeps it instead of instantiating per call.
 
     The underscored attributes belong to the host's own modules (loading writes the buffer
     addresses once, at the trial; instantiation reads them).
@@ -34,15 +37,20 @@ class LoadedModule:
     __slots__ = (
         "_eval_export",
         "_flag_export",
+        "_fresh_export",
         "_input_ptr",
         "_minimum_memory_bytes",
         "_module",
         "_output_ptr",
+        "_pre",
+        "_pristine_bytes",
+        "_pristine_pages",
         "from_cache",
         "grow_observed",
         "input_cap",
         "manifest",
         "output_cap",
+        "resettable",
         "sha256",
         "size_bytes",
     )
@@ -54,7 +62,9 @@ class LoadedModule:
         sha256: str,
         size_bytes: int,
         module: wasmtime.Module,
+        pre: wasmtime.InstancePre,
         grow_observed: bool,
+        resettable: bool = False,
         minimum_memory_bytes: int,
         input_cap: int,
         output_cap: int,
@@ -70,8 +80,17 @@ class LoadedModule:
         self._module = module
         self._eval_export = EVAL_WRAPPER_EXPORT if grow_observed else EVAL_EXPORT
         self._flag_export = GROW_FLAG_EXPORT if grow_observed else None
+        self.resettable = resettable
+        self._fresh_export = FRESH_WRAPPER_EXPORT if resettable else None
         self._minimum_memory_bytes = minimum_memory_bytes
         self._input_ptr = self._output_ptr = 0  # set by the trial instantiation
+        #: The memory a new instance has, from the trial: its size and its non-zero host pages
+        #: (offset, bytes); what a reset puts back (:class:`evald.host._fastcall.MemoryReset`).
+        self._pristine_bytes = 0
+        self._pristine_pages: tuple[tuple[int, bytes], ...] = ()
+        #: The module linked once (wasmtime ``InstancePre``): instantiation skips import
+        #: resolution and type checks.
+        self._pre = pre
 
     def __repr__(self) -> str:
         return (

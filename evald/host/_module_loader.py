@@ -14,7 +14,12 @@ Everything that can refuse a module happens here, once, and ends in ``EvaldError
    elsewhere (:mod:`evald.host._compiler`, registration's worker process) is adopted instead.
 3. **Trial-instantiate** under ``HostConfig.load_fuel`` and ``load_deadline_ms``: the start
    function must not compute, ``evald_abi_version`` must answer this daemon's version, and the
-   four buffer functions run here, once, so later instances never call them.
+   four buffer functions run here, once, so later instances never call them. Before any of
+   them runs, the trial instance's memory is read: its size and non-zero pages are what a new
+   instance has, and what a reset puts back (``isolation = "fresh"``, resettable modules).
+
+The compiled module is linked once (wasmtime's ``InstancePre``), so each instantiation skips
+import resolution.
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from evald.contract import (
     EvaldError,
     Manifest,
 )
+from evald.host import _fastcall as fast
 from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._compile_cost import check_compile_cost
 from evald.host._compiler import CompiledModule
 from evald.host._deadline import EpochDeadlines
 from evald.host._engine import engine_fingerprint
 from evald.host._instance import bind_function, start_instance
-from evald.host._instrument import GROW_FLAG_EXPORT, instrument_memory_grow
+from evald.host._instrument import FRESH_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
 from evald.host._loaded_module import LoadedModule
 from evald.host._module_cache import ModuleCache
@@ -65,6 +71,7 @@ class ModuleLoader:
         )
         #: Compiled code by module hash: (code, grow observed, came from the disk cache).
         self._compiled: dict[str, tuple[wasmtime.Module, bool, bool]] = {}
+        self._linker = wasmtime.Linker(engine)
         self._compile_lock = threading.Lock()
 
     def load(self, wasm: bytes, memory_cap: int) -> LoadedModule:
@@ -113,6 +120,7 @@ class ModuleLoader:
             len(wasm),
             compiled,
             grow_observed=grow_observed,
+            resettable=_resettable(compiled),
             minimum_memory_bytes=info.memories[0].minimum_pages * WASM_PAGE_BYTES,
             from_cache=from_cache,
             memory_cap=memory_cap,
@@ -139,6 +147,7 @@ class ModuleLoader:
             len(wasm),
             module,
             grow_observed=compiled.grow_observed,
+            resettable=_resettable(module),
             minimum_memory_bytes=compiled.minimum_memory_bytes,
             from_cache=False,
             memory_cap=memory_cap,
@@ -166,16 +175,25 @@ class ModuleLoader:
         compiled: wasmtime.Module,
         *,
         grow_observed: bool,
+        resettable: bool,
         minimum_memory_bytes: int,
         from_cache: bool,
         memory_cap: int,
     ) -> LoadedModule:
+        try:
+            pre = self._linker.instantiate_pre(compiled)
+        except wasmtime.WasmtimeError as exc:
+            raise EvaldError(
+                ErrorCode.INVALID_MODULE, f"the module does not link: {first_line(exc)}"
+            ) from exc
         loaded = LoadedModule(
             manifest=manifest,
             sha256=sha256,
             size_bytes=size_bytes,
             module=compiled,
+            pre=pre,
             grow_observed=grow_observed,
+            resettable=resettable,
             minimum_memory_bytes=minimum_memory_bytes,
             input_cap=0,
             output_cap=0,
@@ -208,6 +226,10 @@ class ModuleLoader:
             self._config.load_fuel,
             self._deadlines.ticks(self._config.load_deadline_ms),
         )
+        # what a new instance's memory holds, read before any guest function runs
+        module._pristine_bytes = instance.memory.size()
+        if module.resettable:
+            module._pristine_pages = fast.pristine_pages(instance.memory)
         store = instance.store
         try:
             version = bind_function(store, wasm_instance, VERSION_EXPORT, 0).call0()
@@ -227,3 +249,8 @@ class ModuleLoader:
             ) from None
         instance.place_buffers(in_ptr, in_cap, out_ptr, out_cap)
         return in_ptr, in_cap, out_ptr, out_cap
+
+
+def _resettable(compiled: wasmtime.Module) -> bool:
+    """Whether the rewrite gave ``compiled`` the fresh wrapper (:mod:`evald.host._instrument`)."""
+    return any(export.name == FRESH_WRAPPER_EXPORT for export in compiled.exports)

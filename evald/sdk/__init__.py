@@ -1,12 +1,17 @@
 """Writing evaluators: ``evald new``, ``evald build`` and ``evald test`` as a library.
 
-It builds with the pinned Zig toolchain (:func:`build_evaluator`, also ``make wasm``'s build),
-checks a module with the daemon's own validator and limits, and runs an evaluator's cases in
-process, so a module that passes here registers (docs/writing-evaluators.md).
+It builds a guest in Zig or C (the pinned Zig toolchain), Rust (rustc for wasm32) or
+AssemblyScript (asc) — :func:`build_evaluator`, also ``make wasm``'s build — checks a module
+with the daemon's own validator and limits, and runs an evaluator's cases in process, so a
+module that passes here registers (docs/writing-evaluators.md). Rust and AssemblyScript guests
+use the ABI's guest libraries shipped here (:data:`GUEST_CRATE`, :data:`GUEST_PACKAGES`).
 """
 
 from __future__ import annotations
 
+from evald.sdk._assemblyscript import ASC_FLAGS, ASC_VERSION, GUEST_PACKAGES, find_asc
+from evald.sdk._compiler import BuildError
+from evald.sdk._rust import GUEST_CRATE, RUST_VERSION, find_rustc
 from evald.sdk._sdk import (
     LANGUAGES,
     TEMPLATE_DIR,
@@ -22,11 +27,17 @@ from evald.sdk._sdk import (
     load_cases,
     new_evaluator,
     run_cases,
+    template_files,
 )
-from evald.sdk._toolchain import BuildError, build_evaluator
+from evald.sdk._toolchain import build_evaluator, compile_folder, language_of
 
 __all__ = [
+    "ASC_FLAGS",
+    "ASC_VERSION",
+    "GUEST_CRATE",
+    "GUEST_PACKAGES",
     "LANGUAGES",
+    "RUST_VERSION",
     "TEMPLATE_DIR",
     "ZIG_VERSION",
     "BuildError",
@@ -37,9 +48,14 @@ __all__ = [
     "build_evaluator",
     "build_folder",
     "check_module",
+    "compile_folder",
     "daemon_settings",
+    "find_asc",
+    "find_rustc",
     "grammar_warnings",
+    "language_of",
     "load_cases",
     "new_evaluator",
     "run_cases",
+    "template_files",
 ]

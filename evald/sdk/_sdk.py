@@ -2,10 +2,14 @@
 
 A tenant's evaluator is a folder (``evald new`` makes one from the template)::
 
-    main.zig or main.c   the guest (docs/writing-evaluators.md)
+    the guest            main.zig, main.c, src/lib.rs (Rust, with Cargo.toml) or
+                         assembly/index.ts (AssemblyScript, with package.json)
     manifest.json        name, version, tag, semantics version, description, result regex
     grammar.ebnf         the input grammar (XGrammar EBNF, root rule ``root``)
     cases.jsonl          {"input": ..., "value": ...} or {"input": ..., "error": CODE} per line
+
+Rust and AssemblyScript guests use the SDK's guest libraries (``guest/``: the ``evald-guest``
+crate and package), which the build finds inside the SDK (docs/writing-evaluators.md).
 
 Nothing here re-implements a rule of the daemon: :func:`check_module` runs the daemon's own load
 path (:meth:`evald.host.WasmHost.load`: size cap, ABI exports, no imports, manifest, compile,
@@ -20,8 +24,6 @@ another module of the same tenant (only the daemon knows those).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -43,7 +45,15 @@ from evald.contract import (
 )
 from evald.daemon import Config, load_config
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost, check_manifest_grammars
-from evald.sdk._toolchain import build_evaluator
+from evald.sdk._assemblyscript import GUEST_PACKAGES
+from evald.sdk._rust import GUEST_CRATE
+from evald.sdk._toolchain import (
+    LANGUAGES,
+    ZIG_VERSION,
+    compile_folder,
+    language_of,
+    with_manifest,
+)
 
 __all__ = [
     "LANGUAGES",
@@ -60,15 +70,26 @@ __all__ = [
     "load_cases",
     "new_evaluator",
     "run_cases",
+    "template_files",
 ]
 
-#: The ``ziglang`` release modules are built with (the ``sdk`` and ``dev`` extras pin it); the
-#: same sources and this version give byte-identical modules.
-ZIG_VERSION: Final = "0.14.1"
-#: Source file per template language.
-LANGUAGES: Final = {"zig": "main.zig", "c": "main.c"}
 TEMPLATE_DIR: Final = Path(__file__).resolve().parent / "_templates"
 _TEMPLATE_FILES: Final = ("manifest.json", "grammar.ebnf", "cases.jsonl")
+#: Each language's own template files (below TEMPLATE_DIR), the source first; a file under a
+#: language folder (``rust/src/lib.rs``) lands without that folder (``src/lib.rs``).
+_LANGUAGE_FILES: Final = {
+    "zig": ("main.zig",),
+    "c": ("main.c",),
+    "rust": ("rust/src/lib.rs", "rust/Cargo.toml"),
+    "assemblyscript": (
+        "assemblyscript/assembly/index.ts",
+        "assemblyscript/assembly/tsconfig.json",
+        "assemblyscript/package.json",
+    ),
+}
+#: Where a project's package manifest names the guest library, for Cargo, npm and editors
+#: (``evald build`` itself always compiles against the SDK's copy).
+_GUEST_PATHS: Final = {"rust": GUEST_CRATE, "assemblyscript": GUEST_PACKAGES / "evald-guest"}
 _KNOWN_CODES: Final = {code.value for code in ErrorCode}
 
 
@@ -79,13 +100,29 @@ def _usage(message: str) -> EvaldError:
 # -- evald new ------------------------------------------------------------------------------
 
 
+def template_files(language: str) -> dict[str, Path]:
+    """A language's template: destination (relative to the new folder) -> template file, the
+    source first, then the language's other files, then the manifest, grammar and cases.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` for an unknown language.
+    """
+    if language not in _LANGUAGE_FILES:
+        raise _usage(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+    files = {
+        path.split("/", 1)[1] if "/" in path else path: TEMPLATE_DIR / path
+        for path in _LANGUAGE_FILES[language]
+    }
+    return {**files, **{name: TEMPLATE_DIR / name for name in _TEMPLATE_FILES}}
+
+
 def new_evaluator(name: str, folder: Path, language: str = "zig") -> list[Path]:
     """Creates an evaluator folder from the template, with ``name`` as its name and tag.
 
     Parameters:
         name: the evaluator's name and tag (``[a-z][a-z0-9_]{0,31}``, not a standard name).
         folder: created if missing; must be empty if it exists.
-        language: ``zig`` or ``c``.
+        language: ``zig``, ``c``, ``rust`` or ``assemblyscript``.
 
     Returns:
         The files written, source first.
@@ -95,9 +132,7 @@ def new_evaluator(name: str, folder: Path, language: str = "zig") -> list[Path]:
     """
     from evald.daemon import check_not_reserved
 
-    source_name = LANGUAGES.get(language)
-    if source_name is None:
-        raise _usage(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+    files = template_files(language)
     manifest: dict[str, Any] = json.loads((TEMPLATE_DIR / "manifest.json").read_text("utf-8"))
     manifest.update(name=name, tag=name, semantics_version=f"{name}/1")
     grammar = (TEMPLATE_DIR / "grammar.ebnf").read_text("utf-8")
@@ -109,12 +144,19 @@ def new_evaluator(name: str, folder: Path, language: str = "zig") -> list[Path]:
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise _usage(f"{folder} already exists and is not an empty folder; pick another --dir")
     folder.mkdir(parents=True, exist_ok=True)
-    written = [folder / source_name]
-    written[0].write_bytes((TEMPLATE_DIR / source_name).read_bytes())
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", "utf-8")
-    for file_name in _TEMPLATE_FILES[1:]:
-        (folder / file_name).write_bytes((TEMPLATE_DIR / file_name).read_bytes())
-    written += [folder / file_name for file_name in _TEMPLATE_FILES]
+    written = []
+    for destination, template in files.items():
+        target = folder / destination
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if destination == "manifest.json":
+            target.write_text(json.dumps(manifest, indent=2) + "\n", "utf-8")
+        elif destination in ("Cargo.toml", "package.json"):
+            text = template.read_text("utf-8").replace('"NAME"', f'"{name}"')
+            guest = _GUEST_PATHS[language].as_posix()
+            target.write_text(text.replace("EVALD_GUEST", guest), "utf-8")
+        else:
+            target.write_bytes(template.read_bytes())
+        written.append(target)
     return written
 
 
@@ -208,6 +250,8 @@ class BuildResult:
         input_cap, output_cap: the guest's buffer capacities, as the host read them.
         seconds: wall time of compile and checks.
         warnings: things that did not stop the build but deserve a look.
+        language: the guest's language (a key of ``LANGUAGES``; "" for a ready ``.wasm``).
+        toolchain: the compiler that built it, with its version.
     """
 
     wasm: bytes
@@ -220,25 +264,8 @@ class BuildResult:
     output_cap: int
     seconds: float
     warnings: tuple[str, ...] = field(default=())
-
-
-def _zig_warnings() -> list[str]:
-    if importlib.util.find_spec("ziglang") is None:
-        raise _usage(
-            f"the Zig toolchain is not installed: run `pip install ziglang=={ZIG_VERSION}` "
-            "(or install evald with the `sdk` extra)"
-        )
-    try:
-        installed = importlib.metadata.version("ziglang")
-    except importlib.metadata.PackageNotFoundError:
-        installed = "unknown"
-    if installed != ZIG_VERSION:
-        return [
-            f"ziglang {installed} is installed; evald builds are pinned to {ZIG_VERSION} "
-            f"(`pip install ziglang=={ZIG_VERSION}`), so this module may differ byte for byte "
-            "from a pinned build"
-        ]
-    return []
+    language: str = ""
+    toolchain: str = ""
 
 
 _NON_ASCII_BEFORE_HEX = re.compile(r"[^\x00-\x7f][0-9a-fA-F]")
@@ -292,13 +319,14 @@ def check_module(
     return manifest, loaded.input_cap, loaded.output_cap, checked
 
 
-def _source_of(folder: Path) -> Path:
+def _check_source(folder: Path) -> None:
     if not folder.is_dir():
         raise _usage(f"{folder} is not a folder (expected an evaluator folder from `evald new`)")
-    for file_name in LANGUAGES.values():
-        if (folder / file_name).is_file():
-            return folder / file_name
-    raise _usage(f"{folder} has neither main.zig nor main.c")
+    if language_of(folder) is None:
+        raise _usage(
+            f"{folder} has no evaluator source: main.zig, main.c, src/lib.rs (Rust) or "
+            "assembly/index.ts (AssemblyScript)"
+        )
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
@@ -321,10 +349,11 @@ def build_folder(
     check_grammars: bool = True,
     write: bool = True,
 ) -> BuildResult:
-    """Compiles an evaluator folder with the pinned Zig, embeds its manifest and checks it.
+    """Compiles an evaluator folder, embeds its manifest and checks it.
 
     Parameters:
-        folder: holds ``main.zig`` or ``main.c``, ``manifest.json`` and ``grammar.ebnf``.
+        folder: holds the guest's source (``LANGUAGES``), ``manifest.json`` and
+            ``grammar.ebnf``.
         out: where to write the module; default ``folder/NAME.wasm``.
         settings: the daemon settings to check against (default: :func:`daemon_settings`).
         check_grammars: also compile the grammar and regex with XGrammar (if installed;
@@ -334,11 +363,12 @@ def build_folder(
     Raises:
         BuildError: the compiler refused the source (``output`` holds its
             diagnostics verbatim).
-        EvaldError: a missing file, an unreadable manifest, or any check that failed.
+        EvaldError: a missing file or compiler (``INVALID_ARGUMENT``, saying what to install),
+            an unreadable manifest, or any check that failed.
     """
     started = time.perf_counter()
     folder = folder.resolve()  # the compiler runs inside the folder
-    source = _source_of(folder)
+    _check_source(folder)
     if not (folder / "manifest.json").is_file():
         raise _usage(f"{folder} has no manifest.json")
     try:
@@ -347,12 +377,12 @@ def build_folder(
         raise EvaldError(
             ErrorCode.INVALID_MODULE, f"{folder / 'manifest.json'} is not valid JSON: {exc}"
         ) from None
-    warnings = _zig_warnings()
-    wasm = build_evaluator(folder)
+    compiled = compile_folder(folder)
+    wasm = with_manifest(compiled.wasm, folder)
     manifest, input_cap, output_cap, checked = check_module(
         wasm, settings, check_grammars=check_grammars
     )
-    warnings += grammar_warnings(manifest)
+    warnings = [*compiled.warnings, *grammar_warnings(manifest)]
     path = None
     if write:
         path = out or folder / f"{manifest.name}.wasm"
@@ -362,12 +392,14 @@ def build_folder(
         manifest=manifest,
         sha256=hashlib.sha256(wasm).hexdigest(),
         path=path,
-        source=source,
+        source=compiled.source,
         grammars_checked=checked,
         input_cap=input_cap,
         output_cap=output_cap,
         seconds=time.perf_counter() - started,
         warnings=tuple(warnings),
+        language=compiled.language,
+        toolchain=compiled.toolchain,
     )
 
 

@@ -10,7 +10,9 @@ tests, ``evald fuzz`` and the benchmarks, an operator's integration tests of the
   ``grow``, ``recurse``, …) with wasmtime's WAT compiler, no Zig needed; :func:`arg` passes its
   size parameter, :func:`manifest_bytes` writes its manifest (:func:`named_guest`: one to
   register under a name), :func:`padded` pads a module to an exact size;
-* :func:`tenant_table` writes a config's ``[[tenants]]`` table, its token hashed.
+* :func:`tenant_table` writes a config's ``[[tenants]]`` table, its token hashed;
+* :func:`start_postgres` runs a real PostgreSQL from the machine's binaries (a fresh cluster
+  in a temporary folder) for the fleet store's tests and benchmarks.
 
 Everything runs the real thing: the ``evald`` console script, a real socket, real wasmtime.
 Nothing here is imported by the daemon; the lab (``evald_lab``) and the tests import it.
@@ -32,15 +34,19 @@ from evald.testing._daemon import (
     start_daemon,
     wait_serving,
 )
+from evald.testing._postgres import PostgresServer, postgres_bindir, start_postgres
 from evald.testing._wat_modules import (
     IN_PTR,
     MANIFEST,
     PAGE,
+    REMEMBER_HEAP,
+    REMEMBERED_NOTHING,
     arg,
     branchy_function,
     guest,
     manifest_bytes,
     named_guest,
+    remembered,
     wat_text,
 )
 
@@ -49,8 +55,11 @@ __all__ = [
     "IN_PTR",
     "MANIFEST",
     "PAGE",
+    "REMEMBERED_NOTHING",
+    "REMEMBER_HEAP",
     "START_TIMEOUT_S",
     "DaemonProcess",
+    "PostgresServer",
     "arg",
     "branchy_function",
     "evald_command",
@@ -59,10 +68,13 @@ __all__ = [
     "manifest_bytes",
     "named_guest",
     "padded",
+    "postgres_bindir",
     "process_alive",
     "process_descendants",
     "process_rss_bytes",
+    "remembered",
     "start_daemon",
+    "start_postgres",
     "tenant_table",
     "wait_serving",
     "wat_text",

@@ -30,16 +30,29 @@ __all__ = [
     "IN_PTR",
     "MANIFEST",
     "PAGE",
+    "REMEMBERED_NOTHING",
+    "REMEMBER_HEAP",
     "arg",
     "branchy_function",
     "guest",
     "manifest_bytes",
     "named_guest",
+    "remembered",
     "wat_text",
 ]
 
 IN_PTR = 1024
 PAGE = 65536
+#: Where ``remember`` keeps the previous input (its second page: the guest's "heap").
+REMEMBER_HEAP = PAGE
+#: What ``remember`` answers when nothing survived from an earlier call.
+REMEMBERED_NOTHING = "G\0\0\0\0H"
+
+
+def remembered(previous: bytes) -> str:
+    """What ``remember`` answers after a call with input ``previous`` on the same instance."""
+    return "G" + (previous[:4] + bytes(4))[:4].decode() + "H" + previous.decode()
+
 
 MANIFEST: dict[str, Any] = {
     "abi": ABI_VERSION,
@@ -237,6 +250,28 @@ def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
             ),
             "",
         )
+    if (
+        kind == "remember"
+    ):  # what the previous call left in a global and the heap, then keeps this one's
+        heap = REMEMBER_HEAP
+        return (
+            "(local $n i32)",
+            (
+                f"(i32.store8 (i32.const {out_ptr}) (i32.const 0x47)) "  # G
+                f"(i32.store (i32.const {out_ptr + 1}) (global.get $seen)) "
+                f"(i32.store8 (i32.const {out_ptr + 5}) (i32.const 0x48)) "  # H
+                f"(local.set $n (i32.load (i32.const {heap}))) "
+                f"(memory.copy (i32.const {out_ptr + 6}) (i32.const {heap + 4}) (local.get $n)) "
+                f"(global.set $seen (i32.load (i32.const {IN_PTR}))) "
+                f"(i32.store (i32.const {heap}) (local.get 0)) "
+                f"(memory.copy (i32.const {heap + 4}) (i32.const {IN_PTR}) (local.get 0)) "
+                # an input starting with "!" traps once it is kept
+                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x21)) "
+                "(then (unreachable))) "
+                "(i32.add (i32.const 6) (local.get $n))"
+            ),
+            "(global $seen (mut i32) (i32.const 0))",
+        )
     if kind == "trap":
         return "", "(unreachable)", ""
     if kind == "oob":
@@ -262,7 +297,7 @@ def wat_text(
 ) -> str:
     """The WAT text of a test module (see :func:`guest`)."""
     out_ptr = in_ptr + in_cap
-    pages = max(pages, -(-(IN_PTR + in_cap + out_cap) // PAGE))
+    pages = max(pages, -(-(IN_PTR + in_cap + out_cap) // PAGE), 2 if kind == "remember" else 1)
     locals_, body, fields = _behaviour(kind, out_ptr, param)
     getters = {
         "evald_abi_version": abi_version,
@@ -328,7 +363,10 @@ def guest(
     (an input starting with "e" is a ``syntax`` error, any other input returns ``param`` bytes
     of the input buffer); ``table_grow`` (grow a table by N: "ok", or "no" when refused);
     ``table_fill`` (fill a table of ``param`` elements); ``memory_probe`` (grow until refused,
-    return the page count in decimal); ``trap``; ``oob``. N comes from :func:`arg`.
+    return the page count in decimal); ``remember`` (answers what an earlier call left in a
+    global and in its heap, the second page — :data:`REMEMBERED_NOTHING` when nothing,
+    :func:`remembered` of the previous input when it shares the instance —, then keeps this
+    input there, and traps when it starts with "!"); ``trap``; ``oob``. N comes from :func:`arg`.
 
     ``manifests`` is how many manifest sections to append (0 for none); other keyword
     arguments go to :func:`wat_text`.

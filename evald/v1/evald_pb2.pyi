@@ -29,6 +29,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_INVALID_MODULE: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_SYNTAX: ErrorCode
 ERROR_CODE_DIVISION_BY_ZERO: ErrorCode
@@ -49,6 +50,7 @@ ERROR_CODE_UNAVAILABLE: ErrorCode
 ERROR_CODE_INVALID_MODULE: ErrorCode
 ERROR_CODE_INVALID_ARGUMENT: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -146,10 +148,12 @@ class ListEvaluatorsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListEvaluatorsResponse(_message.Message):
-    __slots__ = ("evaluators",)
+    __slots__ = ("evaluators", "revision")
     EVALUATORS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     evaluators: _containers.RepeatedCompositeFieldContainer[EvaluatorInfo]
-    def __init__(self, evaluators: _Optional[_Iterable[_Union[EvaluatorInfo, _Mapping]]] = ...) -> None: ...
+    revision: int
+    def __init__(self, evaluators: _Optional[_Iterable[_Union[EvaluatorInfo, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RegisterEvaluatorRequest(_message.Message):
     __slots__ = ("module", "replace")
@@ -160,10 +164,12 @@ class RegisterEvaluatorRequest(_message.Message):
     def __init__(self, module: _Optional[bytes] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class RegisterEvaluatorResponse(_message.Message):
-    __slots__ = ("evaluator",)
+    __slots__ = ("evaluator", "revision")
     EVALUATOR_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     evaluator: EvaluatorInfo
-    def __init__(self, evaluator: _Optional[_Union[EvaluatorInfo, _Mapping]] = ...) -> None: ...
+    revision: int
+    def __init__(self, evaluator: _Optional[_Union[EvaluatorInfo, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class DeleteEvaluatorRequest(_message.Message):
     __slots__ = ("name",)
@@ -172,5 +178,7 @@ class DeleteEvaluatorRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class DeleteEvaluatorResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...

@@ -10,6 +10,7 @@ daemon serves. Later parts (the model demo) append theirs to :data:`SECTIONS`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from evald.client import Client
@@ -40,6 +44,7 @@ __all__ = [
     "running_daemon",
     "show_evaluations",
     "show_local_engine",
+    "study_rates",
 ]
 
 #: (evaluator, span content) pairs; an evaluator the daemon does not serve is skipped.
@@ -85,6 +90,14 @@ def running_daemon(workdir: Path, console: Console) -> Iterator[str]:
             console.print(f"[bold]stopped[/] the daemon with SIGTERM (exit status {status})")
 
 
+def _fits(console: Console, table: Table) -> bool:
+    """Whether ``table`` prints at ``console``'s width without folding a cell (a console that
+    is not a terminal is 80 columns wide, or ``$COLUMNS``)."""
+    unbounded = console.options.update_width(1 << 16)  # a measure is clamped to the width
+    needed = Measurement.get(console, unbounded, table).maximum
+    return needed <= console.width
+
+
 @dataclass(frozen=True)
 class _Row:
     evaluator: str
@@ -118,20 +131,31 @@ def show_evaluations(target: str, console: Console) -> None:
     with Client(target) as client:
         client.evaluate_batch(examples)  # warm: each worker thread instantiates once
         inside = client.evaluate_batch(examples)
-    table = Table(title="evald call TAG INPUT")
+    table = Table(title="evald call TAG INPUT", box=box.SIMPLE_HEAD)
     for column in ("span", "printed", "exit", "evald call ms", "in daemon µs (warm)", "fuel"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=True)
     for row, response in zip(rows, inside, strict=True):
         style = "green" if row.status == 0 else "yellow"
         table.add_row(
-            f"<{row.evaluator}>{row.content}</{row.evaluator}>",
-            f"[{style}]{row.output}[/]",
+            f"<{row.evaluator}>{escape(row.content)}</{row.evaluator}>",
+            f"[{style}]{escape(row.output)}[/]",
             str(row.status),
             f"{row.wall_ms:.0f}",
             str(response.eval_time_us),
             str(response.fuel_used),
         )
-    console.print(table)
+    if _fits(console, table):
+        console.print(table)
+    else:  # a log, CI, a narrow window: one entry per span, no box to cut
+        console.print("[bold]evald call TAG INPUT[/]")
+        for row, response in zip(rows, inside, strict=True):
+            style = "green" if row.status == 0 else "yellow"
+            console.print(f"  <{row.evaluator}>{escape(row.content)}</{row.evaluator}>")
+            console.print(f"    -> [{style}]{escape(row.output)}[/]", overflow="fold")
+            console.print(
+                f"    [dim]exit {row.status}, evald call {row.wall_ms:.0f} ms, in daemon "
+                f"{response.eval_time_us} µs (warm), fuel {response.fuel_used}[/]"
+            )
     console.print(
         "[dim]`evald call ms` includes starting the CLI process; `in daemon µs` is the "
         "evaluation alone as the daemon reports it, on an already instantiated module.[/]"
@@ -214,7 +238,7 @@ def show_local_engine(target: str, console: Console) -> None:
     from engine_adapter.local import BackendError, LocalEngine, load_backend, load_tokenizer
 
     config = BEST_CONFIGURATION
-    console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans through evald")
+    console.rule("[bold]the local engine: SmolLM2-135M-Instruct on this CPU, spans via evald")
     started = time.perf_counter()
     try:
         backend = load_backend("llama")
@@ -280,40 +304,94 @@ def show_local_engine(target: str, console: Console) -> None:
         backend.close()
 
 
+#: The study's task for each evaluator the demo asks about (the study asks no date questions).
+_STUDY_TASKS = {"calc": "arithmetic", "strop": "letters"}
+_TASK_WORDS = {"arithmetic": "arithmetic word problems", "letters": "letter-counting questions"}
+_REPOSITORY = Path(__file__).resolve().parents[2]
+_VERDICT_INDENT = 19
+
+
+def study_rates(evaluator: str, configuration: DemoConfiguration = BEST_CONFIGURATION) -> str:
+    """What the committed accuracy study measured for the demo's model and configuration on
+    ``evaluator``'s task: how often the model sets the span up right, and how many of those
+    evald computed right (README, "The local engine and the accuracy study")."""
+    from evald_lab.study.run import OPERANDS_ARM
+
+    path = _REPOSITORY / configuration.study
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        return f"(the accuracy study's results, {configuration.study}, are not here)"
+    model, tasks = summary["config"]["model_title"], summary["config"]["tasks"]
+    task = _STUDY_TASKS.get(evaluator)
+    if task is None or task not in tasks:
+        return (
+            f"measured: the accuracy study asked {model} no {evaluator} questions (only "
+            f"{' and '.join(tasks)}), so there is no rate to show for this one"
+        )
+    arm = OPERANDS_ARM if configuration.operands else configuration.mode
+    row = next(
+        r for r in summary["rows"]
+        if (r["task"], r["mode"], r["instructions"]) == (task, arm, configuration.instructions)
+    )  # fmt: skip
+    label = f"{task}, {arm}, instructions {'on' if configuration.instructions else 'off'}"
+    check = summary["checks"]["grammar_eval_correct_when_extracted"][label]
+    computed = (
+        f"evald computed every one of those right ({check['correct']} of {check['extracted']})"
+        if check["correct"] == check["extracted"]
+        else f"evald computed {check['correct']} of those {check['extracted']} right"
+    )
+    return (
+        f"measured for {model} in this configuration, on {row['n']} held-out "
+        f"{_TASK_WORDS.get(task, task + ' questions')}: it sets the span up right "
+        f"{row['extraction_rate']:.1%} of the time, and "
+        f"{computed}; accuracy {row['accuracy']:.1%} ({configuration.study})"
+    )
+
+
+def _print_indented(console: Console, markup: str) -> None:
+    """One verdict or note, wrapped under the answer it is about (reads at 80 columns)."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    text = Text.from_markup(markup)
+    console.print(Padding(text, (0, 0, 0, _VERDICT_INDENT)), highlight=False)
+
+
 def _show_verdict(
     console: Console, result: Any, evaluator: str, expected: str, right_span: str
 ) -> None:
     """Right or wrong, against the value of a span that sets the question up right; a wrong
-    answer names the span the model wrote and says that evald computed it exactly."""
+    answer names the span the model wrote and says that evald computed it exactly. Then what
+    the study measured for this model on such questions (:func:`study_rates`)."""
     import re
-
-    from rich.markup import escape
 
     span = next((s for s in result.spans if s.evaluator == evaluator), None)
     if span is None:
         opened = re.search(rf"<{evaluator}>(.*)$", result.text, re.S)
         written = escape(opened.group(1)) if opened else ""
-        console.print(
-            f"{'':19}[red]wrong[/]: the model never closed its span (<{evaluator}>{written}…); "
+        _print_indented(
+            console,
+            f"[red]wrong[/]: the model never closed its span (<{evaluator}>{written}…); "
             f"the answer is {expected}",
-            highlight=False,
         )
     elif span.value == expected:
-        console.print(
-            f"{'':19}[green]right[/]: {expected}; evald answered in "
+        _print_indented(
+            console,
+            f"[green]right[/]: {expected}; evald answered in "
             f"{span.eval_latency_us / 1000:.2f} ms, {span.n_forced_tokens} tokens forced in one "
             f"forward of {span.inject_forward_us / 1000:.1f} ms",
-            highlight=False,
         )
     else:
         outcome = span.value if span.value is not None else f"error {span.error_code}"
-        console.print(
-            f"{'':19}[red]wrong[/]: the model wrote <{evaluator}>{escape(span.content)}"
+        _print_indented(
+            console,
+            f"[red]wrong[/]: the model wrote <{evaluator}>{escape(span.content)}"
             f"</{evaluator}>, which evald computed exactly ({escape(outcome)}), but it sets up "
             f"another question: the answer is {expected} (<{evaluator}>{escape(right_span)}"
             f"</{evaluator}>)",
-            highlight=False,
         )
+    _print_indented(console, f"[dim]{escape(study_rates(evaluator))}[/]")
 
 
 #: What the demo shows while the daemon serves, in order.

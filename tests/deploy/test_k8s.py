@@ -259,4 +259,23 @@ def test_network_policy_admits_only_router_and_monitoring_to_workers() -> None:
     assert ("router", {30000}) in sources
     assert ("monitoring", {9464, 30000}) in sources
     egress_ports = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
-    assert egress_ports == {53}, "workers reach nothing but DNS"
+    assert egress_ports == {53, 5432}, "workers reach nothing but DNS and the fleet store"
+
+
+def test_every_sidecar_follows_the_fleet_store_with_the_password_from_a_secret() -> None:
+    config = parse_config(_config_text(), "evald-config")
+    assert config.store.fleet and config.store.url.startswith("postgresql://")
+    assert config.store.password_env and not config.store.password_file
+    env = {e["name"]: e for e in _sidecar()["env"]}
+    reference = env[config.store.password_env]["valueFrom"]["secretKeyRef"]
+    secret = one("Secret", reference["name"])
+    assert reference["key"] in secret["stringData"]
+    # The state folder (the store's local cache) survives a restart of the sidecar alone.
+    state = _mount_of(_sidecar(), "/var/lib/evald/x")
+    (volume,) = [v for v in _pod()["spec"]["volumes"] if v["name"] == state]
+    assert "emptyDir" in volume
+
+
+def _config_text() -> str:
+    text: str = one("Secret", "evald-config")["stringData"]["evald.toml"]
+    return text

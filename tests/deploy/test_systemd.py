@@ -121,6 +121,20 @@ def test_tcp_dropin_lifts_only_the_network_isolation() -> None:
     }
 
 
+def test_store_dropin_opens_the_network_and_hands_over_the_password() -> None:
+    service = read_unit(UNITS / "store.conf")["Service"]
+    assert last(service, "PrivateNetwork") == "no"
+    families = [value for name, value in service if name == "RestrictAddressFamilies"]
+    assert families[0] == "" and set(families[-1].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert last(service, "LoadCredential") == "store-password:/etc/evald/store-password"
+    assert "/run/credentials/evald.service/store-password" in (UNITS / "store.conf").read_text()
+    assert {key for key, _ in service} <= {
+        "LoadCredential",
+        "PrivateNetwork",
+        "RestrictAddressFamilies",
+    }
+
+
 def test_example_config_is_valid_and_shares_the_socket_with_its_group() -> None:
     config = load_config(UNITS / "evald.toml")
     assert config.server.socket_mode == 0o660
@@ -155,7 +169,9 @@ def _verify_root(tmp_path: Path, dropins: list[str]) -> Path:
 
 
 @needs_analyze
-@pytest.mark.parametrize("dropins", [[], ["tcp.conf"], ["metrics.conf"]], ids=str)
+@pytest.mark.parametrize(
+    "dropins", [[], ["tcp.conf"], ["metrics.conf"], ["store.conf"]], ids=str
+)
 def test_units_pass_systemd_analyze_verify(tmp_path: Path, dropins: list[str]) -> None:
     root = _verify_root(tmp_path, dropins)
     result = subprocess.run(

@@ -1,7 +1,8 @@
 """Fixtures for the evaluator tests: the standard evaluators run on evald's wasm host
 (`evald.host._host`), so these tests exercise the same path the daemon uses.
 
-- ``guest`` / ``run_guest(name, data)`` returns ``(value, code, message)`` (``value`` is None on
+- ``guest`` / ``run_guest(name, data)`` (``name``: a standard evaluator or a port,
+  ``evaluators_wasm.PORTS``) returns ``(value, code, message)`` (``value`` is None on
   error) under generous limits, so the guest's own bounds are what the tests see.
 - ``default_limits_guest(name, data)`` returns the host's ``EvalOutcome`` under the daemon's
   default fuel, memory, stack and input/output caps, on a host configured as the daemon's
@@ -19,8 +20,9 @@ from functools import cache
 
 import pytest
 
+from evald.contract import STANDARD_EVALUATORS
 from evald.host import EvalOutcome, HostConfig, Limits, LoadedModule, WasmHost
-from evaluators_wasm import wasm_path
+from evaluators_wasm import port_path, wasm_path
 from tests.evaluators_wasm.support import DEFAULT_LIMITS, Outcome, release_compiled
 
 FUEL = 2_000_000_000
@@ -44,7 +46,8 @@ def _host(daemon_config: bool) -> WasmHost:
 @cache
 def _module(name: str, daemon_config: bool) -> LoadedModule:
     limits = BOMB_LIMITS if daemon_config else LIMITS
-    return _host(daemon_config).load(wasm_path(name).read_bytes(), limits=limits)
+    path = wasm_path(name) if name in STANDARD_EVALUATORS else port_path(name)
+    return _host(daemon_config).load(path.read_bytes(), limits=limits)
 
 
 def run_guest(name: str, data: bytes) -> Outcome:
@@ -76,6 +79,12 @@ def _release_host() -> Iterator[None]:
 
 @pytest.fixture
 def guest() -> Callable[[str, bytes], Outcome]:
+    return run_guest
+
+
+@pytest.fixture
+def named_guest() -> Callable[[str, bytes], Outcome]:
+    """``run_guest`` under a name no test file overrides (``guest`` may be, per implementation)."""
     return run_guest
 
 

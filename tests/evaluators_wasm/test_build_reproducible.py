@@ -1,14 +1,18 @@
 """The committed modules are what their sources build: a change to a grammar, a manifest or a
 guest that was not rebuilt (``make wasm``) fails here, and so does a change to the SDK's build
-that would give other bytes."""
+that would give other bytes. The same holds for the ports (``evaluators_wasm/ports/``), built
+by rustc and asc: rebuilt from a copy in another folder, with the pinned compilers, they give
+the committed bytes."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from toolchains import require_toolchain
 
 from evald.contract import (
     MANIFEST_SECTION,
@@ -16,7 +20,7 @@ from evald.contract import (
     encode_manifest,
     load_manifest_source,
 )
-from evaluators_wasm import SOURCE_DIR, WASM_DIR, wasm_path
+from evaluators_wasm import PORTS, PORTS_DIR, SOURCE_DIR, WASM_DIR, port_path, wasm_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,3 +57,23 @@ def test_make_wasm_rebuilds_every_module_byte_identically(tmp_path: Path) -> Non
         if (tmp_path / f"{name}.wasm").read_bytes() != wasm_path(name).read_bytes()
     ]
     assert not differ, f"rebuilding gives other bytes for {differ}: run make wasm"
+
+
+@pytest.mark.parametrize("name", sorted(PORTS))
+def test_each_port_rebuilds_byte_identically_from_another_folder(
+    name: str, tmp_path: Path
+) -> None:
+    """Paths are remapped out of the Rust build, and asc embeds none: a copy of the port's
+    folder elsewhere (its grammar link resolved to a file) builds the committed module."""
+    from evald.sdk import ASC_VERSION, RUST_VERSION, build_evaluator
+
+    language = PORTS[name][1]
+    toolchain = require_toolchain(language)
+    pinned = RUST_VERSION if language == "rust" else ASC_VERSION
+    if f" {pinned} " not in f"{toolchain} ":
+        pytest.skip(f"{toolchain} is not the pinned {pinned}: other compilers give other bytes")
+    copy = tmp_path / "elsewhere" / name
+    shutil.copytree(PORTS_DIR / name, copy, ignore=shutil.ignore_patterns("*.wasm", "node_modules"))
+    assert build_evaluator(copy) == port_path(name).read_bytes(), (
+        f"rebuilding {name} gives other bytes: run make ports"
+    )

@@ -4,6 +4,10 @@ The conformance file (evaluators_wasm/conformance/checksum.jsonl) holds hand-wri
 expected values come from the standard algorithms (zlib's CRC-32, FIPS 180 SHA-256, the Luhn and
 ISBN rules), not from either implementation. Hypothesis then checks that the WASM guest and the
 Python reference agree — value or error code — on generated calls, mutated calls and garbage.
+
+Every check that runs the guest runs it for the Zig module and for each port of checksum to
+another language (evaluators_wasm/ports/: Rust, AssemblyScript); test_ports.py holds the ports
+to the Zig module's messages too.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evaluators_wasm import PORTS
 from tests.evaluators_wasm.support import (
     DEFAULT_LIMITS,
     PROPERTY_TIMEOUT,
@@ -28,6 +33,27 @@ from tests.evaluators_wasm.support import (
 
 CHECKSUM = Evaluator("checksum", {"syntax", "domain", "too_large"}, compare_messages=False)
 INPUT_CAP = DEFAULT_LIMITS.input_bytes
+#: The standard module and its ports: each must pass every check of this file.
+PORT_NAMES = tuple(name for name, (of, _) in PORTS.items() if of == "checksum")
+IMPLEMENTATIONS = ("checksum", *PORT_NAMES)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def module_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def guest(guest: Guest, module_name: str) -> Guest:
+    """The conftest's guest, running the implementation under test whatever name it is given."""
+    return lambda _name, data: guest(module_name, data)
+
+
+@pytest.fixture
+def default_limits_guest(
+    default_limits_guest: DefaultLimitsGuest, module_name: str
+) -> DefaultLimitsGuest:
+    return lambda _name, data: default_limits_guest(module_name, data)
 
 
 @pytest.mark.parametrize("case", CHECKSUM.cases, ids=CHECKSUM.case_id)
@@ -155,7 +181,7 @@ def test_megabyte_hash_within_default_fuel(default_limits_guest: DefaultLimitsGu
     assert value is not None
 
 
-@pytest.mark.parametrize("data,code", [
+BOMB_ERRORS = [
     (_fill(b'luhn_digit("', b"1", b'")'), "too_large"),
     (_fill(b'isbn13_valid("', b"7", b'")'), "too_large"),
     (_fill(b'luhn_digit("', b"12a", b'")'), "syntax"),
@@ -163,7 +189,10 @@ def test_megabyte_hash_within_default_fuel(default_limits_guest: DefaultLimitsGu
     (_fill(b'crc32("', b"\xc3", b'")'), "syntax"),  # a megabyte of broken UTF-8
     (_fill(b"", b"crc32", b""), "syntax"),
     (_fill(b"", b" ", b""), "syntax"),
-])
+]
+
+
+@pytest.mark.parametrize("data,code", BOMB_ERRORS)
 def test_bombs_typed_error(default_limits_guest: DefaultLimitsGuest, data: bytes,
                            code: str) -> None:
     CHECKSUM.check_bomb(default_limits_guest, data, code)
@@ -174,6 +203,29 @@ def test_input_of_exactly_the_capacity_is_accepted(guest: Guest) -> None:
     data = data + b" " * (INPUT_CAP - len(data))
     assert len(data) == INPUT_CAP
     assert guest(CHECKSUM.name, data)[0] == f"{zlib.crc32(b'z' * (data.count(b'z'))):08x}"
+
+
+# --- the ports: the Zig module's outcome, message included, byte for byte ---------------------
+
+
+@PROPERTY_TIMEOUT
+@DIFF_SETTINGS
+@pytest.mark.parametrize("port", PORT_NAMES)
+@given(data=st.one_of(
+    st.one_of(calls(), isbn_like()).map(str.encode), mutated_call, st.binary(max_size=40)))
+def test_ports_agree_with_the_zig_module_byte_for_byte(
+    named_guest: Guest, port: str, data: bytes
+) -> None:
+    """Value, error code and error message: the same bytes as the Zig module's."""
+    assert named_guest(port, data) == named_guest("checksum", data), data[:300]
+
+
+@pytest.mark.parametrize("port", PORT_NAMES)
+def test_ports_give_the_zig_messages_on_every_case_and_bomb(named_guest: Guest, port: str) -> None:
+    inputs = [CHECKSUM.data(case) for case in CHECKSUM.cases] + list(BOMBS.values())
+    inputs += [data for data, _ in BOMB_ERRORS]
+    for data in inputs:
+        assert named_guest(port, data) == named_guest("checksum", data), data[:300]
 
 
 # --- the grammar a model writes in ---------------------------------------------------------

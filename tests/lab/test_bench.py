@@ -199,3 +199,39 @@ def test_the_heavy_tenants_benchmark_runs(tmp_path: Path) -> None:
         assert figures["lowered_over_normal"]["p99_ms"] > 0
     saved = json.loads((tmp_path / "heavy_tenants.json").read_text())
     assert saved["benchmark"] == "heavy_tenants" and (tmp_path / "heavy_tenants.png").exists()
+
+
+def test_the_host_benchmark_compares_the_guest_languages(tmp_path: Path) -> None:
+    """``evald bench host --languages-only``: one row per implementation of checksum, in the
+    order the table quotes them, and the Markdown table docs/writing-evaluators.md shows."""
+    from evald_lab.bench.languages import implementations
+
+    results, table = tmp_path / "host.json", tmp_path / "languages.md"
+    status = main(["bench", "host", "--languages-only", "--quick", "--json", str(results),
+                   "--table", str(table)])  # fmt: skip
+    assert status == 0
+    rows = json.loads(results.read_text())["languages"]
+    assert [row["language"] for row in rows] == ["Zig", "Rust", "AssemblyScript"]
+    assert [row["module"] for row in rows] == [name for _, name, _ in implementations()]
+    for row in rows:
+        assert row["module_bytes"] > 0 and row["compile_ms"] > 0 and row["fuel_small"] > 0
+        assert row["p50_reused_us"] > 0 and row["p50_fresh_us"] > 0
+        assert 1 < row["memory_pages"] < 1024  # 64 MiB, the default cap, in pages
+        assert row["fuel_sha256_1mib"] < 200_000_000  # within the default fuel
+    lines = table.read_text().splitlines()
+    assert len(lines) == 2 + len(rows) and lines[2].startswith("| Zig | ")
+
+
+def test_the_control_plane_benchmark_runs(tmp_path: Path) -> None:
+    from evald.testing import postgres_bindir
+    from evald_lab.bench.control_plane import run
+
+    if postgres_bindir() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    result = run(2, 20, 1, tmp_path)
+    assert result["registration"]["per_daemon"]["n"] == 6
+    assert result["revocation"]["codes"] == ["data:unauthenticated", "unauthenticated"]
+    assert result["limits"]["next_call_saw_it"] == 1.0
+    assert result["hot_path"]["ratio_p50"] > 0
+    saved = json.loads((tmp_path / "control_plane.json").read_text())
+    assert saved["benchmark"] == "control_plane" and (tmp_path / "control_plane.png").exists()

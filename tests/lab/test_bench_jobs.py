@@ -15,14 +15,24 @@ from engine_adapter.cli import main as adapter_main
 from evald.cli import main as evald_main
 
 
-def test_bench_daemon_writes_its_latencies(tmp_path: Path) -> None:
+def test_bench_daemon_writes_fresh_beside_reuse_for_every_path(tmp_path: Path) -> None:
     out = tmp_path / "daemon.json"
-    argv = ["bench", "daemon", "--calls", "20", "--batches", "2", "--json", str(out)]
+    argv = ["bench", "daemon", "--rounds", "1", "--calls", "5", "--memory-s", "0.2"]
+    argv += ["--json", str(out)]
     assert evald_main(argv) == 0
     document = json.loads(out.read_text())
     assert document["evaluator"] == "calc"
-    assert {"p50_us", "p90_us", "p99_us", "calls_per_s"} <= set(document["unary"])
-    assert document["batch64"]["items_per_s"] > 0
+    paths = document["paths"]
+    assert set(paths) == {"unary", "batch64", "stream1", "stream64", "data1", "data64"}
+    for row in paths.values():
+        for mode in ("fresh", "reuse"):
+            assert {"p50_us", "p99_us", "items_per_s"} <= set(row[mode])
+            assert row[mode]["items_per_s"] > 0
+        assert row["fresh_vs_reuse_p50"] > 0
+    assert document["targets"]["items_per_s_at_64_fresh_vs_reuse"]["target"] == 0.8
+    for mode in ("fresh", "reuse"):
+        held = document["memory"][mode]
+        assert held["peak_rss_64_calls_bytes"] > 0 and held["calls_during"] > 0
 
 
 def test_bench_workers_writes_a_row_per_round_caller_count_and_process_count(

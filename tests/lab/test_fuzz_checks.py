@@ -222,3 +222,13 @@ def test_every_evaluator_has_attacks_and_each_draw_is_bounded() -> None:
     deep = next(a for a in ATTACKS if a.family == "deep_nesting_1m" and a.evaluator == "calc")
     depths = {len(deep.draw(random.Random(i))) for i in range(60)}
     assert max(depths) >= 1_000_000  # nesting up to a million
+
+
+def test_a_call_that_finds_an_earlier_calls_state_is_a_call_leak() -> None:
+    from evald.testing import REMEMBERED_NOTHING, remembered
+
+    check = checker()
+    assert check.nothing_survived("modules", "attacker", REMEMBERED_NOTHING) == []
+    found = check.nothing_survived("modules", "attacker", remembered(b"secretword"))
+    assert kinds(found) == ["call_leak"]
+    assert "secretword" in found[0].detail

@@ -4,7 +4,8 @@ Paths, all on the same inputs (calc and strop, a short and a long input each):
 
 * ``python`` — the Python reference implementation called in this process (the baseline);
 * ``wasm-reuse`` — :class:`~evald.WasmHost` in this process, reused instance (the fast path);
-* ``wasm-fresh`` — the same host with a fresh store and instance per call (pooling allocator);
+* ``wasm-fresh`` — the same host with ``isolation = "fresh"`` (the default): every call starts
+  from a new instance's state (the kept instance put back after each call);
 * ``evald`` — the daemon (``evald serve``, started here) over its unix socket and over loopback
   TCP, each as unary ``Evaluate``, ``EvaluateBatch`` with 1, 8 or 64 items per message, and
   ``EvaluateStream`` with 1, 8 or 64 items per message; and over its data path (transport
@@ -270,7 +271,7 @@ class _InProcess:
         from evaluators_wasm.reference import reference
 
         self._limits = Limits(deadline_ms=BENCH_DEADLINE_MS)
-        self._reuse = WasmHost(HostConfig())
+        self._reuse = WasmHost(HostConfig(isolation="reuse"))
         self._fresh = WasmHost(HostConfig(isolation="fresh"))
         self._modules: dict[tuple[str, str], Any] = {}
         self._references: dict[str, Callable[[bytes], str]] = {}
@@ -828,6 +829,8 @@ def overhead_headline(
     * ``evald_data_vs_raw_floor``: the data path's p50 over the raw unix-socket floor's (the same
       frames to a process that does not evaluate), against the ≤ 5x and ≤ 300 µs targets.
     * ``wasm_reuse_vs_python_latency`` (target ≤ 1) and ``wasm_fresh_p50_us`` (target ≤ 50 µs).
+    * ``wasm_fresh_vs_reuse``: in-process fresh ÷ reuse p50 at concurrency 1, calc short and
+      strop long (target ≤ 2.0 each).
     * ``evald_batched_throughput``: the best items/s of any 64-item batch or stream row on a
       unix socket (gRPC or the data path; short calc), against the 30,000/s target, with the
       CPU it cost per item (target ≤ 30 µs in the daemon).
@@ -892,6 +895,22 @@ def overhead_headline(
             "target": 50,
             "met": fresh["p50_us"] <= 50,
             "cpu_us_per_eval": fresh["cpu_us_per_eval"],
+        }
+    ratios = {}
+    for name in ("calc-short", "strop-long"):
+        reused = _find(rows, path="wasm-reuse", input=name, concurrency=1)
+        made = _find(rows, path="wasm-fresh", input=name, concurrency=1)
+        if reused and made and reused["p50_us"]:
+            ratios[name] = {
+                "value": round(made["p50_us"] / reused["p50_us"], 2),
+                "fresh_p50_us": made["p50_us"],
+                "reuse_p50_us": reused["p50_us"],
+            }
+    if ratios:
+        headline["wasm_fresh_vs_reuse"] = {
+            "target": 2.0,
+            "met": all(r["value"] <= 2.0 for r in ratios.values()),
+            "inputs": ratios,
         }
     batched = [
         row

@@ -43,7 +43,15 @@ from evald_lab.bench._common import (
     write_json,
 )
 
-__all__ = ["PROFILES", "daemon_breakdown", "host_breakdown", "profile_markdown", "run_profile"]
+__all__ = [
+    "PROFILES",
+    "daemon_breakdown",
+    "fresh_breakdown",
+    "fresh_markdown",
+    "host_breakdown",
+    "profile_markdown",
+    "run_profile",
+]
 
 _DATA = b"17 * 23 + 91"
 
@@ -62,10 +70,10 @@ def _best_cpu_us(run: Callable[[], object], calls: int, repeats: int) -> float:
 
 def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
     """CPU µs of one reused-instance evaluation and of each of its parts (see the module doc)."""
-    from evald.host import EvalOutcome, Limits, WasmHost
+    from evald.host import EvalOutcome, HostConfig, Limits, WasmHost
     from evaluators_wasm import wasm_path
 
-    host = WasmHost()
+    host = WasmHost(HostConfig(isolation="reuse"))
     try:
         module = host.load(wasm_path("calc").read_bytes())
         limits = Limits()
@@ -122,6 +130,132 @@ def host_breakdown(calls: int = 5000, repeats: int = 7) -> dict[str, Any]:
     named = sum(value for key, value in parts.items() if key != "evaluate (whole)")
     parts["python glue (the rest)"] = round(parts["evaluate (whole)"] - named, 2)
     return {"input": _DATA.decode(), "cpu_us": parts}
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def fresh_breakdown(calls: int = 3000, evaluator: str = "calc") -> dict[str, Any]:
+    """Where a fresh-isolation evaluation's time goes, two ways, median µs (wall) of each part:
+
+    * ``per_call``: a new store and instance for the call, step by step as
+      :func:`evald.host._instance.instantiate` makes it (store and its limits, instantiation,
+      export lookups and bindings, the buffers' bounds), the call itself (its first touches of
+      the memory fault pages in) and the store's end (its memory handed back);
+    * ``kept``: the instance kept and put back after the call (``Instance.reset``), split
+      into the call and the reset; absent where the host cannot reset (a host without it).
+
+    Page faults per evaluation come from ``getrusage``. The parts are reached through the
+    host's private modules on purpose: this is a profile of exactly that code, and it runs
+    against an older host too (``_pre`` and ``reset`` are looked up, not assumed).
+    """
+    import gc
+    import statistics
+
+    import wasmtime
+
+    from evald.host import HostConfig, Limits, WasmHost, _instance
+    from evald.host import _fastcall as fast
+    from evaluators_wasm import wasm_path
+
+    data = _DATA if evaluator == "calc" else b'count("strawberry", "r")'
+    clock = time.perf_counter_ns
+    limits = Limits()
+    host = WasmHost(HostConfig(isolation="fresh"))
+    try:
+        module = host.load(wasm_path(evaluator).read_bytes())
+        engine, ticks = host._engine, host._deadlines.ticks(limits.deadline_ms)
+        cap = host.memory_cap(limits)
+        linked: Any = getattr(module, "_pre", None) or module._module
+        parts: dict[str, list[int]] = collections.defaultdict(list)
+        faults = _minor_faults()
+        for index in range(calls):
+            if index % 64 == 0:
+                gc.collect()  # a dropped store in a reference cycle keeps its pool slot
+            t0 = clock()
+            store = wasmtime.Store(engine)
+            store.set_limits(
+                memory_size=cap,
+                table_elements=_instance.MAX_TABLE_ELEMENTS,
+                tables=_instance.MAX_TABLES,
+            )
+            instance = _instance.Instance(module, store, cap)
+            instance.context.set_fuel(limits.fuel)
+            instance.context.set_epoch_deadline(ticks)
+            t1 = clock()
+            wasm_instance = fast.instantiate(store, linked)
+            t2 = clock()
+            memory = fast.export(store, wasm_instance, "memory")
+            assert isinstance(memory, wasmtime.Memory)
+            instance.memory = fast.RawMemory(store, memory)
+            instance.eval = _instance.bind_function(store, wasm_instance, module._eval_export, 1)
+            if module._flag_export is not None:
+                fast.export(store, wasm_instance, module._flag_export)
+            t3 = clock()
+            instance.place_buffers(
+                module._input_ptr, module.input_cap, module._output_ptr, module.output_cap
+            )
+            t4 = clock()
+            view, in_ptr = instance.view, instance.in_ptr
+            view[in_ptr : in_ptr + len(data)] = data
+            instance.context.set_fuel(limits.fuel)
+            instance.context.set_epoch_deadline(ticks)
+            instance.eval.call1(len(data))
+            t5 = clock()
+            del instance, wasm_instance, memory, view, store
+            t6 = clock()
+            for name, spent in (
+                ("new store, its limits, fuel and deadline", t1 - t0),
+                ("instantiation", t2 - t1),
+                ("export lookups and raw bindings", t3 - t2),
+                ("buffers' bounds (memory view)", t4 - t3),
+                ("the call (input, fuel, deadline, guest; first touches fault)", t5 - t4),
+                ("the store's end (memory handed back)", t6 - t5),
+                ("total", t6 - t0),
+            ):
+                parts[name].append(spent)
+        per_call_faults = (_minor_faults() - faults) / calls
+        whole = []
+        for _ in range(calls):
+            t0 = clock()
+            host.evaluate(module, data, limits)
+            whole.append(clock() - t0)
+        result: dict[str, Any] = {
+            "evaluator": evaluator,
+            "input": data.decode(),
+            "per_call": {name: round(statistics.median(v) / 1000, 2) for name, v in parts.items()},
+            "per_call_faults_per_eval": round(per_call_faults, 2),
+            "evaluate_p50_us": round(statistics.median(whole) / 1000, 2),
+        }
+        kept = host._pool.instances().get(("", module.sha256))
+        if kept is not None and getattr(kept, "reset", None) is not None:
+            split: dict[str, list[int]] = collections.defaultdict(list)
+            faults = _minor_faults()
+            view, in_ptr = kept.view, kept.in_ptr
+            for _ in range(calls):
+                t0 = clock()
+                view[in_ptr : in_ptr + len(data)] = data
+                kept.context.set_fuel(limits.fuel)
+                kept.context.set_epoch_deadline(ticks)
+                kept.eval.call1(len(data))
+                kept.context.fuel()
+                kept.memory.size()
+                t1 = clock()
+                assert kept.reset()
+                t2 = clock()
+                split["the call (input, fuel, deadline, guest, fuel and size read)"].append(t1 - t0)
+                split["the reset (page scan, written pages back to the image)"].append(t2 - t1)
+                split["total"].append(t2 - t0)
+            result["kept"] = {
+                name: round(statistics.median(v) / 1000, 2) for name, v in split.items()
+            }
+            result["kept_faults_per_eval"] = round((_minor_faults() - faults) / calls, 2)
+        return result
+    finally:
+        host.close()
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
@@ -299,6 +433,8 @@ def profile_markdown(document: dict[str, Any]) -> str:
     """The two breakdowns as Markdown tables."""
     lines = ["| host: one reused-instance evaluation (calc, 12 bytes) | CPU µs |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in document["host"]["cpu_us"].items()]
+    for name, fresh in document.get("fresh", {}).items():
+        lines += ["", *fresh_markdown(fresh, f"host: one fresh-isolation evaluation ({name})")]
     for key in ("daemon", "daemon_data_path"):
         daemon = document.get(key)
         if daemon is None:
@@ -317,6 +453,19 @@ def profile_markdown(document: dict[str, Any]) -> str:
             lines += ["", "| holds the GIL (py-spy, self) | % of samples |", "|---|---|"]
             lines += [f"| `{k}` | {v} |" for k, v in list(gil["self_percent"].items())[:15]]
     return "\n".join(lines)
+
+
+def fresh_markdown(fresh: dict[str, Any], title: str) -> list[str]:
+    """One :func:`fresh_breakdown` as Markdown table lines."""
+    lines = [f"| {title}: a new instance per call | µs (p50) |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in fresh["per_call"].items()]
+    lines.append(f"| page faults per evaluation | {fresh['per_call_faults_per_eval']} |")
+    if "kept" in fresh:
+        lines += ["", f"| {title}: the kept instance, put back | µs (p50) |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in fresh["kept"].items()]
+        lines.append(f"| page faults per evaluation | {fresh['kept_faults_per_eval']} |")
+    lines.append(f"| `WasmHost.evaluate` as configured, whole | {fresh['evaluate_p50_us']} |")
+    return lines
 
 
 #: name -> (host calls per timing, repeats, daemon seconds)
@@ -339,6 +488,7 @@ def run_profile(
         "schema": SCHEMA_VERSION,
         "profile": profile,
         "host": host_breakdown(calls, repeats),
+        "fresh": {name: fresh_breakdown(calls, name) for name in ("calc", "strop")},
         "daemon": daemon_breakdown(duration_s, gil_profile=gil_profile),
         "daemon_data_path": daemon_breakdown(duration_s, gil_profile=gil_profile, transport="data"),
         "machine": {**machine, "load_average_at_end": load_average()},

@@ -36,7 +36,9 @@ Jobs:
   headline   the headline table again from the results already in --out (no measuring).
 
 Measurements of one part each (their own flags: evald bench JOB --help):
-  daemon        unary, batched and streamed calls from one blocking client (docs/daemon.md).
+  control-plane 3 daemons following one real PostgreSQL: a registration, a revocation and a
+                limits change reaching every daemon; the hot path with the store on.
+  daemon        fresh beside reuse isolation: every path's round trip and items/s (docs/daemon.md).
   heavy-tenants a victim next to a looping tenant, its workers lowered or not, quiet or busy.
   host          the host's call paths, isolation modes, compile cache and threads.
   registration  other tenants' latency while one registers heavy modules; the upload oracle.
@@ -62,7 +64,8 @@ _HEADLINE_JOBS = {
 }
 #: The measurements of one part each: (job, module, help).
 _MEASUREMENTS = (
-    ("daemon", "evald_lab.bench.daemon_calls", "calls from one blocking client"),
+    ("control-plane", "evald_lab.bench.control_plane", "the fleet store's bounds, 3 daemons"),
+    ("daemon", "evald_lab.bench.daemon_calls", "fresh beside reuse, every path of the daemon"),
     ("heavy-tenants", "evald_lab.bench.heavy_tenants", "heavy tenants' workers lowered or not"),
     ("host", "evald_lab.bench.host_paths", "the host's call paths and modes"),
     ("registration", "evald_lab.bench.registration", "registration as a neighbour"),

@@ -1,11 +1,13 @@
 """Overhead of the wasm host's call paths (a measurement script, not a test).
 
-    evald bench host [--json FILE] [--quick]
+    evald bench host [--json FILE] [--quick] [--languages-only] [--table FILE]
 
 Prints the best-of-N mean per call, in microseconds, for: wasmtime-py's ``Func.__call__``; the
 raw ctypes path; one evaluation through ``WasmHost.evaluate`` (reused instance, fresh instance
 with the default and the pooling allocator, with and without signal-based traps); compile vs
-cached load; and two threads against one. Numbers are machine-dependent: compare ratios.
+cached load; two threads against one; and the same evaluator in each guest language (checksum
+in Zig, Rust and AssemblyScript: :mod:`evald_lab.bench.languages`, one table). Numbers are
+machine-dependent: compare ratios.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import wasmtime
 
@@ -26,6 +29,7 @@ from evald.host import HostConfig, Limits, WasmHost
 # The raw ctypes call path is what part 1 times against wasmtime-py's, below the host's API.
 from evald.host import _fastcall as fast
 from evald.testing import arg, guest
+from evald_lab.bench import languages
 from evaluators_wasm import wasm_path
 
 EXPRESSION = b"17 * 23 + 91 - (48 / 6) ** 2 % 7"  # 31 bytes of calc input
@@ -47,12 +51,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``evald bench host``."""
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--languages-only",
+        action="store_true",
+        help="measure only the guest languages' table (checksum in Zig, Rust, AssemblyScript)",
+    )
+    parser.add_argument(
+        "--table", type=Path, help="also write the languages' table (Markdown) to this file"
+    )
 
 
 def main(options: argparse.Namespace) -> int:
     """Runs the benchmark; returns the exit status (2: it could not run)."""
     calls, repeats = (500, 3) if options.quick else (3000, 7)
-    results: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    if options.languages_only:
+        return _languages(options, results)
 
     def record(name: str, value: float) -> None:
         results[name] = round(value, 2)
@@ -159,6 +173,17 @@ def main(options: argparse.Namespace) -> int:
                 threads * per_thread / elapsed,
             )
 
+    return _languages(options, results)
+
+
+def _languages(options: argparse.Namespace, results: dict[str, Any]) -> int:
+    """5. the same evaluator in each guest language; then the results file."""
+    rows = languages.compare_languages(quick=options.quick)
+    table = languages.markdown_table(rows)
+    print(table, end="", flush=True)
+    results["languages"] = languages.as_json(rows)
+    if options.table:
+        options.table.write_text(table)
     if options.json:
         options.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -19,6 +19,8 @@ A run fails on any :class:`Violation`. The kinds:
 ``input_escape``     an input over the tenant's input limit was evaluated
 ``tenant_leak``      a response carried another tenant's canary (a secret input, module name or
                      token), or a foreign module was listed, called or deleted
+``call_leak``        under ``isolation = "fresh"``, a call found what an earlier call left in the
+                     guest (the ``remember`` module's global or heap)
 ``rss_bound``        the daemon's resident memory went over the bound
 ``bad_value``        a value that does not match its evaluator's result regex
 ``unexpected``       an outcome the scenario rules out (a malicious module registered, a loop
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from evald.contract import ErrorCode, pb
+from evald.testing import REMEMBERED_NOTHING
 
 __all__ = [
     "LIMIT_ESCAPES",
@@ -60,6 +63,7 @@ VIOLATION_KINDS = (
     "output_escape",
     "input_escape",
     "tenant_leak",
+    "call_leak",
     "rss_bound",
     "bad_value",
     "unexpected",
@@ -448,6 +452,20 @@ class Checker:
                     "memory_escape",
                     klass,
                     f"a guest of {tenant} held {pages} pages ({pages * 65536} bytes) > {limit}",
+                )
+            ]
+        return []
+
+    @staticmethod
+    def nothing_survived(klass: str, tenant: str, value: str) -> list[Violation]:
+        """``remember``'s answer under fresh isolation: nothing from an earlier call."""
+        if value != REMEMBERED_NOTHING:
+            return [
+                Violation(
+                    "call_leak",
+                    klass,
+                    f"a call of {tenant} found what an earlier call left: {value[6:46]!r}",
+                    _sample(value),
                 )
             ]
         return []

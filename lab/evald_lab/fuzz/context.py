@@ -65,6 +65,7 @@ class FuzzContext:
     margin_ms: float
     metrics_port: int | None = None
     data_target: str | None = None  # the data path (``unix:PATH``), when the daemon has one
+    fresh: bool = False  # the daemon runs ``isolation = "fresh"``: no call sees an earlier one
     evaluators: dict[str, pb.EvaluatorInfo] = field(default_factory=dict)
     secrets: Secrets = field(default_factory=Secrets)
     stop: threading.Event = field(default_factory=threading.Event)

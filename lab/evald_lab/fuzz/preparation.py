@@ -95,6 +95,7 @@ def new_context(settings: FuzzSettings, daemon: DaemonUnderTest, recorder: Recor
         margin_ms=settings.margin_ms,
         metrics_port=daemon.metrics_port,
         data_target=server.data_listen or None,
+        fresh=daemon.config.host.isolation == "fresh",
     )
     ctx.secrets.victim_echo = f"v_echo_{tag}"
     ctx.secrets.victim_secret = f"v_secret_{tag}"

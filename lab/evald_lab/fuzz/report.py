@@ -83,6 +83,7 @@ def _figures(report: dict[str, Any]) -> list[str]:
         f"| hangs | {totals['hangs']} |",
         f"| limit escapes | {totals['limit_escapes']} |",
         f"| tenant leaks | {totals['tenant_leaks']} |",
+        f"| state left by an earlier call (fresh isolation) | {totals.get('call_leaks', 0)} |",
         f"| violations (all kinds) | {totals['violations']} |",
         f"| max evaluation time | {latency['max_eval_ms']:.1f} ms |",
         _overrun_row(latency),

@@ -106,6 +106,7 @@ def _totals(recorder: Recorder, stats: list[ClassStats]) -> dict[str, Any]:
         "hangs": counts.get("hang", 0),
         "limit_escapes": sum(n for kind, n in counts.items() if kind in LIMIT_ESCAPES),
         "tenant_leaks": counts.get("tenant_leak", 0),
+        "call_leaks": counts.get("call_leak", 0),
         "violations": sum(counts.values()),
         "by_kind": dict(counts),
         "stalls": sum(s.stalls for s in stats),

@@ -50,6 +50,7 @@ WIRE_NUMBERS = {
     "invalid_module": 17,
     "invalid_argument": 18,
     "internal": 19,
+    "unauthenticated": 20,
 }
 
 

@@ -145,3 +145,64 @@ def test_command_line_overrides_win(tmp_path: Path) -> None:
     assert overridden.server.resolved_listen == "127.0.0.1:5000"
     assert overridden.server.resolved_state_dir == tmp_path
     assert not overridden.server.is_unix
+
+
+def test_the_store_is_embedded_by_default_and_postgresql_when_a_url_is_given(
+    tmp_path: Path,
+) -> None:
+    assert not load_config(DEFAULT_CONFIG_PATH).store.fleet
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    config = parse_config(
+        f'[store]\nurl = "postgresql://pod@db:5432/evald"\npassword_file = "{secret}"'
+    )
+    assert config.store.fleet and config.store.password() == "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://pod:hunter2@db/evald", "carries a password"),
+        ("postgresql://pod@db/evald?password=hunter2", "carries a password"),
+        ("mysql://pod@db/evald", "expected a postgresql:// URL"),
+    ],
+)
+def test_a_store_url_with_a_password_or_another_scheme_is_refused_without_echo(
+    url: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=expected) as refused:
+        parse_config(f'[store]\nurl = "{url}"')
+    assert "hunter2" not in str(refused.value)
+
+
+def test_a_tenant_may_hold_several_token_hashes_but_no_two_tenants_one() -> None:
+    other = hash_token("other")
+    config = parse_config(
+        f'[[tenants]]\nname = "a"\ntoken_sha256 = "{TOKEN_HASH}"\ntoken_sha256s = ["{other}"]'
+    )
+    assert config.tenants[0].token_sha256s == (TOKEN_HASH, other)
+    with pytest.raises(ConfigError, match="the same token is given to two tenants"):
+        parse_config(
+            f'[[tenants]]\nname = "a"\ntoken_sha256s = ["{other}"]\n'
+            f'[[tenants]]\nname = "b"\ntoken_sha256 = "{other}"'
+        )
+
+
+def test_the_embedded_store_needs_no_psycopg() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
+        "import evald.daemon, evald.cli\n"
+        "from evald.cli import main\n"
+        "sys.exit(main(['tenants', 'list', '--config', sys.argv[1]]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(DEFAULT_CONFIG_PATH)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("local: tokens -")

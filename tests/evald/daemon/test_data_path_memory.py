@@ -243,6 +243,7 @@ def test_results_are_split_into_frames_within_the_message_budget(
     with sock:
         hello = b"evald-data/1\n" + TOKENS["alpha"].encode()
         sock.sendall(HEADER.pack(len(hello), Kind.HELLO) + hello)
+
         def send() -> None:  # while this thread reads: the daemon sends as it goes
             for batch in range(6):  # 360 KB of values
                 request = _amplifying(batch).SerializeToString()

@@ -242,14 +242,15 @@ def test_sigterm_drains_in_flight_calls(tmp_path: Path) -> None:
         handle.stop(signal.SIGKILL)
 
 
-def test_sighup_is_logged_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
-    """docs/operations.md: there is no reload; SIGHUP is logged and changes nothing."""
+def test_sighup_reloads_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
+    """docs/operations.md: SIGHUP reloads the config (unchanged here) and the daemon serves on;
+    test_reload.py covers the changes a reload applies."""
     handle = start_daemon(tmp_path, SHUTDOWN_CONFIG)
     try:
         handle.process.send_signal(signal.SIGHUP)
-        give_up = time.monotonic() + 10
-        while not any("SIGHUP" in str(line.get("msg")) for line in handle.log_lines()):
-            assert time.monotonic() < give_up, "SIGHUP was not logged"
+        give_up = time.monotonic() + 30
+        while not any(line.get("msg") == "config reloaded" for line in handle.log_lines()):
+            assert time.monotonic() < give_up, "SIGHUP did not reload"
             time.sleep(0.05)
         assert handle.process.poll() is None
         with Client(handle.target, TOKENS["nofuel"], timeout_s=10) as client:
@@ -341,9 +342,8 @@ def test_streams_cancelled_as_their_messages_arrive_give_back_their_quota(
     import asyncio
 
     port = free_port()
-    config = (
-        f'[server]\nthreads = 2\nmetrics_listen = "127.0.0.1:{port}"\n'
-        + tenant_block("beta", allow_register=True, limits={"fuel": 0, "deadline_ms": 20})
+    config = f'[server]\nthreads = 2\nmetrics_listen = "127.0.0.1:{port}"\n' + tenant_block(
+        "beta", allow_register=True, limits={"fuel": 0, "deadline_ms": 20}
     )
     handle = start_daemon(tmp_path, config, metrics_port=port)
     metadata = (("authorization", f"Bearer {TOKENS['beta']}"),)

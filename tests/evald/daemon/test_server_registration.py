@@ -131,7 +131,7 @@ def test_registration_compiles_bytes_another_tenant_uploaded(tmp_path: Path) -> 
 
     limits = TenantLimits()
     tenants = [
-        TenantConfig(name=name, token_sha256="", limits=limits, allow_register=True)
+        TenantConfig(name=name, token_sha256s=(), limits=limits, allow_register=True)
         for name in ("alpha", "beta")
     ]
     registry = Registry(host, store, tenants, compile=compile_upload)

@@ -66,9 +66,7 @@ def _config(data_socket: Path, *, idle_timeout_s: float = 0.0) -> str:
             f'data_listen = "unix:{data_socket}"',
             f"data_max_connections = {_CONNECTIONS}",
             "data_unauthenticated_connections = 2",
-            tenant_block(
-                "alpha", evaluators=["*"], limits={"request_bytes": _REQUEST_BYTES}
-            ),
+            tenant_block("alpha", evaluators=["*"], limits={"request_bytes": _REQUEST_BYTES}),
             tenant_block("beta", evaluators=["*"]),
         ]
     )

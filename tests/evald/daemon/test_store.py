@@ -52,7 +52,7 @@ def test_a_malformed_index_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="bad hash"):
         store.read_index("team-a")
     (tmp_path / "tenants" / "team-a.json").write_text("not json")
-    with pytest.raises(StoreError, match="malformed"):
+    with pytest.raises(StoreError, match="not valid JSON"):
         store.read_index("team-a")
 
 

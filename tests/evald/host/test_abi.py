@@ -180,8 +180,10 @@ def test_examples_are_optional_and_round_trip() -> None:
     """``examples`` is the one optional field: absent, it is empty and not written back."""
     plain = parse_manifest(manifest_bytes())
     assert plain.examples == () and "examples" not in plain.to_json()
-    examples = [{"question": "What is 1 + 1?", "input": "1 + 1", "value": "2"},
-                {"input": "2 * 3", "value": "6"}]
+    examples = [
+        {"question": "What is 1 + 1?", "input": "1 + 1", "value": "2"},
+        {"input": "2 * 3", "value": "6"},
+    ]
     parsed = parse_manifest(manifest_bytes(examples=examples))
     assert [dict(e) for e in parsed.examples] == examples
     assert parsed.to_json()["examples"] == examples
@@ -198,8 +200,12 @@ def test_literals_are_optional_and_round_trip() -> None:
     assert parsed.literals == declared and parsed.to_json()["literals"] == declared
     assert parse_manifest(json.dumps(parsed.to_json()).encode()) == parsed
     # the module carries them: a host load reads the same field
-    assert validate_module(guest("echo", manifest=manifest_bytes(
-        input_grammar=grammar, literals=declared))).literals == declared
+    assert (
+        validate_module(
+            guest("echo", manifest=manifest_bytes(input_grammar=grammar, literals=declared))
+        ).literals
+        == declared
+    )
 
 
 def test_manifest_size_cap_is_an_n_n_plus_1_pair() -> None:

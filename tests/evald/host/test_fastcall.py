@@ -195,7 +195,7 @@ def test_raw_memory_reads_writes_and_checks_bounds(engine, module) -> None:
 
 def test_instantiate_learns_the_store_id(engine, module) -> None:
     store = wasmtime.Store(engine)
-    instance = fast.instantiate(store, module)
+    instance = fast.instantiate(store, wasmtime.Linker(engine).instantiate_pre(module))
     assert fast.store_id(store) == instance._instance.store_id
     other = wasmtime.Store(engine)
     with pytest.raises(wasmtime.WasmtimeError, match="another store"):

@@ -39,7 +39,7 @@ def test_the_key_covers_the_engine_settings(tmp_path: Path) -> None:
     assert load_and_run(tmp_path, wasm) is False
     assert load_and_run(tmp_path, wasm, max_wasm_stack_bytes=128 * 1024) is False
     assert len(cache_files(tmp_path)) == 2
-    assert load_and_run(tmp_path, wasm, isolation="fresh") is False  # pooling engine
+    assert load_and_run(tmp_path, wasm, isolation="reuse") is False  # the default allocator
     assert len(cache_files(tmp_path)) == 3
 
 

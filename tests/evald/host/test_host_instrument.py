@@ -1,4 +1,6 @@
-"""The memory.grow rewrite: it keeps a module's behaviour and only adds the refusal flag."""
+"""The memory.grow rewrite: it keeps a module's behaviour and only adds the refusal flag; and
+the fresh wrapper, which puts every mutable global back before a call, only where nothing else
+in the module can keep state."""
 
 from __future__ import annotations
 
@@ -8,7 +10,13 @@ import wasmtime
 from evald.contract import MANIFEST_SECTION, append_custom_section
 from evald.host import HostConfig, inspect_module
 from evald.host._engine import make_engine_config
-from evald.host._instrument import EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
+from evald.host._instrument import (
+    EVAL_WRAPPER_EXPORT,
+    FRESH_WRAPPER_EXPORT,
+    GROW_FLAG_EXPORT,
+    instrument_memory_grow,
+    reset_blocker,
+)
 from evald.host._wasm_binary import parse_module
 from evald.testing import manifest_bytes
 from evaluators_wasm import wasm_path
@@ -127,7 +135,9 @@ def test_the_rewrite_keeps_behaviour_and_adds_the_flag(compiled: Compiler) -> No
     info = parse_module(rewritten)
     names = {export.name for export in info.exports}
     assert {EVAL_WRAPPER_EXPORT, GROW_FLAG_EXPORT} <= names
-    assert parse_module(wasm).function_types == info.function_types[:-2]  # indices kept
+    original = parse_module(wasm).function_types
+    assert original == info.function_types[: len(original)]  # indices kept
+    assert len(info.function_types) == len(original) + 3  # grow hook, wrapper, fresh wrapper
     for n in range(8):
         for cap_pages in (1, 2, 100):
             (original, _), original_out = run_plain(
@@ -190,3 +200,116 @@ def test_a_real_zig_module_behaves_the_same_rewritten(compiled: Compiler) -> Non
         outputs.append(seen)
     assert outputs[0] == outputs[1]
     assert outputs[0][0] == b"482"
+
+
+# Globals of every kind of value a constant expression can give, mutable and not; evald_eval
+# adds 1 to each mutable number and returns the i32 (before the add) and an i64 check.
+GLOBALS_WAT = """
+(module
+  (memory (export "memory") 1)
+  (global $a (mut i32) (i32.const 7))
+  (global $b (mut i64) (i64.const -5))
+  (global $c (mut f32) (f32.const 1.5))
+  (global $d (mut f64) (f64.const -2.25))
+  (global $k i32 (i32.const 100))
+  (global $v (mut v128) (v128.const i32x4 1 2 3 4))
+  (global $r (mut funcref) (ref.null func))
+  (global $e (mut externref) (ref.null extern))
+  (func $self (result i32) (i32.const 1))
+  (elem declare func $self)
+  (func (export "evald_abi_version") (result i32) (i32.const 1))
+  (func (export "evald_input_ptr") (result i32) (i32.const 16))
+  (func (export "evald_input_cap") (result i32) (i32.const 16))
+  (func (export "evald_output_ptr") (result i32) (i32.const 32))
+  (func (export "evald_output_cap") (result i32) (i32.const 16))
+  (func (export "evald_eval") (param i32) (result i32) (local $seen i32)
+    (local.set $seen (i32.add (global.get $a) (global.get $k)))
+    (if (i64.ne (global.get $b) (i64.const -5)) (then (local.set $seen (i32.const -1))))
+    (if (f32.ne (global.get $c) (f32.const 1.5)) (then (local.set $seen (i32.const -2))))
+    (if (f64.ne (global.get $d) (f64.const -2.25)) (then (local.set $seen (i32.const -3))))
+    (if (i32.ne (i32x4.extract_lane 3 (global.get $v)) (i32.const 4))
+      (then (local.set $seen (i32.const -4))))
+    (if (i32.eqz (ref.is_null (global.get $r))) (then (local.set $seen (i32.const -5))))
+    (global.set $a (i32.add (global.get $a) (i32.const 1)))
+    (global.set $b (i64.add (global.get $b) (i64.const 1)))
+    (global.set $c (f32.add (global.get $c) (f32.const 1)))
+    (global.set $d (f64.add (global.get $d) (f64.const 1)))
+    (global.set $v (v128.const i32x4 0 0 0 0))
+    (global.set $r (ref.func $self))
+    (local.get $seen))
+)
+"""
+
+
+def _calls(compiled: Compiler, wasm: bytes, export: str, times: int) -> list[object]:
+    store = wasmtime.Store(compiled.engine)
+    store.set_fuel(10**9)
+    store.set_epoch_deadline(10**9)
+    exports = wasmtime.Instance(store, compiled(wasm), []).exports(store)
+    return [exports[export](store, 0) for _ in range(times)]
+
+
+def test_the_fresh_wrapper_puts_every_mutable_global_back(compiled: Compiler) -> None:
+    wasm = append_custom_section(wasmtime.wat2wasm(GLOBALS_WAT), MANIFEST_SECTION, manifest_bytes())
+    rewritten = instrumented(wasm)
+    assert FRESH_WRAPPER_EXPORT in {export.name for export in parse_module(rewritten).exports}
+    # the plain wrapper keeps what the last call left (reuse); the fresh one starts anew
+    assert _calls(compiled, rewritten, EVAL_WRAPPER_EXPORT, 3) == [107, -5, -5]
+    assert _calls(compiled, rewritten, FRESH_WRAPPER_EXPORT, 3) == [107, 107, 107]
+
+
+@pytest.mark.parametrize(
+    ("fields", "body", "reason"),
+    [
+        ("(func $s) (start $s)", "", "start function"),
+        ("(table $t 1 funcref)", "(table.set $t (i32.const 0) (ref.null func))", "table.set"),
+        (
+            "(table $t 1 funcref)",
+            "(drop (table.grow $t (ref.null func) (i32.const 1)))",
+            "table.grow",
+        ),
+        (
+            "(table $t 1 funcref)",
+            "(table.fill $t (i32.const 0) (ref.null func) (i32.const 1))",
+            "table.fill",
+        ),
+        (
+            "(table $t 2 funcref)",
+            "(table.copy $t $t (i32.const 0) (i32.const 1) (i32.const 1))",
+            "table.copy",
+        ),
+        (
+            "(table $t 1 funcref) (elem $e func $f) (func $f)",
+            "(table.init $t $e (i32.const 0) (i32.const 0) (i32.const 1))",
+            "table.init",
+        ),
+        ("(elem $e func $f) (func $f)", "(elem.drop $e)", "elem.drop"),
+        ('(data $d "xy")', "(data.drop $d)", "data.drop"),
+    ],
+)
+def test_a_module_that_could_keep_state_elsewhere_gets_no_fresh_wrapper(
+    fields: str, body: str, reason: str
+) -> None:
+    wat = (
+        '(module (memory (export "memory") 1) '
+        + fields
+        + ' (func (export "evald_eval") (param i32) (result i32) '
+        + body
+        + " (i32.const 0)))"
+    )
+    wasm = wasmtime.wat2wasm(wat)
+    info = parse_module(wasm)
+    assert reason in reset_blocker(wasm, info)
+    eval_index = next(e.index for e in info.exports if e.name == "evald_eval")
+    rewritten = instrument_memory_grow(wasm, info, eval_index)
+    assert rewritten is not None
+    names = {export.name for export in parse_module(rewritten).exports}
+    assert EVAL_WRAPPER_EXPORT in names and FRESH_WRAPPER_EXPORT not in names
+
+
+def test_memory_init_without_data_drop_keeps_the_fresh_wrapper() -> None:
+    wat = """(module (memory (export "memory") 1) (data $d "xy")
+      (func (export "evald_eval") (param i32) (result i32)
+        (memory.init $d (i32.const 0) (i32.const 0) (i32.const 2)) (i32.const 0)))"""
+    wasm = wasmtime.wat2wasm(wat)
+    assert reset_blocker(wasm, parse_module(wasm)) == ""

@@ -1,4 +1,5 @@
-"""Instance reuse and isolation: pool keys, discarding after traps, buffer zeroing, threads."""
+"""Instance reuse and isolation: pool keys, discarding after traps, buffer zeroing, threads; and
+fresh isolation: nothing of an earlier call, traps, modules it cannot put back, a full pool."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import wasmtime
 
-from evald.contract import ErrorCode
-from evald.host import EvalOutcome, HostConfig, Limits, WasmHost
-from evald.testing import PAGE, arg, guest
+from evald.contract import ErrorCode, EvaldError
+from evald.host import MAX_TABLE_ELEMENTS, EvalOutcome, HostConfig, Limits, WasmHost
+from evald.testing import PAGE, REMEMBERED_NOTHING, arg, guest, remembered
 
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[WasmHost]:
-    with WasmHost() as wasm_host:
+    with WasmHost(HostConfig(isolation="reuse")) as wasm_host:
         yield wasm_host
 
 
@@ -101,7 +103,7 @@ def test_a_later_trap_is_not_blamed_on_an_earlier_refused_grow(host: WasmHost) -
 
 
 def test_instances_per_thread_are_bounded() -> None:
-    with WasmHost(HostConfig(instances_per_thread=2)) as host:
+    with WasmHost(HostConfig(isolation="reuse", instances_per_thread=2)) as host:
         count = host.load(guest("count"))
         for key in ("a", "b", "c"):
             assert host.evaluate(count, b"x", Limits(), pool_key=key).value == "1"
@@ -165,3 +167,194 @@ def test_a_reused_instance_takes_a_new_memory_view_after_a_grow(host: WasmHost) 
     assert instance.view_size >= 10 * PAGE
     dump = host.load(guest("dump_input", 16))
     assert host.evaluate(dump, b"after", limits, pool_key="view").value == "after" + "\0" * 11
+
+
+# -- fresh isolation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("allocator", ["pooling", "default"])
+def test_fresh_finds_nothing_of_an_earlier_call_within_and_across_pool_keys(allocator: str) -> None:
+    with WasmHost(HostConfig(isolation="fresh", allocator=allocator)) as host:
+        remember = host.load(guest("remember"))
+        assert remember.resettable
+        for key in ("a", "b", "a", "a", "b"):
+            outcome = host.evaluate(remember, f"secret-{key}".encode(), Limits(), pool_key=key)
+            assert outcome.value == REMEMBERED_NOTHING, (allocator, key, outcome)
+        assert host.cached_bytes("a") > 0  # kept (and put back), not made per call
+
+
+def test_reuse_finds_the_previous_call_of_its_pool_key_only() -> None:
+    with WasmHost(HostConfig(isolation="reuse")) as host:
+        remember = host.load(guest("remember"))
+        assert host.evaluate(remember, b"first", Limits(), pool_key="a").value == REMEMBERED_NOTHING
+        assert host.evaluate(remember, b"other", Limits(), pool_key="b").value == REMEMBERED_NOTHING
+        assert host.evaluate(remember, b"again", Limits(), pool_key="a").value == remembered(
+            b"first"
+        )
+
+
+def test_a_trap_during_a_fresh_call_leaves_nothing_for_the_next() -> None:
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        remember = host.load(guest("remember"))
+        trapped = host.evaluate(remember, b"!kept before the trap", Limits(), pool_key="t")
+        assert trapped.error is ErrorCode.GUEST_FAULT
+        assert host.cached_bytes("t") == 0  # the trapped instance is gone
+        after = host.evaluate(remember, b"x", Limits(), pool_key="t")
+        assert after.value == REMEMBERED_NOTHING
+
+
+def test_a_guest_error_in_fresh_mode_is_put_back_too() -> None:
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        module = host.load(guest("dump_or_error", 12))
+        failed = host.evaluate(module, b"e-secret", Limits(), pool_key="e")
+        assert failed.error is ErrorCode.SYNTAX
+        assert host.evaluate(module, b"", Limits(), pool_key="e").value == "\0" * 12
+
+
+def test_a_module_that_cannot_be_put_back_gets_a_new_instance_per_call() -> None:
+    # a start function sets the global: the fresh wrapper could not know its value
+    wasm = guest("count", start="(global.set $count (i32.const 4))")
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        count = host.load(wasm)
+        assert not count.resettable
+        assert values([host.evaluate(count, b"x", Limits()) for _ in range(3)]) == ["5", "5", "5"]
+        assert host.cached_bytes("") == 0  # nothing kept
+
+
+def test_without_the_kernels_scan_fresh_instantiates_per_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from evald.host import _fastcall
+
+    monkeypatch.setattr(_fastcall._PAGEMAP, "_probed", True)
+    monkeypatch.setattr(_fastcall._PAGEMAP, "error", "no PAGEMAP_SCAN (test)")
+    with (
+        caplog.at_level("WARNING", logger="evald.host"),
+        WasmHost(HostConfig(isolation="fresh")) as host,
+    ):
+        warned = [r for r in caplog.records if "new instance for every call" in r.message]
+        assert len(warned) == 1 and "no PAGEMAP_SCAN (test)" in warned[0].getMessage()
+        remember = host.load(guest("remember"))
+        answers = [host.evaluate(remember, b"secret", Limits()).value for _ in range(3)]
+        assert answers == [REMEMBERED_NOTHING] * 3
+        assert host.cached_bytes("") == 0
+
+
+def test_a_full_instance_pool_drops_kept_instances_to_make_room() -> None:
+    # 3 slots: the trial instance at load needs one while it lives; then kept instances of 5
+    # pool keys compete for them, and the least recently used make room
+    with WasmHost(HostConfig(isolation="fresh", pool_instances=3)) as host:
+        remember = host.load(guest("remember"))
+        for round_ in range(2):
+            for key in "abcde":
+                outcome = host.evaluate(remember, key.encode(), Limits(), pool_key=key)
+                assert outcome.value == REMEMBERED_NOTHING, (round_, key, outcome)
+        assert sum(host.cached_bytes(key) > 0 for key in "abcde") <= 3
+
+
+def test_a_full_pool_with_nothing_to_drop_is_unavailable_not_a_crash() -> None:
+    with WasmHost(HostConfig(isolation="fresh", pool_instances=1)) as host:
+        remember = host.load(guest("remember"))
+        kept, done = threading.Event(), threading.Event()
+
+        def hold_the_only_slot() -> None:  # this thread's kept instance, alive until done
+            assert host.evaluate(remember, b"x", Limits(), pool_key="x").ok
+            kept.set()
+            done.wait(30)
+
+        holder = threading.Thread(target=hold_the_only_slot)
+        holder.start()
+        assert kept.wait(30)
+        refused = host.evaluate(remember, b"y", Limits(), pool_key="y")
+        assert refused.error is ErrorCode.UNAVAILABLE, refused
+        assert "pool_instances" in refused.message
+        done.set()
+        holder.join()  # the thread's instances go with it
+        assert host.evaluate(remember, b"z", Limits(), pool_key="y").value == REMEMBERED_NOTHING
+
+
+def test_a_module_larger_than_a_pool_slot_is_refused_at_load() -> None:
+    with WasmHost(HostConfig(isolation="fresh", pool_memory_bytes=4 * PAGE)) as host:
+        with pytest.raises(EvaldError):
+            host.load(guest("echo", pages=5), limits=Limits(memory_bytes=64 * PAGE))
+        assert host.load(guest("echo", pages=4)).manifest.name == "probe"
+
+
+# -- a put-back instance is a new one, to the guest -------------------------------------------
+
+_STATE_WAT = """
+(module
+  (memory (export "memory") 2)
+  (data (i32.const 4096) "ORIGINAL")
+  (func (export "evald_abi_version") (result i32) (i32.const 1))
+  (func (export "evald_input_ptr") (result i32) (i32.const 16))
+  (func (export "evald_input_cap") (result i32) (i32.const 64))
+  (func (export "evald_output_ptr") (result i32) (i32.const 1024))
+  (func (export "evald_output_cap") (result i32) (i32.const 64))
+  ;; answers: memory size in pages (one digit), then the 8 bytes of the data segment; then
+  ;; overwrites the segment with the input, and grows the memory on an input "g..."
+  (func (export "evald_eval") (param $n i32) (result i32)
+    (i32.store8 (i32.const 1024) (i32.add (i32.const 48) (memory.size)))
+    (memory.copy (i32.const 1025) (i32.const 4096) (i32.const 8))
+    (memory.copy (i32.const 4096) (i32.const 16) (local.get $n))
+    (if (i32.eq (i32.load8_u (i32.const 16)) (i32.const 0x67))
+      (then (drop (memory.grow (i32.const 1)))))
+    (i32.const 9))
+)
+"""
+
+
+def _state_module() -> bytes:
+    from evald.contract import MANIFEST_SECTION, append_custom_section
+    from evald.testing import manifest_bytes
+
+    return append_custom_section(
+        bytes(wasmtime.wat2wasm(_STATE_WAT)), MANIFEST_SECTION, manifest_bytes()
+    )
+
+
+def test_memory_size_and_data_segments_are_a_new_instances_after_any_call() -> None:
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        module = host.load(_state_module())
+        assert module.resettable
+        answers = [
+            host.evaluate(module, data, Limits(), pool_key="s").value
+            for data in (b"overwritten", b"grow and overwrite", b"again", b"x")
+        ]
+        assert answers == ["2ORIGINAL"] * 4
+    with WasmHost(HostConfig(isolation="reuse")) as reused:  # the control
+        module = reused.load(_state_module())
+        answers = [
+            reused.evaluate(module, data, Limits(), pool_key="s").value
+            for data in (b"overwritten", b"grow and overwrite", b"again")
+        ]
+        assert answers == ["2ORIGINAL", "2overwrit", "3grow and"]
+
+
+def test_a_module_that_changes_a_table_gets_a_new_table_every_call() -> None:
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        grower = host.load(guest("table_grow"))
+        assert not grower.resettable  # table.grow: run on a new instance per call
+        data = arg(MAX_TABLE_ELEMENTS - 1)  # the table starts with 1 element: full after one
+        assert [host.evaluate(grower, data, Limits()).value for _ in range(3)] == ["ok"] * 3
+    with WasmHost(HostConfig(isolation="reuse")) as reused:
+        grower = reused.load(guest("table_grow"))
+        assert [reused.evaluate(grower, data, Limits()).value for _ in range(2)] == ["ok", "no"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "code"),
+    [
+        (Limits(fuel=10**6), ErrorCode.FUEL_EXHAUSTED),
+        (Limits(fuel=0, deadline_ms=5), ErrorCode.DEADLINE_EXCEEDED),
+    ],
+)
+def test_a_call_ended_by_a_limit_leaves_no_instance_behind(limits: Limits, code: ErrorCode) -> None:
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        burn = host.load(guest("burn"))
+        assert host.evaluate(burn, arg(10), Limits(), pool_key="d").value == "ok"
+        assert host.cached_bytes("d") > 0
+        ended = host.evaluate(burn, arg(2**31 - 1), limits, pool_key="d")
+        assert ended.error is code
+        assert host.cached_bytes("d") == 0  # discarded mid-call, never put back and reused
+        assert host.evaluate(burn, arg(10), Limits(), pool_key="d").value == "ok"

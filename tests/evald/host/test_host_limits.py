@@ -1,4 +1,5 @@
-"""Every limit as an n / n+1 pair, and after each the same host still answers correctly."""
+"""Every limit as an n / n+1 pair, and after each the same host still answers correctly: in every
+isolation mode (fresh with the pooling and with the default allocator, and reuse)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from evald.testing import PAGE, arg, guest
 UNMETERED = Limits(fuel=0, deadline_ms=10_000)
 
 
-@pytest.fixture(scope="module")
-def host() -> Iterator[WasmHost]:
-    with WasmHost() as wasm_host:
+MODES = {
+    "fresh-pooling": HostConfig(isolation="fresh", allocator="pooling"),
+    "fresh-default": HostConfig(isolation="fresh", allocator="default"),
+    "reuse": HostConfig(isolation="reuse"),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def host(request: pytest.FixtureRequest) -> Iterator[WasmHost]:
+    with WasmHost(MODES[request.param]) as wasm_host:
         yield wasm_host
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from evald.host import Limits, LoadedModule, WasmHost
+from evald.host import HostConfig, Limits, LoadedModule, WasmHost
 from evald.testing import PAGE, arg, guest, manifest_bytes
 
 MIB = 2**20
@@ -19,7 +19,7 @@ PAGES_PER_CALL = 64  # 4 MiB of guest memory written by each call of a "fill" mo
 
 @pytest.fixture
 def host() -> Iterator[WasmHost]:
-    with WasmHost() as wasm_host:
+    with WasmHost(HostConfig(isolation="reuse")) as wasm_host:
         yield wasm_host
 
 

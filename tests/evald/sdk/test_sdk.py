@@ -9,60 +9,29 @@ each failure case is one small edit of a copy (the unchanged parts come from Zig
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import io
 import json
 import re
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_harness import TOKENS, Daemon, padded, start_daemon, tenant_block
+from sdk_cli import Run, cli, roman
 
 import evald.sdk._sdk as sdk
-from evald.cli import main
 
 CAP_BYTES = 64 * 1024
 NAME = "mytag"
 TENANT = "beta"
 
 
-@dataclass
-class Run:
-    status: int
-    out: str
-    err: str
-
-
-def cli(*args: str | Path) -> Run:
-    """Runs ``evald ARGS`` in this process (the console script's own ``main``)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(arg) for arg in args])
-    return Run(status, out.getvalue(), err.getvalue())
-
-
 def on_daemon(daemon: Daemon, *args: str | Path) -> Run:
     command, *rest = args
     return cli(command, "--target", daemon.target, "--token", TOKENS[TENANT], *rest)
-
-
-def roman(number: int) -> str:
-    """The template's semantics, written independently of the guest."""
-    out = ""
-    for value, symbol in zip(
-        (1000, 900, 500, 400, 100, 90, 50, 40, 10, 9, 5, 4, 1),
-        ("M", "CM", "D", "CD", "C", "XC", "L", "XL", "X", "IX", "V", "IV", "I"),
-        strict=True,
-    ):
-        count, number = divmod(number, value)
-        out += symbol * count
-    return out
 
 
 def xgrammar_available() -> bool:
@@ -137,11 +106,18 @@ def edit_manifest(folder: Path, **fields: str) -> None:
 
 def test_new_writes_the_template_with_the_name(zig_folder: Path, c_folder: Path) -> None:
     assert sorted(p.name for p in zig_folder.iterdir() if p.suffix != ".wasm") == [
-        "cases.jsonl", "grammar.ebnf", "main.zig", "manifest.json"]
+        "cases.jsonl",
+        "grammar.ebnf",
+        "main.zig",
+        "manifest.json",
+    ]
     assert (c_folder / "main.c").read_bytes() == (sdk.TEMPLATE_DIR / "main.c").read_bytes()
     manifest = json.loads((zig_folder / "manifest.json").read_text())
     assert (manifest["name"], manifest["tag"], manifest["semantics_version"]) == (
-        NAME, NAME, f"{NAME}/1")
+        NAME,
+        NAME,
+        f"{NAME}/1",
+    )
     assert "NAME" not in (zig_folder / "manifest.json").read_text()
 
 
@@ -203,7 +179,8 @@ def test_build_failure_shows_the_compiler_output(zig_folder: Path, tmp_path: Pat
     assert re.search(r"main\.zig:\d+:\d+: error: expected expression", run.err), run.err
     assert "return 1 +;" in run.err  # the offending line, as the compiler quotes it
     assert run.err.rstrip().endswith(
-        "error: invalid_module: compiling main.zig failed (compiler output above)")
+        "error: invalid_module: compiling main.zig failed (compiler output above)"
+    )
     assert not (broken / f"{NAME}.wasm").exists()
 
 
@@ -212,7 +189,8 @@ def test_a_module_that_imports_something_is_refused(zig_folder: Path, tmp_path: 
     source = importing / "main.zig"
     text = source.read_text()
     text = text.replace(
-        "const input_capacity", 'extern "env" fn clock_ms() u32;\n\nconst input_capacity', 1)
+        "const input_capacity", 'extern "env" fn clock_ms() u32;\n\nconst input_capacity', 1
+    )
     text = text.replace("if (number > 3999)", "if (number > 3999 + clock_ms())", 1)
     source.write_text(text)
     run = cli("build", importing, "--no-grammar-check")
@@ -242,7 +220,8 @@ def test_a_grammar_xgrammar_cannot_compile_is_refused(
     label = "input_grammar" if field == "grammar" else "result_regex"
     assert run.status == 2
     assert run.err.startswith(
-        f"error: invalid_module: manifest field {label} does not compile with XGrammar: ")
+        f"error: invalid_module: manifest field {label} does not compile with XGrammar: "
+    )
     assert reason in run.err and ".cc:" not in run.err  # the reason, not XGrammar's C++ file
 
 
@@ -258,12 +237,13 @@ def test_build_applies_the_configured_module_cap(
     zig_folder: Path, zig_wasm: bytes, tmp_path: Path
 ) -> None:
     config = tmp_path / "evald.toml"
-    config.write_text(f'[host]\nmodule_bytes = {len(zig_wasm) - 1}\n')
+    config.write_text(f"[host]\nmodule_bytes = {len(zig_wasm) - 1}\n")
     run = cli("build", zig_folder, "--no-grammar-check", "--config", config, "-o", tmp_path / "o")
     assert run.status == 2
     assert f"the module is {len(zig_wasm)} bytes; the module size cap is {len(zig_wasm) - 1}" in (
-        run.err)
-    config.write_text(f'[host]\nmodule_bytes = {len(zig_wasm)}\n')
+        run.err
+    )
+    config.write_text(f"[host]\nmodule_bytes = {len(zig_wasm)}\n")
     run = cli("build", zig_folder, "--no-grammar-check", "--config", config, "-o", tmp_path / "o")
     assert run.status == 0, run.err
     assert (tmp_path / "o").read_bytes() == zig_wasm
@@ -296,8 +276,15 @@ def test_the_scan_finds_no_problem_in_the_standard_grammars() -> None:
 
     for spec in standard_evaluators():
         manifest = Manifest(
-            1, spec.name, "1.0.0", spec.tag, f"{spec.name}/1", "", spec.input_grammar,
-            spec.result_regex)
+            1,
+            spec.name,
+            "1.0.0",
+            spec.tag,
+            f"{spec.name}/1",
+            "",
+            spec.input_grammar,
+            spec.result_regex,
+        )
         assert sdk.grammar_warnings(manifest) == [], spec.name
 
 
@@ -349,8 +336,10 @@ def test_test_flags_a_value_outside_the_result_regex(
     assert run.status == 1
     rows = {row["input"]: row for row in map(json.loads, run.out.splitlines())}
     assert rows["4"]["passed"]
-    assert not rows["1994"]["passed"] and "does not match the manifest's result_regex" in (
-        rows["1994"]["problem"])
+    assert (
+        not rows["1994"]["passed"]
+        and "does not match the manifest's result_regex" in (rows["1994"]["problem"])
+    )
 
 
 def test_test_runs_under_the_tenant_limits(zig_wasm: bytes, tmp_path: Path) -> None:
@@ -374,8 +363,12 @@ def test_test_runs_under_the_tenant_limits(zig_wasm: bytes, tmp_path: Path) -> N
     run = cli("test", module, cases, "--json", "--config", config, "--tenant", "nobody")
     assert run.status == 2 and "has no tenant 'nobody' (tenants: tight)" in run.err
     config.write_text(config.read_text().replace("input_bytes = 3", "input_bytes = 4"))
-    rows = [json.loads(line) for line in cli(
-        "test", module, cases, "--json", "--config", config, "--tenant", "tight").out.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in cli(
+            "test", module, cases, "--json", "--config", config, "--tenant", "tight"
+        ).out.splitlines()
+    ]
     assert [row["error"] for row in rows][1:] == ["fuel_exhausted", "fuel_exhausted"]
 
 
@@ -414,15 +407,18 @@ def test_register_list_call_and_unregister(
     ]
     mine = next(info for info in listed if info["name"] == NAME)
     assert (mine["tag"], mine["version"], mine["owner"], mine["sha256"]) == (
-        NAME, "0.1.0", TENANT, sha)
+        NAME,
+        "0.1.0",
+        TENANT,
+        sha,
+    )
     table = on_daemon(daemon, "evaluators").out
     assert f"<{NAME}>" in table and "0.1.0" in table
     # the console script itself, in a subprocess, as a tenant would run it
     called = daemon.cli("call", NAME, "1994", "--token", TOKENS[TENANT])
     assert (called.returncode, called.stdout) == (0, "MCMXCIV\n"), called.stderr
     refused = on_daemon(daemon, "call", NAME, "4000")
-    assert (refused.status, refused.err) == (
-        2, "error: domain: Roman numerals cover 1 to 3999\n")
+    assert (refused.status, refused.err) == (2, "error: domain: Roman numerals cover 1 to 3999\n")
     # another tenant never sees it
     local = cli("call", "--target", daemon.target, NAME, "1994")
     assert local.status == 2 and local.err.startswith("error: unknown_evaluator")
@@ -446,7 +442,8 @@ def test_registration_refusals_are_clear(
         again = on_daemon(daemon, "register", module)
         assert again.status == 2
         assert again.err.startswith(
-            f"error: invalid_argument: you already have an evaluator '{NAME}'")
+            f"error: invalid_argument: you already have an evaluator '{NAME}'"
+        )
         assert on_daemon(daemon, "register", module, "--replace").status == 0
 
         # the same tag under another name: clashes with the tenant's own evaluator
@@ -457,7 +454,8 @@ def test_registration_refusals_are_clear(
         assert clash.status == 2
         assert clash.err.startswith(
             "error: invalid_argument: the manifest's name 'twin' or tag 'mytag' clashes with "
-            f"your evaluator '{NAME}'")
+            f"your evaluator '{NAME}'"
+        )
 
         # a standard name, uploaded without `evald build` (which would refuse it)
         edit_manifest(twin, name="strop", tag="twin")
@@ -472,7 +470,8 @@ def test_registration_refusals_are_clear(
         assert big.status == 2
         assert big.err.startswith(
             f"error: invalid_module: the module is {CAP_BYTES + 1} bytes; the module size cap "
-            f"is {CAP_BYTES} bytes")
+            f"is {CAP_BYTES} bytes"
+        )
         (tmp_path / "fits.wasm").write_bytes(padded(zig_wasm, CAP_BYTES))
         assert on_daemon(daemon, "register", tmp_path / "fits.wasm", "--replace").status == 0
         assert on_daemon(daemon, "call", NAME, "4").out == "IV\n"  # still serving
@@ -537,8 +536,10 @@ def test_the_adapter_grammar_picks_up_the_new_tag(
                 forced += step
             return codec.decode(forced)
 
-        for number, expected in (("1994", b"<result>MCMXCIV</result>"),
-                                 ("4000", b"<result_error>domain</result_error>")):
+        for number, expected in (
+            ("1994", b"<result>MCMXCIV</result>"),
+            ("4000", b"<result_error>domain</result_error>"),
+        ):
             matcher = xgr.GrammarMatcher(compiled)
             injector = Injector(codec, grammar.bindings, client, deadline_ms=5000)
             feed(matcher, injector, f"In Roman numerals <{NAME}>{number}</{NAME}>")
@@ -649,19 +650,22 @@ def test_build_refuses_literals_the_grammar_does_not_define(
     run = cli("build", bad, "--no-grammar-check")
     assert run.status == 2
     assert "manifest literals names the rule 'digits', which input_grammar does not define" in (
-        run.err)
+        run.err
+    )
 
 
 def test_the_guide_shows_the_template_sources_verbatim() -> None:
     guide = (Path(__file__).resolve().parents[3] / "docs" / "writing-evaluators.md").read_text()
+    fences = {"zig": "zig", "c": "c", "rust": "rust", "assemblyscript": "ts"}
     blocks = dict(
-        (lang, body) for lang, body in re.findall(r"```(zig|c)\n(.*?)```", guide, re.S)
+        (lang, body) for lang, body in re.findall(r"```(zig|c|rust|ts)\n(.*?)```", guide, re.S)
     )
-    for lang, file_name in sdk.LANGUAGES.items():
-        source = (sdk.TEMPLATE_DIR / file_name).read_text()
-        assert blocks[lang] == source, f"docs/writing-evaluators.md's {lang} example is stale"
+    for lang in sdk.LANGUAGES:
+        source = next(iter(sdk.template_files(lang).values())).read_text()
+        assert blocks[fences[lang]] == source, (
+            f"docs/writing-evaluators.md's {lang} example is stale")
         assert len(source.splitlines()) < 100
-        assert f"writes this ({len(source.splitlines())} lines)" in guide
+        assert f"({len(source.splitlines())} lines)" in guide
     assert (sdk.TEMPLATE_DIR / "grammar.ebnf").read_text().strip() in guide
 
 

@@ -3,7 +3,8 @@
 An infinite loop in ``eval``, ``memory.grow`` bombs, deep recursion, oversized and negative output
 lengths, writes past the output buffer and past memory, invalid UTF-8, guest errors that
 impersonate host codes, table bombs, a probe that reports how much memory the guest really got,
-and a module registered under the victim's module name. Each row says which outcomes a call may
+a module registered under the victim's module name, and one that reports what an earlier call
+left in its global and its heap. Each row says which outcomes a call may
 have; anything else is a violation (a loop that returns a value has escaped its limits).
 ``deadline_exceeded`` is always allowed: deadlines are wall-clock time, and a busy machine that
 stalls a worker can end even a trivial call. The rows' order is part of a run: the modules step
@@ -45,6 +46,11 @@ def _output_past_limit(name: str, params: AttackParams) -> bytes:
 def _lengths_around_output_limit(rng: random.Random, params: AttackParams) -> bytes:
     limit = params.output_bytes
     return rng.choice((arg(limit - 1), arg(limit), arg(limit + 1), arg(_output_capacity(params))))
+
+
+def _secret_word(rng: random.Random, _params: AttackParams) -> bytes:
+    """A short word that the next call on the same instance would find (under reuse)."""
+    return bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randrange(1, 32)))
 
 
 def _huge_data_segment(name: str, params: AttackParams) -> bytes:
@@ -207,6 +213,15 @@ REGISTERED_THEN_MISBEHAVING: tuple[ModuleRow, ...] = (
         with_behaviour("stale_output", 4096),
         expected=_OK | _GUEST_FAULT,
         draw=one_of(b"", b"xy"),
+    ),
+    # state one call leaves for the next: under fresh isolation a call must find none
+    ModuleRow(
+        "remember",
+        "state_left_by_an_earlier_call",
+        with_behaviour("remember"),
+        expected=_OK,
+        draw=_secret_word,
+        probe="previous_call",
     ),
 )
 

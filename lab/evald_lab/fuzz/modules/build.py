@@ -54,7 +54,8 @@ class MaliciousModule:
         draw_input: the input of one call.
         heavy: each call burns the tenant's whole fuel or deadline.
         probe: ``memory_pages`` when the value is the guest's page count (checked against the
-            memory limit).
+            memory limit); ``previous_call`` when it is what an earlier call left (nothing,
+            under fresh isolation).
     """
 
     name: str

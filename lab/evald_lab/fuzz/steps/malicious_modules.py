@@ -2,7 +2,8 @@
 
 A step calls a draw of the cheap modules and a few heavy ones (each burns the tenant's whole
 fuel or deadline) and holds every outcome to the module's table row; the memory probe's value
-must stay within the memory limit. Now and then (the profile's ``registration_rate``) it also
+must stay within the memory limit, and under fresh isolation the ``remember`` module must find
+nothing of an earlier call. Now and then (the profile's ``registration_rate``) it also
 registers a mutated module or a refused one again.
 """
 
@@ -55,6 +56,8 @@ def _check_outcome(
                 )
             ]
         )
+    if module.probe == "previous_call" and outcome == "ok" and ctx.fresh:
+        ctx.recorder.add(ctx.checker.nothing_survived(_KLASS, ctx.attacker, response.value))
     if module.probe == "memory_pages" and outcome == "ok":
         try:
             pages = int(response.value)

@@ -1,0 +1,195 @@
+"""MemoryReset, the unsafe half of fresh isolation: after any writes, every byte of the memory is
+what a new instance has, checked byte for byte against a second, untouched instance."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import wasmtime
+
+from evald.host import HostConfig
+from evald.host import _fastcall as fast
+from evald.host._engine import make_engine_config
+
+pytestmark = pytest.mark.skipif(
+    bool(fast.memory_reset_unavailable()), reason=fast.memory_reset_unavailable() or "available"
+)
+
+PAGES = 40  # wasm pages: 2.5 MiB, 640 host pages
+# An image with data in three places (one crossing a host page boundary), and functions to
+# write bytes at any address, read one, and grow the memory.
+WAT = f"""
+(module
+  (memory (export "memory") {PAGES})
+  (data (i32.const 100) "image at the start")
+  (data (i32.const 8190) "across a page boundary")
+  (data (i32.const 1048576) "\\01\\02\\03 in the middle")
+  (func (export "poke") (param $at i32) (param $byte i32) (result i32)
+    (i32.store8 (local.get $at) (local.get $byte)) (i32.const 0))
+  (func (export "peek") (param $at i32) (result i32) (i32.load8_u (local.get $at)))
+  (func (export "grow") (result i32) (memory.grow (i32.const 1)))
+)
+"""
+
+
+@pytest.fixture(scope="module", params=["default", "pooling"])
+def engine(request: pytest.FixtureRequest) -> wasmtime.Engine:
+    pooling = request.param == "pooling"
+    config = HostConfig(pool_instances=8, pool_memory_bytes=8 * 2**20)
+    return wasmtime.Engine(make_engine_config(config, pooling=pooling))
+
+
+@pytest.fixture(scope="module")
+def pre(engine: wasmtime.Engine) -> wasmtime.InstancePre:
+    return wasmtime.Linker(engine).instantiate_pre(wasmtime.Module(engine, wasmtime.wat2wasm(WAT)))
+
+
+class Guest:
+    def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre) -> None:
+        self.engine, self.pre = engine, pre
+        self.store = wasmtime.Store(engine)
+        self.store.set_fuel(10**12)
+        self.store.set_epoch_deadline(10**9)
+        self.instance = fast.instantiate(self.store, pre)
+        exported = fast.export(self.store, self.instance, "memory")
+        assert isinstance(exported, wasmtime.Memory)
+        self.memory = fast.RawMemory(self.store, exported)
+        self.poke, self.peek, self.grow = (
+            fast.RawFunc.bind(self.store, self._func(name), params=params, results=1)
+            for name, params in (("poke", 2), ("peek", 1), ("grow", 0))
+        )
+
+    def _func(self, name: str) -> wasmtime.Func:
+        item = fast.export(self.store, self.instance, name)
+        assert isinstance(item, wasmtime.Func)
+        return item
+
+    def contents(self) -> bytes:
+        return bytes(self.memory.view())
+
+
+@pytest.fixture(params=["native", "python"])
+def native(request: pytest.FixtureRequest) -> bool:
+    if request.param == "native" and fast._NATIVE_RESET is None:
+        pytest.skip("evald.host._reset is not built")
+    return bool(request.param == "native")
+
+
+def _reset_for(guest: Guest, native: bool) -> fast.MemoryReset:
+    """A reset of ``guest``'s memory to what a new instance (a probe) has."""
+    probe = Guest(guest.engine, guest.pre)
+    return fast.MemoryReset(guest.memory, fast.pristine_pages(probe.memory), native=native)
+
+
+@pytest.fixture
+def guest(engine: wasmtime.Engine, pre: wasmtime.InstancePre) -> Guest:
+    return Guest(engine, pre)
+
+
+@pytest.fixture
+def pristine(engine: wasmtime.Engine, pre: wasmtime.InstancePre) -> bytes:
+    return Guest(engine, pre).contents()
+
+
+def test_pristine_pages_are_exactly_the_non_zero_pages(guest: Guest, pristine: bytes) -> None:
+    pages = fast.pristine_pages(guest.memory)
+    page = fast.HOST_PAGE_BYTES
+    assert [offset for offset, _ in pages] == [0, page, 2 * page, 1048576]
+    rebuilt = bytearray(len(pristine))
+    for offset, data in pages:
+        rebuilt[offset : offset + len(data)] = data
+    assert bytes(rebuilt) == pristine
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_after_any_writes_the_memory_is_a_new_instances(
+    guest: Guest, pristine: bytes, seed: int, native: bool
+) -> None:
+    rng = random.Random(seed)
+    reset = _reset_for(guest, native)
+    size = PAGES * 65536
+    for _round in range(4):
+        # writes anywhere (image, zero region, page edges), reads that only map zero pages
+        for _ in range(rng.randrange(1, 300)):
+            guest.poke(rng.randrange(size), rng.randrange(256))
+        for _ in range(50):
+            guest.peek(rng.randrange(size))
+        guest.poke(size - 1, 0xFF)  # the last byte
+        guest.poke(0, 0xAA)  # the first
+        guest.memory.write(1048576, b"\0\0\0")  # an image page turned to zeros by the host
+        assert guest.contents() != pristine
+        reset.reset()
+        assert guest.contents() == pristine
+
+
+def test_more_regions_than_one_scan_returns_are_all_reset(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    page = fast.HOST_PAGE_BYTES
+    for index in range(0, 600, 2):  # 300 separate written pages: ten scans of 32 regions
+        guest.poke(index * page + 7, 1)
+    reset.reset()
+    assert guest.contents() == pristine
+
+
+def test_an_untouched_memory_stays_as_it_is(guest: Guest, pristine: bytes, native: bool) -> None:
+    reset = _reset_for(guest, native)
+    assert reset.reset() >= 0
+    assert guest.contents() == pristine
+
+
+def test_a_reset_page_stays_resident_and_is_reset_again(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    guest.poke(300_000, 9)
+    first = reset.reset()
+    assert first >= fast.HOST_PAGE_BYTES  # the written page was found
+    guest.poke(300_000, 9)
+    assert reset.reset() >= first  # still found (resident), and written back
+    assert guest.contents() == pristine
+
+
+def test_pristine_pages_must_be_sorted_aligned_and_inside(guest: Guest) -> None:
+    page = fast.HOST_PAGE_BYTES
+    data = bytes(page)
+    for bad in ([(page, data), (0, data)], [(10, data)], [(PAGES * 65536, data)]):
+        with pytest.raises(ValueError):
+            fast.MemoryReset(guest.memory, bad)
+
+
+def test_a_forked_child_resets_with_its_own_page_tables(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    guest.poke(500_000, 3)
+    reset.reset()  # the parent's pages are now resident and mapped
+    pid = os.fork()
+    if pid == 0:  # the child: its own copy of the memory, its own pagemap
+        try:
+            guest.poke(700_000, 5)
+            guest.poke(100, 0)
+            reset.reset()
+            os._exit(0 if guest.contents() == pristine else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert guest.contents() == pristine  # the child's writes never reached the parent
+
+
+def test_a_grown_memory_is_refused_by_the_instance_not_reset() -> None:
+    from evald.host import Limits, WasmHost
+    from evald.testing import arg
+    from evald.testing import guest as module
+
+    with WasmHost(HostConfig(isolation="fresh")) as host:
+        grow = host.load(module("grow"))
+        assert grow.resettable
+        assert host.evaluate(grow, arg(1), Limits(), pool_key="g").ok
+        assert host.cached_bytes("g") == 0  # the grown instance was dropped, not kept
+        assert host.evaluate(grow, arg(0), Limits(), pool_key="g").ok
+        assert host.cached_bytes("g") > 0  # an instance that did not grow is kept
