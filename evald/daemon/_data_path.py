@@ -33,9 +33,11 @@ socket buffer fills) and nobody else, and one that reads nothing for ``stream_st
 off.
 
 What a connection may take from others: before its HELLO it counts in the small pool of
-connections with no tenant yet (``data_unauthenticated_connections``; when it is full, a
-connection that has sent nothing at all makes room for a new one at once, and one whose HELLO
-started but has not finished after :data:`HELLO_GRACE_S`); then it is one call of its tenant's
+connections with no tenant yet (``data_unauthenticated_connections``), where each slot is paid
+for by the peer process that holds it (:func:`peer_of`, from ``SO_PEERCRED``): when the pool is
+full, a new connection makes room at the expense of the peer holding the most slots, which is
+its own peer when that peer already holds as many as anyone (:func:`choose_eviction`), so a
+peer churning connections evicts only its own; then it is one call of its tenant's
 ``max_calls`` and one of its share of ``data_max_connections`` (:meth:`Core.enter`). Its frames
 are read by :class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within
 ``frame_timeout_s`` of its header, and counts in its tenant's ``request_bytes`` from the header
@@ -50,11 +52,12 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -85,6 +88,9 @@ __all__ = [
     "HELLO_TIMEOUT_S",
     "METHOD",
     "DataServer",
+    "Peer",
+    "choose_eviction",
+    "peer_of",
     "unix_socket_path",
 ]
 
@@ -118,6 +124,80 @@ def _error_frame(code: ErrorCode, message: str) -> bytes:
     return encode_frame(Kind.ERROR, error.SerializeToString())
 
 
+#: Who pays for an unauthenticated slot: the peer process, ``(pid, uid)`` from ``SO_PEERCRED``;
+#: ``None`` where the platform does not say (then all peers share one account).
+Peer = tuple[int, int] | None
+_PEERCRED: Final = struct.Struct("3i")
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """The process at the other end of a unix socket, as the kernel saw it connect.
+
+    The kernel records it at ``connect``, so a peer cannot claim another's identity. A peer
+    that forks gets one account per process; among equals the HELLO grace still decides.
+    """
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    try:
+        pid, uid, _gid = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, option, _PEERCRED.size)
+        )
+    except OSError:
+        return None
+    return (pid, uid)
+
+
+class _Candidate(Protocol):
+    """What :func:`choose_eviction` reads of an unauthenticated connection."""
+
+    @property
+    def peer(self) -> Peer: ...
+    @property
+    def heard(self) -> bool: ...
+    @property
+    def accepted_at(self) -> float: ...
+
+
+_C = TypeVar("_C", bound=_Candidate)
+
+
+def choose_eviction(
+    candidates: Iterable[_C], newcomer: Peer, now: float, grace_s: float
+) -> _C | None:
+    """The connection a new one from ``newcomer`` replaces when the unauthenticated pool is
+    full, or ``None`` (then the new one is refused ``unavailable``).
+
+    Who pays is the peer holding the most slots (a fair share: the newcomer counts the slot it
+    wants). When that is the newcomer's own peer, which holds at least as many as anyone, it
+    gives up its own oldest connection (the silent ones first): a peer churning connections
+    evicts only its own, however fast. When another peer holds at least two more than the
+    newcomer's, it gives up its oldest: it holds more than its share. When it holds just one
+    more, evicting would only move a slot between equals, so only a connection that has sent
+    nothing at all or whose HELLO has not arrived whole within ``grace_s`` is taken (a client
+    sends its HELLO as it connects, so its connection is never the one evicted while it is read).
+    """
+    by_peer: dict[Peer, list[_C]] = {}
+    for candidate in candidates:
+        by_peer.setdefault(candidate.peer, []).append(candidate)
+    if not by_peer:
+        return None
+    own = len(by_peer.get(newcomer, ()))
+    if own and own >= max(len(held) for held in by_peer.values()):
+        return min(by_peer[newcomer], key=lambda c: (c.heard, c.accepted_at))
+    held = max(by_peer.values(), key=len)
+    if len(held) >= own + 2:
+        return min(held, key=lambda c: (c.heard, c.accepted_at))
+    lapsed = [
+        c
+        for others in by_peer.values()
+        if len(others) > own
+        for c in others
+        if not c.heard or now - c.accepted_at >= grace_s
+    ]
+    return min(lapsed, key=lambda c: (c.heard, c.accepted_at), default=None)
+
+
 def _has_bytes_waiting(sock: socket.socket) -> bool:
     """Whether the peer has sent anything yet (one non-blocking peek)."""
     try:
@@ -140,11 +220,13 @@ class _Connection:
         server: DataServer,
         sock: socket.socket,
         number: int,
+        peer: Peer,
         leave_unauthenticated: Callable[[], None],
     ) -> None:
         self._server = server
         self._leave_unauthenticated = leave_unauthenticated
         self.accepted_at = time.monotonic()
+        self.peer = peer
         self.authenticating = True  # no HELLO yet
         # Whether any byte has arrived: a client sends its HELLO as it connects, so it is
         # usually in the socket buffer before the connection is accepted (peeked here).
@@ -586,8 +668,9 @@ class DataServer:
                     return
                 time.sleep(0.05)  # out of descriptors: let some close
                 continue
+            peer = peer_of(sock)
             try:
-                leave = self._enter_unauthenticated()
+                leave = self._enter_unauthenticated(peer)
             except EvaldError as exc:
                 with contextlib.suppress(OSError):
                     sock.send(_error_frame(exc.code, exc.message), socket.MSG_DONTWAIT)
@@ -600,40 +683,32 @@ class DataServer:
                     sock.close()
                     return
                 self._count += 1
-                connection = _Connection(self, sock, self._count, leave)
+                connection = _Connection(self, sock, self._count, peer, leave)
                 self._connections.add(connection)
             connection.thread.start()
 
-    def _enter_unauthenticated(self) -> Callable[[], None]:
-        """Counts a new connection in the small pool of peers with no tenant yet (until its
-        HELLO passes; then it counts in its tenant's share of ``data_max_connections``).
+    def _enter_unauthenticated(self, peer: Peer) -> Callable[[], None]:
+        """Counts a new connection from ``peer`` in the small pool of peers with no tenant yet
+        (until its HELLO passes; then it counts in its tenant's share of
+        ``data_max_connections``).
 
-        When that pool is full, the oldest connection that has sent nothing at all makes room, or
-        else the oldest whose HELLO has not arrived whole within :data:`HELLO_GRACE_S`. A client
-        sends its HELLO as it connects, so its connection has bytes waiting from the start and
-        is never the one evicted while its HELLO is read; peers that open silent connections,
-        however fast, cannot keep a tenant's new connection out (each new one ends the oldest
-        silent one), and a peer that trickles a HELLO holds its slot for the grace at most.
+        When that pool is full, a connection of the peer holding the most slots makes room
+        (:func:`choose_eviction`): a peer that churns connections, however fast, evicts its own,
+        and a client with one connection among a flood is never the one evicted.
 
         Raises:
-            EvaldError: ``unavailable`` when the pool is full of connections whose HELLO is
-                arriving within its grace.
+            EvaldError: ``unavailable`` when the pool is full of other peers' connections
+                holding no more than their share, whose HELLOs are arriving within the grace.
         """
         try:
             return self.core.enter_unauthenticated("data")
         except EvaldError:
-            now = time.monotonic()
             with self._lock:
-                evictable = [
-                    c
-                    for c in self._connections
-                    if c.authenticating
-                    and (not c.heard or now - c.accepted_at >= HELLO_GRACE_S)
-                ]
-            if not evictable:
+                waiting = [c for c in self._connections if c.authenticating]
+            chosen = choose_eviction(waiting, peer, time.monotonic(), HELLO_GRACE_S)
+            if chosen is None:
                 raise
-            # The silent first (False sorts first), then the oldest.
-            min(evictable, key=lambda c: (c.heard, c.accepted_at)).evict()
+            chosen.evict()
             return self.core.enter_unauthenticated("data")
 
     def forget(self, connection: _Connection) -> None:

@@ -6,7 +6,8 @@ Each test reproduces an attack at a small scale and fails on a daemon without th
    requests only: health ``Watch`` streams once filled gRPC's call cap and every tenant got an
    untyped ``RESOURCE_EXHAUSTED``; 4 MB service names grew the daemon by ~16 MiB a call.
 2. Shared pools have per-tenant shares: one tenant's gRPC calls or data-path connections cannot
-   take another's guaranteed share; silent connections with no HELLO cannot keep a tenant out.
+   take another's guaranteed share; silent connections with no HELLO cannot keep a tenant out,
+   nor can a peer churning connections that each send one HELLO byte (it evicts its own).
 3. Bytes in flight are bounded in time and charged: a request must arrive whole within
    ``frame_timeout_s``, and a data-path frame's bytes count in the sender's ``request_bytes``.
 4. Idle streams and connections are closed; the engine client reopens them without failing a
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -306,6 +309,61 @@ def test_silent_connections_reopened_faster_than_the_grace_cannot_keep_a_tenant_
         stop.set()
         thread.join(10)
     assert opened > 20
+
+
+#: A peer without a token: ~400 connections a second, each sends the first byte of a HELLO and
+#: closes after 0.2 s, so every one is younger than the HELLO grace while it is open.
+_CHURN = """
+import signal, socket, sys, time
+path = sys.argv[1]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+held = []
+opened = 0
+while not stop:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sock.send(b"\\x00")
+        opened += 1
+    except OSError:
+        pass
+    held.append((time.monotonic(), sock))
+    while held and time.monotonic() - held[0][0] >= 0.2:
+        held.pop(0)[1].close()
+    time.sleep(0.0025)
+print(opened, flush=True)
+"""
+
+
+def test_a_peer_churning_half_sent_hellos_cannot_keep_a_tenant_out(
+    daemon: tuple[Daemon, str, str],
+) -> None:
+    """A token-less peer churning connections that each send one HELLO byte kept every
+    unauthenticated slot within its grace: a tenant was refused ``unavailable`` 33 times of 40.
+    Slots are paid for by the peer process holding them, so the flood evicts its own."""
+    _handle, _listen, target = daemon
+    flood = subprocess.Popen(
+        [sys.executable, "-c", _CHURN, target[len("unix:") :]],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    refused: list[ErrorCode] = []
+    try:
+        time.sleep(0.5)  # the flood is under way
+        assert flood.poll() is None
+        for _ in range(40):
+            try:
+                with DataConnection.connect(target, TOKENS["beta"]) as connection:
+                    assert _data_calc(connection) == "42"
+            except DataCallError as error:
+                refused.append(error.code)
+        assert flood.poll() is None, "the flood ended before the clients did"
+    finally:
+        flood.terminate()
+        out, _ = flood.communicate(timeout=10)
+    assert int(out) > 100, "the flood did not churn"
+    assert refused == []
 
 
 # 3. Bytes in flight: bounded in time, charged to the sender --------------------------------

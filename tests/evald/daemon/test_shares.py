@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from evald.contract import ErrorCode, EvaldError
+from evald.daemon._data_path import choose_eviction
 from evald.daemon._shares import SharedPool, Slots
 
 
@@ -61,3 +62,31 @@ def test_slots_refuse_typed_past_their_capacity() -> None:
     assert "open_things" in refused.value.message
     slots.give()
     slots.take()
+
+
+class _Waiting:
+    def __init__(self, peer: tuple[int, int], accepted_at: float, *, heard: bool = True) -> None:
+        self.peer: tuple[int, int] | None = peer
+        self.accepted_at = accepted_at
+        self.heard = heard
+
+
+def test_the_peer_holding_most_unauthenticated_slots_pays_for_a_new_one() -> None:
+    flood, client, other = (1, 1000), (2, 1000), (3, 1000)
+    pool = [_Waiting(flood, t) for t in (1.0, 2.0, 3.0)] + [_Waiting(client, 0.5)]
+    now = 3.1  # every connection within its 0.25 s grace
+    # The flood's next connection evicts its own oldest, never the client's.
+    assert choose_eviction(pool, flood, now, 0.25) is pool[0]
+    # A client with fewer slots takes one from the flood.
+    assert choose_eviction(pool, client, now, 0.25) is pool[0]
+    assert choose_eviction(pool, other, now, 0.25) is pool[0]
+    # Between equals a slot moves only from a connection past its grace or silent.
+    equals = [_Waiting(flood, 3.0), _Waiting(client, 3.05)]
+    assert choose_eviction(equals, other, now, 0.25) is None
+    assert choose_eviction(equals, other, 3.27, 0.25) is equals[0]
+    silent = [
+        _Waiting(flood, 3.0),
+        _Waiting(client, 2.0, heard=True),
+        _Waiting(other, 3.05, heard=False),
+    ]
+    assert choose_eviction(silent, (4, 1000), now, 0.25) is silent[2]
