@@ -4,7 +4,9 @@ Why shares: a pool with one daemon-wide cap (gRPC calls in flight, data-path con
 resource one tenant can exhaust for all: 128 idle data-path connections of one tenant, well
 within its own ``max_calls``, locked every other tenant out of the data path. So each tenant is
 guaranteed ``capacity // tenants`` slots (at least one), and may borrow beyond that only from
-what no tenant's guarantee still needs (:class:`SharedPool`). Callers that have not
+what no tenant's guarantee still needs (:class:`SharedPool`). The capacity is a hard cap, what an
+operator sizes memory by: with more tenants than slots, each may hold one while the pool has
+room, and the pool never holds more than its capacity. Callers that have not
 authenticated yet draw from a small pool of their own (:class:`Slots`), which tenants' slots
 never come from, so no number of anonymous peers can take a tenant's place.
 
@@ -25,10 +27,11 @@ __all__ = ["SharedPool", "Slots"]
 class SharedPool:
     """``capacity`` slots shared by ``tenants``, each guaranteed ``capacity // len(tenants)``.
 
-    A tenant below its guarantee always gets a slot; above it, it gets one only while the slots
-    held plus the guarantees others have not used yet stay within ``capacity``. So whatever one
-    tenant does, every other tenant can still take its guaranteed share, and slots nobody needs
-    are not wasted.
+    A tenant below its guarantee gets a slot whenever fewer than ``capacity`` are held; above
+    it, it gets one only while the slots held plus the guarantees others have not used yet stay
+    within ``capacity``. So whatever one tenant does, every other tenant can still take its
+    guaranteed share, slots nobody needs are not wasted, and ``capacity`` is never exceeded: with
+    more tenants than slots the guarantee (one) holds only while the pool has room, first come.
 
     Parameters:
         setting: the config key of the capacity, named in refusals.
@@ -43,6 +46,7 @@ class SharedPool:
         self._what = what
         self._lock = threading.Lock()
         self._held = dict.fromkeys(names, 0)
+        self._total = 0  # slots held now, by all tenants
         self._active = set(names)
         # Slots held or guaranteed: the sum over tenants of max(held, share), plus what tenants
         # no longer sharing the pool still hold.
@@ -75,6 +79,12 @@ class SharedPool:
         """
         with self._lock:
             held = self._held.get(tenant, 0)
+            if self._total >= self.capacity:
+                raise EvaldError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the daemon holds all {self.capacity} {self._what} ({self._setting}), "
+                    f"tenant {tenant!r} {held} of them; retry when some finish",
+                )
             if held >= self.share or tenant not in self._active:
                 if self._committed >= self.capacity:
                     raise EvaldError(
@@ -85,12 +95,14 @@ class SharedPool:
                     )
                 self._committed += 1
             self._held[tenant] = held + 1
+            self._total += 1
 
     def give(self, tenant: str) -> None:
         """Returns a slot :meth:`take` gave ``tenant`` (any thread)."""
         with self._lock:
             held = self._held.get(tenant, 0) - 1
             self._held[tenant] = held
+            self._total -= 1
             if held >= self.share or tenant not in self._active:
                 self._committed -= 1
 

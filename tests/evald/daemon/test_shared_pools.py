@@ -42,6 +42,7 @@ from evald.contract import (
     pb,
     pb_grpc,
 )
+from evald.testing import tenant_table
 
 MIB = 2**20
 KIB = 1024
@@ -571,3 +572,52 @@ def test_the_engine_client_reopens_an_idle_connection(
         assert client.stats.unavailable == 0
     finally:
         client.close()
+
+
+def test_data_max_connections_is_a_hard_cap_with_more_tenants_than_connections(
+    tmp_path: Path,
+) -> None:
+    """40 tenants and ``data_max_connections = 16``: each tenant's minimum share of one once beat
+    the cap (40 connections open at once). The cap is what an operator sizes memory by: 16 are
+    served, the others refused ``quota_exceeded`` until one closes."""
+    tokens = {f"t{index:02d}": f"t{index:02d}-token-0123456789" for index in range(40)}
+    config = "\n".join(
+        [
+            "[server]",
+            "threads = 2",
+            f'data_listen = "unix:{tmp_path / "data.sock"}"',
+            "data_max_connections = 16",
+            "shutdown_grace_s = 2",
+            *(tenant_table(name, token=token, evaluators=["*"]) for name, token in tokens.items()),
+        ]
+    )
+    handle = start_daemon(tmp_path, config, listen=f"127.0.0.1:{free_port()}")
+    target = f"unix:{tmp_path / 'data.sock'}"
+    held: list[DataConnection] = []
+    refused: list[ErrorCode] = []
+    try:
+        for token in tokens.values():
+            try:
+                held.append(DataConnection.connect(target, token))
+            except DataCallError as error:
+                refused.append(error.code)
+        assert len(held) == 16
+        assert refused == [ErrorCode.QUOTA_EXCEEDED] * 24
+        assert _data_calc(held[0]) == "42"
+        held.pop().close()
+        with _connect_retrying_token(target, tokens["t39"]) as late:
+            assert _data_calc(late) == "42"
+    finally:
+        for connection in held:
+            connection.close()
+        assert handle.stop() == 0, Path(handle.log_path).read_text()
+
+
+def _connect_retrying_token(target: str, token: str) -> DataConnection:
+    give_up = time.monotonic() + 10
+    while True:
+        try:
+            return DataConnection.connect(target, token)
+        except DataCallError:
+            assert time.monotonic() < give_up
+            time.sleep(0.05)

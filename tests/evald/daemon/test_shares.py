@@ -47,9 +47,13 @@ def test_a_guaranteed_slot_given_back_is_the_tenants_again() -> None:
     assert _take(pool, "a", 4) == 1
 
 
-def test_more_tenants_than_slots_still_gives_each_one() -> None:
+def test_the_capacity_is_a_hard_cap_even_with_more_tenants_than_slots() -> None:
+    """Each tenant's minimum share of one once beat the cap: 40 tenants held 40 of 16 slots."""
     pool = SharedPool(2, ["a", "b", "c"], setting="max_things", what="things")
-    assert [_take(pool, name, 5) for name in "abc"] == [1, 1, 1]
+    assert [_take(pool, name, 5) for name in "abc"] == [1, 1, 0]
+    pool.give("a")
+    assert _take(pool, "c", 5) == 1  # each still holds one at most while others wait
+    assert _take(pool, "a", 5) == 0
 
 
 def test_slots_refuse_typed_past_their_capacity() -> None:
