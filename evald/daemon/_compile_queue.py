@@ -22,6 +22,7 @@ Event loop only: every method runs on the daemon's loop; the registration itself
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -29,6 +30,8 @@ from typing import Any, Generic, TypeVar
 from evald.contract import ErrorCode, EvaldError
 
 __all__ = ["CompileQueue"]
+
+_log = logging.getLogger("evald.compile_queue")
 
 _T = TypeVar("_T")
 
@@ -156,6 +159,12 @@ class CompileQueue:
         self._turns += 1
         self._served[tenant] = self._turns
         self._running = entry
+        # The order the queue decided, for operators and for tests of fairness (a client's
+        # clock cannot tell which of two registrations compiled first).
+        _log.info(
+            "registration compiling",
+            extra={"fields": {"tenant": tenant, "turn": self._turns, "waiting": self.held - 1}},
+        )
         self._task = asyncio.ensure_future(self._run(entry))
 
     async def _run(self, entry: _Waiting[Any]) -> None:

@@ -157,7 +157,8 @@ def test_a_compilation_starved_past_its_wall_clock_limit_is_unavailable_not_inva
             started = time.monotonic()
             with pytest.raises(CallError) as starved:
                 daemon.client("alpha").register(module("echo", "starved"))
-            assert 1.0 <= time.monotonic() - started < 10.0
+            # the limit is the point: not before it; after it, however busy the machine is
+            assert 1.0 <= time.monotonic() - started < 60.0
         assert starved.value.code is not None and starved.value.code.value == "unavailable"
         assert "too busy to compile" in str(starved.value)
         info = daemon.client("alpha").register(module("echo", "starved"))  # a fresh worker
@@ -198,8 +199,9 @@ def test_sigterm_ends_a_compilation_at_the_grace_period_and_answers_every_caller
         assert status == 0
         assert exited < GRACE_S + 3.0, exited
         for registration in waiting:
+            # ended by the queue at once, not by the grace (the daemon says which)
             assert registration.outcome == "unavailable", registration.message
-            assert registration.finished_at - signalled < 1.5
+            assert "was not compiled" in registration.message, registration.message
         assert compiling.outcome == "unavailable", compiling.message
         assert "shutdown grace period" in compiling.message
         assert compiling.finished_at - signalled < GRACE_S + 0.5
@@ -252,6 +254,12 @@ def test_the_compile_queue_is_shared_fairly_between_tenants(tmp_path: Path) -> N
             registration.join(timeout=60)
         assert [r.outcome for r in (first, second, other)] == ["registered"] * 3
         # beta asked after alpha's second, and compiled before it: alpha had just had its turn
-        assert first.finished_at <= other.finished_at <= second.finished_at
+        # (the order the daemon's queue decided, from its log: warm-up, first, other, second)
+        turns = [
+            (line["turn"], line["tenant"])
+            for line in daemon.log_lines()
+            if line.get("msg") == "registration compiling"
+        ]
+        assert turns == [(1, "alpha"), (2, "alpha"), (3, "beta"), (4, "alpha")], turns
     finally:
         assert daemon.stop() == 0
