@@ -54,6 +54,7 @@ from evald.contract._frames import (
     encode_frame,
     read_frame,
 )
+from evald.contract._grammar_shape import MAX_GRAMMAR_NESTING, check_grammar_shape
 from evald.contract._manifest import (
     LITERAL_KINDS,
     MANIFEST_MAX_BYTES,
@@ -80,6 +81,7 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "MANIFEST_SECTION",
     "MAX_EXAMPLES",
+    "MAX_GRAMMAR_NESTING",
     "MAX_HELLO_BYTES",
     "MAX_LITERAL_RULES",
     "STANDARD_EVALUATORS",
@@ -94,6 +96,7 @@ __all__ = [
     "RpcFailure",
     "WriterStalled",
     "append_custom_section",
+    "check_grammar_shape",
     "check_no_angle_bracket",
     "decode_rpc_error",
     "default_target",

@@ -16,6 +16,7 @@ from typing import Any, Final
 from evald.contract._abi import ABI_VERSION
 from evald.contract._alphabet import check_no_angle_bracket
 from evald.contract._errors import ErrorCode, EvaldError
+from evald.contract._grammar_shape import check_grammar_shape
 
 __all__ = [
     "LITERAL_KINDS",
@@ -97,8 +98,9 @@ def _refuse(message: str) -> EvaldError:
 def parse_manifest(payload: bytes) -> Manifest:
     """Parses and checks the payload of an ``evald.manifest`` section (docs/abi.md, Manifest).
 
-    The grammar and regex are checked for shape only; :func:`check_manifest_grammars` compiles
-    them with XGrammar where it is installed.
+    The grammar and regex are checked for shape only (no ``<``, nesting within
+    :data:`~evald.contract.MAX_GRAMMAR_NESTING`: the one check the daemon and ``evald build``
+    both apply); :func:`check_manifest_grammars` compiles them with XGrammar where installed.
 
     Raises:
         EvaldError: ``INVALID_MODULE`` naming the first field that breaks its rule.
@@ -164,11 +166,10 @@ def parse_manifest(payload: bytes) -> Manifest:
     if not data["result_regex"]:
         raise _refuse("manifest field result_regex must not be empty")
     check_no_angle_bracket(data["input_grammar"], data["result_regex"])
+    check_grammar_shape(data["input_grammar"], data["result_regex"])
     examples = _parse_examples(data.get("examples", []))
     literals = _parse_literals(data.get("literals", {}), data["input_grammar"])
-    return Manifest(
-        **{name: data[name] for name in _FIELDS}, examples=examples, literals=literals
-    )
+    return Manifest(**{name: data[name] for name in _FIELDS}, examples=examples, literals=literals)
 
 
 def _parse_literals(raw: Any, grammar: str) -> dict[str, str]:

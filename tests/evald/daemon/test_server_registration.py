@@ -18,6 +18,7 @@ from evald.daemon import TenantConfig, TenantLimits
 from evald.daemon._registry import Registry
 from evald.daemon._store import ModuleStore
 from evald.host import CompiledModule, Limits, WasmHost, compile_module
+from evald.testing import guest, manifest_bytes
 
 
 def _config() -> str:
@@ -142,3 +143,23 @@ def test_registration_compiles_bytes_another_tenant_uploaded(tmp_path: Path) -> 
     registry.register(tenants[0], wasm, Limits(), False)
     assert calls == ["compile"] * 3
     host.close()
+
+
+def test_a_grammar_nested_deeper_than_the_contract_allows_is_refused_at_registration(
+    tmp_path: Path,
+) -> None:
+    """The daemon accepted a grammar nested 1,500 deep that ``evald build`` refused; every
+    lowering of it then failed with an untyped XGrammar error. Both apply one check now."""
+    daemon = _start(tmp_path)
+    try:
+        deep = "root ::= " + "(" * 1_500 + '"a"' + ")" * 1_500
+        wasm = guest("echo", manifest=manifest_bytes(name="deep", tag="deep", input_grammar=deep))
+        with pytest.raises(CallError) as refused:
+            daemon.client("alpha").register(wasm)
+        assert refused.value.code is not None and refused.value.code.value == "invalid_module"
+        assert "input_grammar nests groups 1500 deep" in str(refused.value)
+        assert _files(daemon, "modules", ".wasm") == []
+        # the daemon keeps serving
+        assert daemon.client("alpha").evaluate("calc", b"6 * 7").value == "42"
+    finally:
+        assert daemon.stop() == 0
