@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from engine_adapter._operands import MAX_LITERALS_PER_RULE, literals_in_text
+from engine_adapter._operands import (
+    MAX_CANDIDATES_PER_RULE,
+    MAX_LITERALS_PER_RULE,
+    MAX_OPERAND_TEXT_CHARS,
+    literals_in_text,
+    narrow_grammar,
+)
 
 # -- literals in text (no XGrammar needed) ---------------------------------------------------
 
@@ -44,8 +50,20 @@ def test_strings_are_words_their_parts_lower_case_and_quoted_phrases() -> None:
     found = literals_in_text(
         "string", "How many r's are in \"straw berry\"? Count 'e' in Mother-in-law, <x>"
     )
-    for expected in ('"How"', '"how"', '"r\'s"', '"r"', '"s"', '"straw berry"', '"straw"',
-                     '"e"', '"Mother-in-law"', '"mother-in-law"', '"law"', '"x"'):
+    for expected in (
+        '"How"',
+        '"how"',
+        '"r\'s"',
+        '"r"',
+        '"s"',
+        '"straw berry"',
+        '"straw"',
+        '"e"',
+        '"Mother-in-law"',
+        '"mother-in-law"',
+        '"law"',
+        '"x"',
+    ):
         assert expected in found
     assert len(found) == len(set(found))  # once each
     # every candidate is a JSON string that cannot spell a tag
@@ -55,7 +73,11 @@ def test_strings_are_words_their_parts_lower_case_and_quoted_phrases() -> None:
 
 def test_tokens_keep_their_inner_punctuation() -> None:
     assert literals_in_text("token", "Is 978-0-306-40615-7 valid? (2024-07-04).") == [
-        "Is", "978-0-306-40615-7", "valid", "2024-07-04"]
+        "Is",
+        "978-0-306-40615-7",
+        "valid",
+        "2024-07-04",
+    ]
 
 
 def test_an_unknown_kind_is_refused() -> None:
@@ -192,12 +214,14 @@ def test_a_rule_without_literals_in_the_text_keeps_its_language() -> None:
     _, report = narrow_to_operands(date, "What date is 30 days after 2024-02-10?")
     # a date's parts are numbers too (amount takes "2", not "02": its own rule decides)
     assert dict(report.evaluators[0].literals) == {
-        "date": ("2024-02-10",), "amount": ("30", "2024", "2", "10")}
+        "date": ("2024-02-10",),
+        "amount": ("30", "2024", "2", "10"),
+    }
     (narrowed,), partly = narrow_to_operands(date, "Add 12 days to the date.")
     assert dict(partly.evaluators[0].literals) == {"amount": ("12",)}
     assert "date left as it is" in partly.evaluators[0].reason
     assert "date ::= [0-9] [0-9] [0-9] [0-9]" in narrowed.input_grammar  # as it was
-    assert "amount ::= \"12\"" in narrowed.input_grammar
+    assert 'amount ::= "12"' in narrowed.input_grammar
 
 
 @pytest.mark.parametrize("spec", standard_evaluators(), ids=lambda spec: spec.name)
@@ -237,6 +261,49 @@ def test_many_literals_are_capped_per_rule() -> None:
     text = " ".join(str(n) for n in range(1, MAX_LITERALS_PER_RULE + 50))
     _, report = narrow_to_operands(standard_evaluators(["calc"]), text)
     assert len(report.evaluators[0].literals["number"]) == MAX_LITERALS_PER_RULE
+
+
+def _calc_report(text: str) -> Any:
+    _, report = narrow_to_operands(standard_evaluators(["calc"]), text)
+    return report.evaluators[0]
+
+
+def test_literals_are_read_from_the_first_max_operand_text_chars_only() -> None:
+    filler = ("word " * MAX_OPERAND_TEXT_CHARS)[: MAX_OPERAND_TEXT_CHARS - 3].rstrip() + " "
+    at_bound = filler.ljust(MAX_OPERAND_TEXT_CHARS - 2) + "38"
+    assert len(at_bound) == MAX_OPERAND_TEXT_CHARS
+    whole = _calc_report(at_bound)
+    assert whole.literals == {"number": ("38",)} and whole.bounded == ""
+    # one character more: the last numeral crosses the bound, and is read neither cut nor whole
+    past = at_bound + "1"
+    cut = _calc_report(past)
+    assert not cut.narrowed
+    assert "first" in cut.bounded and "characters" in cut.bounded
+
+
+def test_each_rule_checks_at_most_max_candidates_per_rule() -> None:
+    refused = [str(10**12 + i) for i in range(MAX_CANDIDATES_PER_RULE)]  # 13 digits: not calc's
+    last = _calc_report(" ".join([*refused[:-1], "38"]))
+    assert last.literals == {"number": ("38",)} and last.bounded == ""
+    past = _calc_report(" ".join([*refused, "38"]))
+    assert not past.narrowed
+    assert f"the first {MAX_CANDIDATES_PER_RULE} candidates checked" in past.bounded
+    assert past.checked == MAX_CANDIDATES_PER_RULE
+
+
+def test_sixteen_long_literal_rules_and_a_huge_text_cost_bounded_work() -> None:
+    """16 literal rules with long names and a 230 KB text of 40,000 numbers took 7.3 s to lower
+    one request; the work is now bounded by the text read and the candidates per rule."""
+    names = [f"number_{'n' * 24}_{i}" for i in range(16)]
+    grammar = "root ::= " + " | ".join(names) + "\n"
+    grammar += "".join(f'{name} ::= "0" | [1-9] [0-9]*\n' for name in names)
+    text = " ".join(str(1_000 + 7 * i) for i in range(40_000))
+    assert len(text) > 200_000
+    narrowed, report = narrow_grammar(grammar, dict.fromkeys(names, "number"), text, "many")
+    assert narrowed is not None
+    assert "characters" in report.bounded
+    assert report.checked <= len(names) * MAX_CANDIDATES_PER_RULE
+    assert all(len(found) == MAX_LITERALS_PER_RULE for found in report.literals.values())
 
 
 def test_non_ascii_literals_survive_the_grammar_cache() -> None:
