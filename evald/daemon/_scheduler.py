@@ -147,6 +147,8 @@ class Scheduler:
             daemon adds the thread's deferred metrics there); default: nothing.
         priorities: lowers the workers running a heavy tenant's items
             (:mod:`evald.daemon._priority`); None: every worker keeps its priority.
+        uncharged: the CPU seconds of the item just run (on the calling worker) that were not
+            its tenant's work, left out when deciding whether the tenant is heavy; default none.
     """
 
     def __init__(
@@ -156,9 +158,13 @@ class Scheduler:
         *,
         flush: Callable[[], None] = _nothing,
         priorities: Priorities | None = None,
+        uncharged: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._run = run
         self._flush = flush
+        #: CPU seconds of the item just run that were not its tenant's work (re-making an
+        #: instance another tenant's calls pushed out of the worker's cache).
+        self._uncharged = uncharged
         self.priorities = priorities
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="evald-guest")
         # Tenants with queued work and a free slot under their cap, in round-robin order, and
@@ -281,6 +287,7 @@ class Scheduler:
         taken = 0
         batches = tenant.batches
         run = self._run
+        uncharged = self._uncharged
         priorities = self.priorities
         held = False
         try:
@@ -306,7 +313,9 @@ class Scheduler:
                 batch.finish(work, response)
                 spent = cpu()
                 now = clock()
-                if spent - used > HEAVY_RUN_S:
+                # Re-making instances another tenant pushed out of the cache is not this
+                # tenant's work: it is not counted for it.
+                if spent - used - uncharged() > HEAVY_RUN_S:
                     tenant.heavy_until = now + HEAVY_FOR_S
                 used = spent
                 if now >= end:

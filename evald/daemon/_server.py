@@ -128,7 +128,11 @@ class EvaldServer:
         self.admission = Admission(config, self.metrics, self.threads)
         self.priorities = _priorities(settings.heavy_tenant_nice)
         self.scheduler = Scheduler(
-            self.run, self.threads, flush=self.metrics.flush_tally, priorities=self.priorities
+            self.run,
+            self.threads,
+            flush=self.metrics.flush_tally,
+            priorities=self.priorities,
+            uncharged=self._uncharged_s,
         )
         # Core's operations that run per call and per item, bound once here: no forwarding
         # call on the evaluation path.
@@ -288,6 +292,11 @@ class EvaldServer:
     def host(self) -> WasmHost:
         assert self._host is not None, "EvaldServer.start() has not run"
         return self._host
+
+    def _uncharged_s(self) -> float:
+        """The calling worker's CPU time of its last item that was another tenant's doing."""
+        host = self._host
+        return host.take_uncharged_s() if host is not None else 0.0
 
     def run(self, work: Work) -> pb.EvaluateResponse:
         """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics

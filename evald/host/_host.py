@@ -187,6 +187,13 @@ class WasmHost:
 
     # -- evaluation ------------------------------------------------------------------------
 
+    def take_uncharged_s(self) -> float:
+        """CPU seconds the calling thread spent since it last asked re-making instances that
+        another pool key pushed out of its cache: work a scheduler should not charge to the
+        key whose call it was (:meth:`InstancePool.take_uncharged_s
+        <evald.host._instance_pool.InstancePool.take_uncharged_s>`)."""
+        return self._pool.take_uncharged_s()
+
     def evaluate(
         self, module: LoadedModule, data: bytes, limits: Limits, *, pool_key: str = ""
     ) -> EvalOutcome:

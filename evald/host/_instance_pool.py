@@ -22,6 +22,13 @@ What the kept instances hold is bounded twice (docs/design.md §5):
   used first, then other threads'; an instance over the budget on its own serves its call and
   is not kept.
 
+Who pays for a re-instantiation: an instance that another pool key's instance pushed out of a
+thread (its LRU, or a pooling slot it needed) is *displaced*; when its own key next needs it, the
+CPU time of making it again is not that key's work, and the thread's
+:meth:`InstancePool.take_uncharged_s` says how much of its last call was such time (the daemon's
+scheduler leaves it out when it decides whether a tenant is heavy). An instance a key evicts
+of its own (its LRU turning over its own modules, its memory budget) stays its own cost.
+
 A module that is deleted or replaced leaves every thread at once (:meth:`InstancePool.forget`),
 not only the thread that deleted it: an idle worker would otherwise keep its instances, and
 their memory, until its LRU turned over.
@@ -37,6 +44,7 @@ kept afterwards).
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import OrderedDict
 
@@ -142,7 +150,15 @@ class InstancePool:
                 instance.memory_cap = memory_cap
                 self._touch(instances, key)
                 return instance
-        instance = self._instantiate(instances, key, module, memory_cap, fuel, deadline_ms)
+        displaced = self._displaced()
+        if displaced.pop(key, False):  # another key pushed it out: not this key's work
+            began = time.thread_time()
+            instance = self._instantiate(instances, key, module, memory_cap, fuel, deadline_ms)
+            self.local.uncharged_s = (
+                getattr(self.local, "uncharged_s", 0.0) + time.thread_time() - began
+            )
+        else:
+            instance = self._instantiate(instances, key, module, memory_cap, fuel, deadline_ms)
         with self._lock:
             old = instances.get(key)
             if old is not None:
@@ -152,9 +168,39 @@ class InstancePool:
             self._held[pool_key] = self._held.get(pool_key, 0) + instance.held_bytes
             while len(instances) > self._per_thread:
                 oldest = next(iter(instances))
-                self._remove(instances, oldest, instances[oldest])
+                self._push_out(instances, oldest, pool_key)
             self._within_budget(instances, key, instance, budget_bytes)
         return instance
+
+    def take_uncharged_s(self) -> float:
+        """CPU seconds this thread spent since the last call re-making instances that another
+        pool key had pushed out (not their own key's work); resets the count."""
+        local = self.local
+        uncharged: float = getattr(local, "uncharged_s", 0.0)
+        if uncharged:
+            local.uncharged_s = 0.0
+        return uncharged
+
+    def _displaced(self) -> OrderedDict[tuple[str, str], bool]:
+        """The calling thread's instances pushed out by another pool key (at most a few times
+        ``instances_per_thread``, the oldest forgotten first)."""
+        displaced: OrderedDict[tuple[str, str], bool] | None = getattr(
+            self.local, "displaced", None
+        )
+        if displaced is None:
+            displaced = self.local.displaced = OrderedDict()
+        return displaced
+
+    def _push_out(self, instances: ThreadInstances, victim: tuple[str, str], by: str) -> None:
+        """Removes this thread's ``victim`` to make room for pool key ``by``; remembers it as
+        displaced when it was another key's (caller holds the lock)."""
+        self._remove(instances, victim, instances[victim])
+        if victim[0] != by:
+            displaced = self._displaced()
+            displaced[victim] = True
+            displaced.move_to_end(victim)
+            while len(displaced) > 4 * self._per_thread:
+                displaced.popitem(last=False)
 
     def _instantiate(
         self,
@@ -182,7 +228,7 @@ class InstancePool:
                     victims = [k for k in instances if k != key] or [k for k in instances]
                     if not victims:
                         raise
-                    self._remove(instances, victims[0], instances[victims[0]])
+                    self._push_out(instances, victims[0], key[0])
 
     def resized(self, instance: Instance, pool_key: str, budget_bytes: int) -> None:
         """Charges ``instance``'s memory as it is now (after a call grew it), if it is kept."""

@@ -220,6 +220,46 @@ def test_the_scheduler_marks_a_tenant_heavy_by_the_cpu_its_items_use() -> None:
         priorities.close()
 
 
+def test_cpu_spent_re_making_what_another_tenant_pushed_out_is_not_charged() -> None:
+    """One tenant's cache churn made another heavy (a niced worker in 38 % of its samples): the
+    victim's items paid for re-making the instances the churn had pushed out. The scheduler
+    leaves out what the host reports as such (``WasmHost.take_uncharged_s``); the tenant's own
+    CPU still counts."""
+    import collections
+
+    from evald.contract import pb
+    from evald.daemon._scheduler import Batch
+
+    burned = threading.local()
+
+    def run(work: Work) -> pb.EvaluateResponse:
+        began = time.thread_time()
+        while time.thread_time() - began < HEAVY_RUN_S * 3:
+            pass
+        # the victim's CPU was all re-instantiation another tenant caused; the other's its own
+        burned.uncharged = time.thread_time() - began if work.tenant.name == "victim" else 0.0
+        return pb.EvaluateResponse(id=work.request_id)
+
+    def uncharged() -> float:
+        value: float = getattr(burned, "uncharged", 0.0)
+        burned.uncharged = 0.0
+        return value
+
+    scheduler = Scheduler(run, 1, uncharged=uncharged)
+    victim, own = TenantQueue("victim", 1), TenantQueue("own", 1)
+    try:
+        for tenant in (victim, own):
+            done = threading.Event()
+            scheduler.enqueue(
+                Batch(None, collections.deque([_work(tenant, 0)]), lambda *_, done=done: done.set())
+            )
+            assert done.wait(30)
+        assert victim.heavy_until == 0.0
+        assert own.heavy_until > 0.0
+    finally:
+        scheduler.pool.shutdown(wait=True)
+
+
 def _config(nice: int) -> str:
     return "\n".join(
         [

@@ -12,7 +12,7 @@ import wasmtime
 
 from evald.contract import ErrorCode, EvaldError
 from evald.host import MAX_TABLE_ELEMENTS, EvalOutcome, HostConfig, Limits, WasmHost
-from evald.testing import PAGE, REMEMBERED_NOTHING, arg, guest, remembered
+from evald.testing import PAGE, REMEMBERED_NOTHING, arg, guest, named_guest, remembered
 
 
 @pytest.fixture(scope="module")
@@ -358,3 +358,37 @@ def test_a_call_ended_by_a_limit_leaves_no_instance_behind(limits: Limits, code:
         assert ended.error is code
         assert host.cached_bytes("d") == 0  # discarded mid-call, never put back and reused
         assert host.evaluate(burn, arg(10), Limits(), pool_key="d").value == "ok"
+
+
+@pytest.mark.parametrize("isolation", ["fresh", "reuse"])
+def test_re_making_an_instance_another_key_pushed_out_is_not_its_keys_work(
+    isolation: str,
+) -> None:
+    """With ``instances_per_thread = 8``, one tenant's calls over eight modules pushed another
+    tenant's instance out, and re-making it was charged to the victim (it was marked heavy).
+    The pool says how much of a call was such work; an instance a key pushes out of its own
+    stays its own cost."""
+    with WasmHost(HostConfig(isolation=isolation, instances_per_thread=8)) as host:  # type: ignore[arg-type]
+        victim = host.load(named_guest("count", "victim"))
+        churn = [host.load(named_guest("count", f"churn_{i}")) for i in range(9)]
+        assert host.evaluate(victim, b"x", Limits(), pool_key="b").error is None
+        assert host.take_uncharged_s() == 0.0  # its first instance is its own work
+        for module in churn[:8]:  # eight of "a" push "b"'s one out
+            assert host.evaluate(module, b"x", Limits(), pool_key="a").error is None
+            host.take_uncharged_s()
+        assert host.evaluate(victim, b"x", Limits(), pool_key="b").error is None
+        assert host.take_uncharged_s() > 0.0  # "a" pushed it out: not "b"'s work
+        assert host.take_uncharged_s() == 0.0  # counted once
+        assert host.evaluate(victim, b"x", Limits(), pool_key="b").error is None
+        assert host.take_uncharged_s() == 0.0  # kept: nothing re-made
+        # "b" pushed one of "a"'s out in turn: re-made once, not "a"'s work; after that "a"
+        # turning over its own nine modules pays for its own re-instantiations
+        assert host.evaluate(churn[0], b"x", Limits(), pool_key="a").error is None
+        assert host.take_uncharged_s() > 0.0
+        for module in churn[1:]:
+            assert host.evaluate(module, b"x", Limits(), pool_key="a").error is None
+            host.take_uncharged_s()
+        for _ in range(2):
+            for module in churn:
+                assert host.evaluate(module, b"x", Limits(), pool_key="a").error is None
+                assert host.take_uncharged_s() == 0.0, module.manifest.name
