@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from grpc_health.v1 import health_pb2
 
-from evald.contract import ErrorCode, pb
+from evald.contract import ErrorCode, EvaldError, pb
 from evald.daemon._admission import Admission, Tenant, host_limits
 from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
@@ -125,6 +125,9 @@ class EvaldServer:
         self.metrics = Metrics()
         self.metrics_port: int | None = None
         self.stopping = False
+        #: Set shortly before the shutdown grace ends: control-plane calls still waiting for
+        #: the control thread then end with ``unavailable`` (before gRPC cancels them untyped).
+        self._cut_off: asyncio.Event | None = None
         self.admission = Admission(config, self.metrics, self.threads)
         self.priorities = _priorities(settings.heavy_tenant_nice)
         self.scheduler = Scheduler(
@@ -366,9 +369,31 @@ class EvaldServer:
         return evaluator
 
     async def control(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Runs a control-plane operation on the control thread."""
+        """Runs a control-plane operation on the control thread.
+
+        Raises:
+            EvaldError: ``unavailable`` when the daemon stops before the operation has run or
+                finished (shortly before the shutdown grace ends; gRPC would otherwise cancel
+                the call with an untyped ``CANCELLED``).
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._control_pool, function, *args)
+        if self._cut_off is None:
+            self._cut_off = asyncio.Event()
+        job = loop.run_in_executor(self._control_pool, function, *args)
+        cut_off = asyncio.ensure_future(self._cut_off.wait())
+        try:
+            await asyncio.wait((job, cut_off), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut_off.cancel()
+        if not job.done():
+            job.add_done_callback(_consume)
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                "the daemon is shutting down and the operation had not finished (it waited for "
+                "the control thread); list the evaluators once the daemon is back to see whether "
+                "it took effect",
+            )
+        return job.result()
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -485,7 +510,13 @@ class EvaldServer:
             "the daemon is shutting down; the module was not compiled (register it again "
             "once the daemon is back)"
         )
-        self._compiler.stop(grace - min(1.0, grace / 4))
+        cut_off_s = grace - min(1.0, grace / 4)
+        self._compiler.stop(cut_off_s)
+        if self._cut_off is None:
+            self._cut_off = asyncio.Event()
+        asyncio.get_running_loop().call_later(
+            max(0.0, cut_off_s + min(0.25, (grace - cut_off_s) / 2)), self._cut_off.set
+        )
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         for stream in list(self._streams):
@@ -527,6 +558,12 @@ class EvaldServer:
         if self._store is not None:
             self._store.unlock()
             self._store = None
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieves the outcome of a control-thread job nobody waits for any more."""
+    if not future.cancelled():
+        future.exception()
 
 
 def serve(config: Config) -> None:
