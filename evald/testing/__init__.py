@@ -20,6 +20,7 @@ Nothing here is imported by the daemon; the lab (``evald_lab``) and the tests im
 
 from __future__ import annotations
 
+from evald.testing._churn import HelloChurn
 from evald.testing._config import tenant_table
 from evald.testing._daemon import (
     EVALD,
@@ -59,6 +60,7 @@ __all__ = [
     "REMEMBER_HEAP",
     "START_TIMEOUT_S",
     "DaemonProcess",
+    "HelloChurn",
     "PostgresServer",
     "arg",
     "branchy_function",

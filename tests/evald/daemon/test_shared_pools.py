@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +40,7 @@ from evald.contract import (
     pb,
     pb_grpc,
 )
-from evald.testing import tenant_table
+from evald.testing import HelloChurn, tenant_table
 
 MIB = 2**20
 KIB = 1024
@@ -312,31 +310,6 @@ def test_silent_connections_reopened_faster_than_the_grace_cannot_keep_a_tenant_
     assert opened > 20
 
 
-#: A peer without a token: ~400 connections a second, each sends the first byte of a HELLO and
-#: closes after 0.2 s, so every one is younger than the HELLO grace while it is open.
-_CHURN = """
-import signal, socket, sys, time
-path = sys.argv[1]
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-held = []
-opened = 0
-while not stop:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        sock.send(b"\\x00")
-        opened += 1
-    except OSError:
-        pass
-    held.append((time.monotonic(), sock))
-    while held and time.monotonic() - held[0][0] >= 0.2:
-        held.pop(0)[1].close()
-    time.sleep(0.0025)
-print(opened, flush=True)
-"""
-
-
 def test_a_peer_churning_half_sent_hellos_cannot_keep_a_tenant_out(
     daemon: tuple[Daemon, str, str],
 ) -> None:
@@ -344,26 +317,17 @@ def test_a_peer_churning_half_sent_hellos_cannot_keep_a_tenant_out(
     unauthenticated slot within its grace: a tenant was refused ``unavailable`` 33 times of 40.
     Slots are paid for by the peer process holding them, so the flood evicts its own."""
     _handle, _listen, target = daemon
-    flood = subprocess.Popen(
-        [sys.executable, "-c", _CHURN, target[len("unix:") :]],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     refused: list[ErrorCode] = []
-    try:
+    with HelloChurn(target[len("unix:") :]) as flood:
         time.sleep(0.5)  # the flood is under way
-        assert flood.poll() is None
         for _ in range(40):
             try:
                 with DataConnection.connect(target, TOKENS["beta"]) as connection:
                     assert _data_calc(connection) == "42"
             except DataCallError as error:
                 refused.append(error.code)
-        assert flood.poll() is None, "the flood ended before the clients did"
-    finally:
-        flood.terminate()
-        out, _ = flood.communicate(timeout=10)
-    assert int(out) > 100, "the flood did not churn"
+        assert flood.running(), "the flood ended before the clients did"
+    assert flood.opened > 100, "the flood did not churn"
     assert refused == []
 
 

@@ -205,6 +205,18 @@ REFUSED_AT_REGISTRATION: tuple[ModuleRow, ...] = (
         "lt_regex_escape", "lt_in_regex_escape", _echo_with_manifest(result_regex="[0-9]|\\x3c")
     ),
     _refuse("lt_grammar", "lt_in_grammar", _echo_with_manifest(input_grammar='root ::= [^"]+')),
+    # nesting past the contract's bound (XGrammar refuses ~1,000 deep): the daemon once took a
+    # grammar nested 1,500 deep that evald build refused, and every lowering of it then failed
+    _refuse(
+        "deep_grammar",
+        "grammar_nested_1500_deep",
+        _echo_with_manifest(input_grammar="root ::= " + "(" * 1_500 + '"a"' + ")" * 1_500),
+    ),
+    _refuse(
+        "deep_regex",
+        "regex_nested_past_the_bound",
+        _echo_with_manifest(result_regex="(" * 257 + "a" + ")" * 257),
+    ),
 )
 
 

@@ -41,7 +41,12 @@ from evald_lab.fuzz.protocol.messages import (
     oversized_message,
 )
 from evald_lab.fuzz.protocol.names_and_tokens import bad_tokens, foreign_modules, unknown_evaluators
-from evald_lab.fuzz.protocol.pools import data_connection_hog, open_service_flood, stalled_frames
+from evald_lab.fuzz.protocol.pools import (
+    data_connection_hog,
+    hello_churn,
+    open_service_flood,
+    stalled_frames,
+)
 from evald_lab.fuzz.protocol.raw_calls import Scenario
 from evald_lab.fuzz.protocol.streams import (
     abandoned_streams,
@@ -70,6 +75,7 @@ SCENARIOS: tuple[tuple[str, Scenario, float], ...] = (
     ("oversized_response", oversized_response, 0.3),
     ("open_service_flood", open_service_flood, 0.3),
     ("data_connection_hog", data_connection_hog, 0.3),
+    ("hello_churn", hello_churn, 0.1),
     ("stalled_frames", stalled_frames, 0.2),
     *DATA_SCENARIOS,
 )
@@ -83,6 +89,7 @@ HOLD_SCENARIOS: tuple[Scenario, ...] = (
     oversized_response,
     open_service_flood,
     data_connection_hog,
+    hello_churn,
     stalled_frames,
     *DATA_HOLD_SCENARIOS,
 )

@@ -8,6 +8,9 @@ tenants share, and bytes that arrive slowly.
 * :func:`data_connection_hog`: the attacker opens data-path connections past its share (typed
   ``quota_exceeded``) and silent connections that never send a HELLO, and the victim still
   connects and is served;
+* :func:`hello_churn`: a token-less peer (a process of its own) churns data-path connections
+  that each send one HELLO byte and close after 0.2 s, about 400 a second; the victim's
+  connections beside it are all served (they were refused 33 times of 40 once);
 * :func:`stalled_frames`: requests that never arrive whole, a data-path frame one byte short
   and a unary gRPC call that sends no message: each ended with a typed ``quota_exceeded`` within
   ``frame_timeout_s``, their bytes held by the attacker's budget meanwhile (the run's RSS bound).
@@ -27,11 +30,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from evald.client import CallError, DataCallError, DataConnection
 from evald.contract import HEADER, HELLO_MAGIC, ErrorCode, Kind, encode_frame, pb
+from evald.testing import HelloChurn
 from evald_lab.fuzz.checks import Violation
 from evald_lab.fuzz.context import FuzzContext
 from evald_lab.fuzz.protocol.raw_calls import KLASS, SERVICE, raw_channel, record_refusal
 
-__all__ = ["data_connection_hog", "open_service_flood", "stalled_frames"]
+__all__ = ["data_connection_hog", "hello_churn", "open_service_flood", "stalled_frames"]
 
 #: What the fuzz daemon is configured with (:func:`evald_lab.fuzz.settings.fuzz_config`).
 OPEN_CALLS = 16
@@ -169,6 +173,23 @@ def data_connection_hog(ctx: FuzzContext, rng: random.Random) -> None:
             sock.close()
 
 
+def hello_churn(ctx: FuzzContext, rng: random.Random) -> None:
+    """A peer churning half-sent HELLOs beside the victim's connections: none is refused."""
+    target = ctx.data_target
+    if target is None:
+        return
+    family = "hello_churn"
+    with HelloChurn(target[len("unix:") :]) as churn:
+        time.sleep(0.3)  # under way
+        for _ in range(rng.choice((5, 10))):
+            _victim_connects(ctx, family)
+    if churn.opened < 20:
+        ctx.recorder.add(
+            [Violation("unexpected", KLASS, f"{family}: the churn opened {churn.opened} only")]
+        )
+    ctx.recorder.outcome(KLASS, "ok", family=family)
+
+
 def _stalled_frame(ctx: FuzzContext, length: int) -> None:
     """One data-path connection that sends a BATCH header and one byte less than it says."""
     family = "stalled_frames"
@@ -206,9 +227,7 @@ def _stalled_frame(ctx: FuzzContext, length: int) -> None:
     expected = ("quota_exceeded",)
     ctx.recorder.add(ctx.checker.call_error(KLASS, code, error.message, expected=expected))
     if waited > FRAME_TIMEOUT_S * 4 + 10:  # it may wait for the tenant's request_bytes first
-        ctx.recorder.add(
-            [Violation("hang", KLASS, f"a stalled frame was held {waited:.1f} s")]
-        )
+        ctx.recorder.add([Violation("hang", KLASS, f"a stalled frame was held {waited:.1f} s")])
 
 
 def stalled_frames(ctx: FuzzContext, rng: random.Random) -> None:
