@@ -277,16 +277,22 @@ def main(args: argparse.Namespace) -> int:
                             key = f"{scheduler}/{mode}/{'quiet' if not hogs else f'{hogs} hogs'}"
                             results[key] = result
                             _print(key, result)
+                            _write(results, args.out, cores)  # a cut-short run keeps its part
                     finally:
                         server.stop()
         finally:
             daemon.stop()
-    args.out.mkdir(parents=True, exist_ok=True)
+    _write(results, args.out, cores)
+    return 0
+
+
+def _write(results: dict[str, dict[str, Any]], out: Path, cores: bool) -> None:
+    """``stall.json`` (without the raw gaps) and its plot, for the runs so far."""
+    out.mkdir(parents=True, exist_ok=True)
     summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
     name = "stall-cores" if cores else "stall"
-    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, args.out / f"{name}.png")
-    return 0
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(results, out / f"{name}.png")
 
 
 def _print(key: str, result: dict[str, Any]) -> None:
