@@ -182,6 +182,15 @@ class SpanScheduler:
         _count_as_prefill(scheduler, batch, running_batch)
         self.stats.jumps += 1
         self.stats.jumped_requests += len(jumped)
+        # SGLang logs the jump as a ``Prefill batch`` (its statistics are a prefill's): say
+        # which one it is, or a jump of parked requests reads as new requests admitted late.
+        logger.info(
+            "evald adapter: jump batch, %d parked request(s) back with %d token(s) "
+            "(span close and result region), %d still parked",
+            len(jumped),
+            sum(batch.extend_lens),
+            len(self._parked),
+        )
         if getattr(scheduler, "is_mixed_chunk", False) and _mix(batch, running_batch):
             from sglang.srt.managers.schedule_batch import ScheduleBatch
 

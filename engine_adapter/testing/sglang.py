@@ -6,7 +6,8 @@ SGLang, its CPU kernel built from ``deploy/sglang-cpu/``, and this repository in
 editable), launched as a user launches it: ``python -m sglang.launch_server`` with ``EVALD_*``
 in its environment, SGLang loading the adapter through its ``sglang.srt.plugins`` entry point.
 :data:`CONFIG` is the daemon config those runs share (its tenants' tokens are :data:`TOKEN`,
-:data:`OTHER_TOKEN` and :data:`SPIN_TOKEN`).
+:data:`OTHER_TOKEN`, :data:`SPIN_TOKEN` and
+:data:`SLOW_TOKEN`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ __all__ = [
     "DEADLINE_MS",
     "OTHER_TOKEN",
     "SCHEDULERS",
+    "SLOW_TENANT_DEADLINE_MS",
+    "SLOW_TOKEN",
     "SPIN_TOKEN",
     "TOKEN",
     "SglangServer",
@@ -43,8 +46,12 @@ __all__ = [
 TOKEN = "sglang-server-token-0123456789abcdef"
 OTHER_TOKEN = "sglang-other-token-0123456789abcdef"
 SPIN_TOKEN = "sglang-spin-token-0123456789abcdef"
+SLOW_TOKEN = "sglang-slow-token-0123456789abcdef"
 #: The spin tenant's evaluators may run 10 s, so a spinning span lasts the adapter's deadline.
 SPIN_TENANT_DEADLINE_MS = 10_000
+#: The slow tenant's evaluators run at most this long: its spinning evaluator is a slow one
+#: (each span holds one of evald's two workers this long, well inside the span deadline).
+SLOW_TENANT_DEADLINE_MS = 400
 
 CONFIG = f"""
 [server]
@@ -73,6 +80,15 @@ evaluators = ["*"]
 allow_register = true
 [tenants.limits]
 deadline_ms = {SPIN_TENANT_DEADLINE_MS}
+fuel = 0
+
+[[tenants]]
+name = "slow"
+token_sha256 = "{hash_token(SLOW_TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+[tenants.limits]
+deadline_ms = {SLOW_TENANT_DEADLINE_MS}
 fuel = 0
 """
 

@@ -1,24 +1,30 @@
-"""Does a pending span hold back the batch? Other requests' inter-token latency on a real SGLang
-CPU server while evaluated requests wait for an evaluator that spins to its deadline, divided by
-the same while their evaluator answers at once — for both of SGLang's schedulers, with the
-adapter's scheduling (``jump``: waiting requests sit out) and without it (``inline``: the step
-waits, as before the scheduler hooks).
+"""Does another tenant's late value freeze a plain stream? The tail of plain requests' gaps
+between tokens on a real SGLang CPU server, next to evaluated requests of another tenant whose
+values are late, against the same next to fast spans — for both of SGLang's schedulers, quiet and
+beside CPU hogs.
 
-Each round runs ``--plain`` streamed plain requests next to ``--evaluated`` requests whose
-structural tag holds two spans: ``spinning`` rounds send them to a tenant's evaluator that loops
-until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` rounds to calc,
-``alone`` rounds have no evaluated requests. Rounds alternate, so all see the same machine. The
-ratio of the plain requests' median gap between tokens, spinning ÷ fast, is the stall ratio
-(target <= 1.02). Prints it, writes ``reports/sglang/stall.json`` and a plot.
+Each round runs ``--plain`` streamed plain requests (a third tenant's, ``ignore_eos``) next to
+``--evaluated`` requests whose structural tag holds two spans. The arms:
 
-A spinning evaluator burns a core for its whole deadline. On a 2-core machine that takes the CPU
-the model's forward needs (torch's threads then wait on each other, even with evald at nice
-19), and every request slows down whatever the scheduler does. ``--isolation cores`` (the
-default) gives each its own core, as a deployment would: SGLang with one torch thread on core 0,
-evald on core 1, so that what is measured is the scheduling; ``--isolation none`` shares the
-cores (both effects, ``stall-shared-cores.json``).
+- ``fast``: the spans go to calc (a value in microseconds): the reference;
+- ``spinning``: to a tenant's evaluator that loops until the 3 s span deadline
+  (``deadline_exceeded``), burning one of evald's workers all that time;
+- ``stopped``: calc spans while evald is stopped (SIGSTOP, a hung daemon): every span waits for
+  its deadline;
+- ``slow``: to a tenant whose evaluator takes 400 ms while evald has only 2 workers (the
+  evaluated requests' spans queue behind each other).
 
-    engine-adapter bench sglang-stall [--rounds 3]
+Rounds alternate arm by arm, so all see the same machine. Per arm: the median, p99 and longest
+gap; per late arm against ``fast``: the ratio of medians (target <= 1.02) and of longest gaps
+(target <= 1.5), and whether the longest gap stays under one span deadline. ``--hogs 0 2`` runs
+everything quiet and again beside two busy-looping processes (a user's server is rarely quiet).
+Prints a line per arm, writes ``reports/sglang/stall.json`` and a plot.
+
+``--isolation none`` (the default) shares the machine's cores among SGLang, evald and the hogs,
+as an operator runs them; ``--isolation cores`` pins SGLang (one torch thread) to core 0 and
+evald to core 1, which measures the scheduling alone (``stall-cores.json``).
+
+    engine-adapter bench sglang-stall [--rounds 5] [--hogs 0 2]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
 """
@@ -27,12 +33,17 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import itertools
 import json
+import math
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +52,9 @@ from engine_adapter.testing import fixed_tag
 from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
+    OTHER_TOKEN,
     SCHEDULERS,
+    SLOW_TOKEN,
     SPIN_TOKEN,
     TOKEN,
     SglangServer,
@@ -53,73 +66,140 @@ from evald_lab.bench._servers import register_spinner
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
+#: ``fast`` first: every other arm is compared with it.
+ARMS = ("fast", "spinning", "stopped", "slow")
 PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:6]
+#: The targets the summary checks (the longest gap is also held to one span deadline).
+MEDIAN_RATIO_TARGET = 1.02
+LONGEST_RATIO_TARGET = 1.5
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@contextlib.contextmanager
+def _hogs(count: int) -> Iterator[None]:
+    """``count`` processes that loop on the CPU for the block (a busy machine)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
 
 
 def measure_stall(
     server: SglangServer,
     target: str,
     *,
-    rounds: int = 3,
+    rounds: int = 5,
     plain: int = 4,
     evaluated: int = 4,
     max_tokens: int = 64,
+    evaluated_tokens: int = 80,
+    arms: tuple[str, ...] = ARMS,
+    daemon_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``)."""
+    """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``).
+
+    ``daemon_pid``: evald's process, stopped for the ``stopped`` arm's rounds (the arm is
+    skipped without it).
+    """
     from engine_adapter import list_evaluators
 
-    spin = register_spinner(target, SPIN_TOKEN).binding()
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
-    requests: dict[str, dict[str, Any] | None] = {
-        "spinning": {
+    fast_tag = fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), ".")
+    requests: dict[str, dict[str, Any]] = {"fast": {"structural_tag": fast_tag}}
+    if "spinning" in arms:
+        spin = register_spinner(target, SPIN_TOKEN).binding()
+        requests["spinning"] = {
             "structural_tag": fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."),
             "custom_params": {"evald_token": SPIN_TOKEN},
-        },
-        "fast": {
-            "structural_tag": fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), ".")
-        },
-        "alone": None,  # the plain requests by themselves: the batch without evaluated rows
-    }
+        }
+    if "stopped" in arms and daemon_pid is not None:
+        requests["stopped"] = {"structural_tag": fast_tag}
+    if "slow" in arms:
+        slow = register_spinner(target, SLOW_TOKEN).binding()
+        requests["slow"] = {
+            "structural_tag": fixed_tag("So ", (slow, "x"), " and ", (slow, "y"), "."),
+            "custom_params": {"evald_token": SLOW_TOKEN},
+        }
     gaps: dict[str, list[float]] = {name: [] for name in requests}
-    walls: dict[str, list[float]] = {name: [] for name in requests}
+    longest: dict[str, list[float]] = {name: [] for name in requests}
     texts: dict[str, list[str]] = {name: [] for name in requests}
     prompts = itertools.cycle(PLAIN_PROMPTS)
+    plain_params = {"evald_token": OTHER_TOKEN}
     with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
         for _ in range(rounds):
             for name, sampling in requests.items():
-                started = time.monotonic()
-                evaluated_calls = [
-                    pool.submit(server.generate, "Compute:", max_new_tokens=120, **(sampling or {}))
-                    for _ in range(evaluated if sampling is not None else 0)
-                ]
-                streams = [
-                    pool.submit(
-                        server.stream, next(prompts), max_new_tokens=max_tokens, ignore_eos=True
-                    )
-                    for _ in range(plain)
-                ]
-                for stream in streams:
-                    _, times = stream.result()
-                    gaps[name].extend(b - a for a, b in itertools.pairwise(times))
-                for call in evaluated_calls:
-                    texts[name].append(call.result()["text"])
-                walls[name].append(time.monotonic() - started)
-    medians = {name: statistics.median(values) * 1e3 for name, values in gaps.items()}
-    means = {name: statistics.fmean(values) * 1e3 for name, values in gaps.items()}
-    maxima = {name: max(values) * 1e3 for name, values in gaps.items()}
+                stop = name == "stopped" and daemon_pid is not None
+                if stop:
+                    os.kill(daemon_pid, signal.SIGSTOP)  # type: ignore[arg-type]
+                try:
+                    evaluated_calls = [
+                        pool.submit(
+                            server.generate,
+                            "Compute:",
+                            max_new_tokens=evaluated_tokens,
+                            **sampling,
+                        )
+                        for _ in range(evaluated)
+                    ]
+                    streams = [
+                        pool.submit(
+                            server.stream,
+                            next(prompts),
+                            max_new_tokens=max_tokens,
+                            ignore_eos=True,
+                            custom_params=plain_params,
+                        )
+                        for _ in range(plain)
+                    ]
+                    round_gaps: list[float] = []
+                    for stream in streams:
+                        _, times = stream.result()
+                        round_gaps.extend(b - a for a, b in itertools.pairwise(times))
+                    for call in evaluated_calls:
+                        texts[name].append(call.result()["text"])
+                finally:
+                    if stop:
+                        os.kill(daemon_pid, signal.SIGCONT)  # type: ignore[arg-type]
+                gaps[name].extend(round_gaps)
+                longest[name].append(max(round_gaps))
+    summary: dict[str, Any] = {}
+    for name, values in gaps.items():
+        ms = [g * 1e3 for g in values]
+        summary[name] = {
+            "median_gap_ms": statistics.median(ms),
+            "p99_gap_ms": percentile(ms, 0.99),
+            "max_gap_ms": max(ms),
+            "longest_gap_per_round_ms": [g * 1e3 for g in longest[name]],
+        }
+    fast = summary["fast"]
+    for name, arm in summary.items():
+        if name == "fast":
+            continue
+        arm["median_ratio"] = arm["median_gap_ms"] / fast["median_gap_ms"]
+        arm["p99_ratio"] = arm["p99_gap_ms"] / fast["p99_gap_ms"]
+        arm["longest_ratio"] = arm["max_gap_ms"] / fast["max_gap_ms"]
+        arm["targets_met"] = (
+            arm["median_ratio"] <= MEDIAN_RATIO_TARGET
+            and arm["longest_ratio"] <= LONGEST_RATIO_TARGET
+            and arm["max_gap_ms"] < DEADLINE_MS
+        )
     return {
         "scheduler": server.scheduler,
         "rounds": rounds,
         "plain_requests": plain,
+        "plain_tokens": max_tokens,
         "evaluated_requests": evaluated,
+        "evaluated_tokens": evaluated_tokens,
         "span_deadline_ms": DEADLINE_MS,
-        "median_gap_ms": medians,
-        "mean_gap_ms": means,
-        "max_gap_ms": maxima,
-        "stall_ratio_median": medians["spinning"] / medians["fast"],
-        "stall_ratio_mean": means["spinning"] / means["fast"],
-        "ratio_to_alone_median": medians["spinning"] / medians["alone"],
-        "round_wall_s": {name: statistics.median(v) for name, v in walls.items()},
+        "arms": summary,
         "sample_texts": {name: values[:1] for name, values in texts.items()},
         "gaps_ms": {name: [g * 1e3 for g in values] for name, values in gaps.items()},
     }
@@ -127,12 +207,21 @@ def measure_stall(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``engine-adapter bench sglang-stall``."""
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain", type=int, default=4)
+    parser.add_argument("--plain-tokens", type=int, default=64)
     parser.add_argument("--evaluated", type=int, default=4)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
-    parser.add_argument("--modes", nargs="+", default=list(MODES))
-    parser.add_argument("--isolation", choices=("cores", "none"), default="cores")
+    parser.add_argument("--modes", nargs="+", default=["jump"], choices=MODES)
+    parser.add_argument(
+        "--hogs",
+        nargs="+",
+        type=int,
+        default=[0, 2],
+        help="busy-looping processes beside the servers, one run per value",
+    )
+    parser.add_argument("--isolation", choices=("cores", "none"), default="none")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
 
 
@@ -148,6 +237,7 @@ def main(args: argparse.Namespace) -> int:
     from evald.testing import DaemonProcess, start_daemon
 
     results: dict[str, dict[str, Any]] = {}
+    arms = tuple(dict.fromkeys(["fast", *args.arms]))
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         cores = args.isolation == "cores"
@@ -164,41 +254,63 @@ def main(args: argparse.Namespace) -> int:
                         **({"OMP_NUM_THREADS": "1"} if cores else {}),
                     }
                     server = start_server(
-                        python, env, root / f"sglang-{scheduler}-{mode}.log",
-                        scheduler=scheduler, prefix=["taskset", "-c", "0"] if cores else (),
-                    )  # fmt: skip
+                        python,
+                        env,
+                        root / f"sglang-{scheduler}-{mode}.log",
+                        scheduler=scheduler,
+                        prefix=["taskset", "-c", "0"] if cores else (),
+                    )
                     try:
-                        result = measure_stall(
-                            server, daemon.target, rounds=args.rounds, plain=args.plain,
-                            evaluated=args.evaluated,
-                        )  # fmt: skip
+                        for hogs in args.hogs:
+                            with _hogs(hogs):
+                                result = measure_stall(
+                                    server,
+                                    daemon.target,
+                                    rounds=args.rounds,
+                                    plain=args.plain,
+                                    max_tokens=args.plain_tokens,
+                                    evaluated=args.evaluated,
+                                    arms=arms,
+                                    daemon_pid=daemon.pid,
+                                )
+                            result.update(mode=mode, isolation=args.isolation, hogs=hogs)
+                            key = f"{scheduler}/{mode}/{'quiet' if not hogs else f'{hogs} hogs'}"
+                            results[key] = result
+                            _print(key, result)
+                            _write(results, args.out, cores)  # a cut-short run keeps its part
                     finally:
                         server.stop()
-                    result["mode"] = mode
-                    result["isolation"] = args.isolation
-                    results[f"{scheduler}/{mode}"] = result
-                    print(
-                        f"{scheduler:8} {mode:6}: plain requests' median gap "
-                        f"{result['median_gap_ms']['spinning']:.1f} ms next to spinning spans, "
-                        f"{result['median_gap_ms']['fast']:.1f} ms next to fast ones: stall ratio "
-                        f"{result['stall_ratio_median']:.3f} (mean "
-                        f"{result['stall_ratio_mean']:.3f}); longest gap "
-                        f"{result['max_gap_ms']['spinning']:.0f} ms vs "
-                        f"{result['max_gap_ms']['fast']:.0f} ms; alone "
-                        f"{result['median_gap_ms']['alone']:.1f} ms",
-                        flush=True,
-                    )
         finally:
             daemon.stop()
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
-    name = "stall" if cores else "stall-shared-cores"
-    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, args.out / f"{name}.png")
+    _write(results, args.out, cores)
     return 0
 
 
+def _write(results: dict[str, dict[str, Any]], out: Path, cores: bool) -> None:
+    """``stall.json`` (without the raw gaps) and its plot, for the runs so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
+    name = "stall-cores" if cores else "stall"
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(results, out / f"{name}.png")
+
+
+def _print(key: str, result: dict[str, Any]) -> None:
+    for name, arm in result["arms"].items():
+        line = (
+            f"{key:22} {name:8}: median {arm['median_gap_ms']:7.1f} ms, p99 "
+            f"{arm['p99_gap_ms']:7.1f} ms, longest {arm['max_gap_ms']:7.0f} ms"
+        )
+        if name != "fast":
+            line += (
+                f"; ÷ fast: median {arm['median_ratio']:.3f}, longest "
+                f"{arm['longest_ratio']:.2f}{'' if arm['targets_met'] else '  (target missed)'}"
+            )
+        print(line, flush=True)
+
+
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Per run, a box of each arm's gaps (log scale), the span deadline as a line."""
     try:
         import matplotlib
 
@@ -206,14 +318,19 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    figure, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.4), sharey=True)
-    axes = axes if len(results) > 1 else [axes]
-    for axis, (key, result) in zip(axes, results.items(), strict=True):
-        names = ["alone", "fast", "spinning"]
-        axis.boxplot([result["gaps_ms"][n] for n in names], showfliers=True)
-        axis.set_xticks([1, 2, 3], ["alone", "fast", "spinning"])
+    figure, axes = plt.subplots(
+        1, len(results), figsize=(3.4 * len(results), 3.8), sharey=True, squeeze=False
+    )
+    for axis, (key, result) in zip(axes[0], results.items(), strict=True):
+        names = list(result["gaps_ms"])
+        axis.boxplot([result["gaps_ms"][n] for n in names], whis=(1, 99), showfliers=True)
+        axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
+        axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
         axis.set_yscale("log")
-        axis.set_title(f"{key}\nratio {result['stall_ratio_median']:.3f}", fontsize=9)
-    axes[0].set_ylabel("plain request: ms between tokens")
+        ratios = ", ".join(
+            f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
+        )
+        axis.set_title(f"{key}\nlongest ÷ fast: {ratios}", fontsize=7)
+    axes[0][0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)

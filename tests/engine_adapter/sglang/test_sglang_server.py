@@ -68,6 +68,17 @@ def finished_by_stop(answer: dict[str, Any]) -> bool:
     return bool(answer["meta_info"]["finish_reason"]["type"] == "stop")
 
 
+#: A plain request's longest gap next to late spans may be this many times its longest next to
+#: fast ones (and at least the floor), never a span deadline.
+STALL_FACTOR = 1.5
+STALL_FLOOR_S = 0.5
+
+
+def longest_gap(times: list[float]) -> float:
+    """The longest time between two chunks of a stream."""
+    return max(b - a for a, b in itertools.pairwise(times))
+
+
 def test_values_and_errors_match_evald(
     server: SglangServer, server_daemon: Daemon, server_specs: Any
 ) -> None:
@@ -201,7 +212,9 @@ def test_hung_evald_ends_every_span_without_stalling_others(
     server: SglangServer, server_specs: Any, fault_daemon: Daemon
 ) -> None:
     """evald stopped (SIGSTOP) mid-run: every span ends at its deadline with
-    ``deadline_exceeded``, every request finishes, and a plain request's tokens keep coming."""
+    ``deadline_exceeded``, every request finishes, and a plain request's tokens keep coming as
+    they do next to spans that evald answers at once (the same requests, just before, on the
+    same machine: a busy machine slows both alike), and never a span deadline apart."""
     calc = server_specs["calc"].binding()
     tag = fixed_tag("So ", (calc, "3 * 3"), " and ", (calc, "4 * 4"), ".")
     params = tenant(TOKEN, evald_target=fault_daemon.target)
@@ -215,6 +228,8 @@ def test_hung_evald_ends_every_span_without_stalling_others(
     ]
     warm = server.generate("Compute:", max_new_tokens=120, structural_tag=tag, custom_params=params)
     assert [f[2] for f in spans_in(warm["text"])] == ["9", "16"]  # the stream to this evald is up
+    answered = run_all(evaluated + streamed)
+    fast_longest = max(longest_gap(times) for _, times in answered[len(evaluated) :])
     with stopped(fault_daemon.pid):
         started = time.monotonic()
         answers = run_all(evaluated + streamed)
@@ -225,11 +240,12 @@ def test_hung_evald_ends_every_span_without_stalling_others(
         assert finished_by_stop(answer)
     assert elapsed >= 2 * DEADLINE_MS / 1000.0  # two spans, one after the other, each timed out
     assert elapsed < 2 * DEADLINE_MS / 1000.0 + 60.0
+    # Waiting requests sit out: a plain request never waits for a span's deadline. The floor
+    # keeps a quiet machine's few-ms jitter from deciding.
+    bound = min(DEADLINE_MS / 1000.0, max(STALL_FACTOR * fast_longest, STALL_FLOOR_S))
     for text, times in answers[len(evaluated) :]:
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        assert text and gaps
-        # Waiting requests sit out: a plain request never waits for a span's deadline.
-        assert max(gaps) < 0.5 * DEADLINE_MS / 1000.0, gaps
+        assert text and len(times) > 1
+        assert longest_gap(times) <= bound, (longest_gap(times), fast_longest, times)
 
 
 def test_killed_evald_answers_unavailable(
@@ -389,20 +405,25 @@ def test_span_log_records_every_span(
 
 
 def test_stall_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
-    """The stall benchmark's measurement on the session server (its numbers are not checked).
-    The benchmark is the lab's: checked here, where the session's server is, when it is
-    installed."""
+    """The stall benchmark's measurement on the session server, every arm (its numbers are not
+    checked). The benchmark is the lab's: checked here, where the session's server is, when it
+    is installed."""
     pytest.importorskip("evald_lab", reason=LAB_NEEDED)
-    from evald_lab.bench.sglang_stall import measure_stall
+    from evald_lab.bench.sglang_stall import ARMS, measure_stall
 
     result = measure_stall(
-        server, server_daemon.target, rounds=1, plain=4, evaluated=4, max_tokens=12
-    )
-    assert set(result["median_gap_ms"]) == {"spinning", "fast", "alone"}
-    assert result["stall_ratio_median"] > 0
-    spinning = result["sample_texts"]["spinning"][0]
-    assert spinning.count("<result_error>deadline_exceeded</result_error>") == 2, spinning
-    assert "<result>42</result>" in result["sample_texts"]["fast"][0]
+        server, server_daemon.target, rounds=1, plain=2, evaluated=2, max_tokens=12,
+        daemon_pid=server_daemon.pid,
+    )  # fmt: skip
+    assert tuple(result["arms"]) == ARMS
+    for name, arm in result["arms"].items():
+        assert 0 < arm["median_gap_ms"] <= arm["p99_gap_ms"] <= arm["max_gap_ms"], (name, arm)
+        assert name == "fast" or arm["longest_ratio"] > 0
+    texts = result["sample_texts"]
+    assert texts["spinning"][0].count("<result_error>deadline_exceeded</result_error>") == 2
+    assert texts["stopped"][0].count("<result_error>deadline_exceeded</result_error>") == 2
+    assert texts["slow"][0].count("<result_error>deadline_exceeded</result_error>") == 2
+    assert "<result>42</result>" in texts["fast"][0]
 
 
 # ---------------------------------------------------------------------- tenant evaluators
