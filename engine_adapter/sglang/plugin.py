@@ -385,8 +385,8 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
 
 
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
-    tenants = getattr(backend, _TENANTS_ATTR, None)
-    if tenants is None:
+    default = getattr(backend, _RUNTIME_ATTR, None)
+    if default is None:
         return original(backend, key_string)
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
@@ -401,7 +401,7 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return InvalidGrammarObject(
             "evald adapter: the request this grammar was for has ended; send it again"
         )
-    tenant = keyed.runtime if keyed is not None else tenants.default
+    tenant = keyed.runtime if keyed is not None else default
     try:
         plan = plan_spans(key_string, tenant.evaluators)
     except EvaluatedTagError as exc:
