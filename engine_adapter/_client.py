@@ -46,7 +46,6 @@ from engine_adapter._types import EvalResult
 from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
-    Endpoint,
     ErrorCode,
     decode_rpc_error,
     pb,

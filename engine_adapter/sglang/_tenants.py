@@ -87,12 +87,12 @@ class TenantKeys:
 
     def __init__(self) -> None:
         self._salt = os.urandom(16)
-        self._by_mark: weakref.WeakValueDictionary[str, KeyedTenant] = (
-            weakref.WeakValueDictionary()
-        )
+        self._by_mark: weakref.WeakValueDictionary[str, KeyedTenant] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
-    def key(self, runtime: AdapterRuntime, options: Mapping[str, Any] | None) -> tuple[str, KeyedTenant]:
+    def key(
+        self, runtime: AdapterRuntime, options: Mapping[str, Any] | None
+    ) -> tuple[str, KeyedTenant]:
         """``(mark, the KeyedTenant the request must hold)`` for a request of ``runtime``."""
         renames = options.get(EXTRA_ARG_EVALUATORS) if options is not None else None
         names = renames if isinstance(renames, str) else None

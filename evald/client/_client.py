@@ -81,7 +81,7 @@ def resolve_endpoint(
             empty, blank or malformed.
     """
     try:
-        return Endpoint.resolve(target, token, env_token=env_token, **tls)  # type: ignore[arg-type]
+        return Endpoint.resolve(target, token, env_token=env_token, **tls)
     except TokenError as exc:
         raise CallError(
             ErrorCode.PERMISSION_DENIED, str(exc), target=target or default_target()

@@ -42,9 +42,7 @@ def token_problem(token: object) -> str | None:
     for index, char in enumerate(token):
         if not "\x21" <= char <= "\x7e":
             kind = "whitespace" if char.isspace() else "a control or non-ASCII character"
-            return (
-                f"holds {kind} at position {index} (a token is printable ASCII without spaces)"
-            )
+            return f"holds {kind} at position {index} (a token is printable ASCII without spaces)"
     return None
 
 

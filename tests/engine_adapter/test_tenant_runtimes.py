@@ -69,7 +69,9 @@ def test_ten_thousand_bad_tokens_then_a_real_tenant_is_served(
     tenants: Callable[..., TenantRuntimes],
 ) -> None:
     runtimes = tenants(max_checking=32, refused_kept=500)
-    flood = [runtimes.for_request({"evald_token": f"made-up-{i:05d}"}).runtime for i in range(10_000)]
+    flood = [
+        runtimes.for_request({"evald_token": f"made-up-{i:05d}"}).runtime for i in range(10_000)
+    ]
     answered = [runtime.submit("calc", "1 + 1", 30_000) for runtime in flood[-200:]]
     real = runtimes.for_request({"evald_token": TOKENS["alpha"]}).runtime
     assert _value(real) == ("42", None)
