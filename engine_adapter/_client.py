@@ -43,10 +43,9 @@ import grpc
 
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._types import EvalResult
-from evald.client import Client, DataCallError, DataConnection
+from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
-    Endpoint,
     ErrorCode,
     decode_rpc_error,
     pb,
@@ -54,14 +53,18 @@ from evald.contract import (
     unix_socket_path,
 )
 
-__all__ = ["ClientStats", "EvaluatorClient", "list_evaluators"]
+__all__ = ["ClientStats", "EvaluatorClient", "evaluator_listing", "list_evaluators"]
 
 _UNAVAILABLE: str = ErrorCode.UNAVAILABLE
 _DEADLINE: str = ErrorCode.DEADLINE_EXCEEDED
 
 
 def list_evaluators(
-    target: str | None = None, token: str | None = None, *, timeout_s: float = 10.0
+    target: str | None = None,
+    token: str | None = None,
+    *,
+    timeout_s: float = 10.0,
+    env_token: bool = True,
 ) -> list[EvaluatorSpec]:
     """The evaluators a tenant may call, as grammar inputs (``ListEvaluators``).
 
@@ -73,8 +76,38 @@ def list_evaluators(
         evald.CallError: the daemon refused (``permission_denied``) or could not be reached
             (``unreachable``).
     """
-    with Client(target, token, timeout_s=timeout_s) as client:
+    with Client(target, token, timeout_s=timeout_s, env_token=env_token) as client:
         return [EvaluatorSpec.from_info(info) for info in client.list_evaluators()]
+
+
+def evaluator_listing(
+    target: str,
+    token: str | None,
+    *,
+    timeout_s: float = 5.0,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> tuple[list[EvaluatorSpec], int]:
+    """``(the tenant's evaluators, the daemon's revision)`` from one ``ListEvaluators`` answer.
+
+    ``token`` None means no token (``$EVALD_TOKEN`` is not read: the caller applied its own
+    defaults).
+
+    Raises:
+        evald.CallError: refused (``permission_denied``, ``unauthenticated``) or unreachable.
+    """
+    with Client(
+        target,
+        token,
+        timeout_s=timeout_s,
+        env_token=False,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+    ) as client:
+        infos, revision = client.listing()
+    return [EvaluatorSpec.from_info(info) for info in infos], revision
 
 
 @dataclass
@@ -162,6 +195,11 @@ class EvaluatorClient:
         tls_ca, tls_cert, tls_key: PEM files for TLS / mutual TLS over TCP.
         data_target: ``unix:PATH`` of the daemon's data path (``[server] data_listen``); default
             ``$EVALD_DATA_TARGET``; None: the gRPC stream to ``target``.
+        env_token: read ``$EVALD_TOKEN`` when ``token`` is None (False: None means none).
+
+    Raises:
+        evald.CallError: ``permission_denied`` for a named token that is empty, blank or
+            malformed (nothing is dialled).
 
     Connecting starts at once in the background; spans submitted before the first connection
     is up wait for it (until their deadline), spans submitted after a failure fail fast.
@@ -180,9 +218,10 @@ class EvaluatorClient:
         tls_key: str | os.PathLike[str] | None = None,
         max_message_bytes: int = CLIENT_MAX_MESSAGE_BYTES,
         data_target: str | None = None,
+        env_token: bool = True,
     ) -> None:
-        endpoint = Endpoint.resolve(
-            target, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        endpoint = resolve_endpoint(
+            target, token, env_token=env_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
         )
         self._endpoint = endpoint
         self.target = endpoint.target

@@ -9,7 +9,11 @@ The options travel with the request, as flat string values:
 
 The keys:
 
-- ``evald_token``: the tenant's bearer token (default: the server's ``EVALD_TOKEN``);
+- ``evald_token``: the tenant's bearer token. A request that names none is evaluated for the
+  server's own tenant (``EVALD_TOKEN``) when it goes to the server's own address, and with no
+  token anywhere else: the server's token is never sent to another address. A named token that
+  is empty, blank or malformed (``evald.contract.token_problem``) is refused with
+  ``permission_denied``, never read as "no token";
 - ``evald_target``: evald's address (default: the server's ``EVALD_TARGET``); it must be that
   address or one listed in ``EVALD_ALLOWED_TARGETS``, so that a request cannot point the server
   at an arbitrary host;
@@ -30,7 +34,7 @@ from typing import Any
 
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import SpanBinding
-from evald.contract import ErrorCode
+from evald.contract import ErrorCode, token_problem
 
 __all__ = [
     "EXTRA_ARG_EVALUATORS",
@@ -39,6 +43,7 @@ __all__ = [
     "RequestOptions",
     "allowed_targets",
     "has_request_options",
+    "rename_bindings",
     "request_options",
 ]
 
@@ -87,31 +92,41 @@ def request_options(
     extra = extra if isinstance(extra, Mapping) else {}
     refusal: tuple[str, str] | None = None
     target = extra.get(EXTRA_ARG_TARGET, config.target)
-    token = extra.get(EXTRA_ARG_TOKEN, config.token)
     names = extra.get(EXTRA_ARG_EVALUATORS)
     if not isinstance(target, str) or target.strip() not in allowed:
+        shown = repr(target) if len(repr(target)) <= 80 else repr(target)[:77] + "..."
         refusal = (
             ErrorCode.PERMISSION_DENIED,
-            f"{EXTRA_ARG_TARGET}={target!r} is not an evald address this server may use "
+            f"{EXTRA_ARG_TARGET}={shown} is not an evald address this server may use "
             f"(EVALD_TARGET or EVALD_ALLOWED_TARGETS: {', '.join(sorted(allowed))})",
         )
         target = config.target
-    if token is not None and not isinstance(token, str):
-        refusal = refusal or (ErrorCode.INVALID_ARGUMENT, f"{EXTRA_ARG_TOKEN} must be a string")
-        token = config.token
+    target = target.strip()
+    token: str | None
+    if EXTRA_ARG_TOKEN in extra:
+        token = extra[EXTRA_ARG_TOKEN]
+        problem = token_problem(token)
+        if problem is not None:
+            refusal = refusal or (
+                ErrorCode.PERMISSION_DENIED,
+                f"{EXTRA_ARG_TOKEN} {problem}: a request that names a token must name a "
+                "valid one (leave the key out for the server's own tenant)",
+            )
+            token = None
+    else:  # the server's own token belongs to the server's own address only
+        token = config.token if target == config.target else None
     if names is not None:
-        renamed = _rename(bindings, names)
+        renamed = rename_bindings(bindings, names)
         if renamed is None:
             refusal = refusal or (
                 ErrorCode.INVALID_ARGUMENT,
-                f"{EXTRA_ARG_EVALUATORS}={names!r}: expected TAG=NAME pairs separated by commas",
+                f"{EXTRA_ARG_EVALUATORS}: expected TAG=NAME pairs separated by commas",
             )
         else:
             bindings = renamed
-    token_value = token.strip() or None if isinstance(token, str) else None
     return RequestOptions(
         bindings=bindings,
-        config=replace(config, target=str(target).strip(), token=token_value),
+        config=replace(config, target=target, token=token),
         refusal=refusal,
     )
 
@@ -121,7 +136,10 @@ def has_request_options(extra: Mapping[str, Any] | None) -> bool:
     return isinstance(extra, Mapping) and any(key in extra for key in EXTRA_ARGS)
 
 
-def _rename(bindings: tuple[SpanBinding, ...], names: Any) -> tuple[SpanBinding, ...] | None:
+def rename_bindings(
+    bindings: tuple[SpanBinding, ...], names: Any
+) -> tuple[SpanBinding, ...] | None:
+    """``bindings`` with the evaluators ``names`` (``TAG=NAME,...``) gives; None if malformed."""
     if not isinstance(names, str):
         return None
     mapping: dict[str, str] = {}

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from evald.contract import token_problem
 
 __all__ = ["DEFAULT_DEADLINE_MS", "AdapterConfig", "ConfigError"]
 
@@ -43,7 +45,8 @@ class AdapterConfig:
     """
 
     target: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    """The server's own tenant token; never in a repr (settings get logged)."""
     deadline_ms: int = DEFAULT_DEADLINE_MS
     tls_ca: str | None = None
     tls_cert: str | None = None
@@ -85,9 +88,19 @@ class AdapterConfig:
         for name, path in tls.items():
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(f"EVALD_TLS_{name.upper()}={path!r}: no such file")
+        raw_token = env.get("EVALD_TOKEN", "")
+        token: str | None = None
+        if raw_token:
+            problem = token_problem(raw_token)
+            if problem is not None:
+                raise ConfigError(
+                    f"EVALD_TOKEN {problem}: set it to the tenant's token, or leave it unset "
+                    "for the unix socket's token-less tenant"
+                )
+            token = raw_token
         return cls(
             target=target,
-            token=env.get("EVALD_TOKEN", "").strip() or None,
+            token=token,
             deadline_ms=deadline_ms,
             tls_ca=tls["ca"],
             tls_cert=tls["cert"],

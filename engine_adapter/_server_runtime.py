@@ -13,12 +13,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from engine_adapter._client import EvaluatorClient, list_evaluators
+from engine_adapter._client import EvaluatorClient, evaluator_listing
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import SpanRecord, TokenCodec
 from engine_adapter._lowered_spans import EvaluatorsUnavailable
@@ -26,16 +27,13 @@ from engine_adapter._server_config import AdapterConfig
 from engine_adapter._types import EvalResult
 
 __all__ = [
-    "DEFAULT_MAX_TENANTS",
     "AdapterRuntime",
-    "TenantRuntimes",
     "close_shared_clients",
     "shared_client",
 ]
 
-#: How many tenants (evald address and token pairs) one server process evaluates for at most:
-#: each has its own connection to evald, so a stream of made-up tokens must not open one each.
-DEFAULT_MAX_TENANTS = 256
+#: How long a compile thread waits for evald to accept a new tenant's token before lowering.
+ADMISSION_WAIT_S = 5.0
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -49,16 +47,21 @@ def shared_client(config: AdapterConfig) -> EvaluatorClient:
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            client = EvaluatorClient(
-                config.target,
-                config.token or "",
-                tls_ca=config.tls_ca,
-                tls_cert=config.tls_cert,
-                tls_key=config.tls_key,
-            )
+            client = _new_client(config)
             _CLIENTS[key] = client
             logger.info("evald adapter: evaluating spans through %s", config.target)
         return client
+
+
+def _new_client(config: AdapterConfig) -> EvaluatorClient:
+    return EvaluatorClient(
+        config.target,
+        config.token,
+        tls_ca=config.tls_ca,
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+        env_token=False,
+    )
 
 
 _INPROCESS: Any = None
@@ -89,13 +92,19 @@ def close_shared_clients() -> None:
 
 
 class AdapterRuntime:
-    """The per-backend state of the adapter.
+    """The per-tenant state of the adapter in one server process.
 
     Parameters:
         config: from :meth:`AdapterConfig.from_env`, with the tenant's target and token.
         codec: the tokenizer's codec (its bytes per token must match the grammar's vocabulary).
         refusal: ``(code, message)`` that every span answers instead of being evaluated (a
             request option the server refused); then nothing connects to evald.
+        admission: for a tenant whose token evald has not accepted yet
+            (:class:`~engine_adapter._tenant_runtimes.TenantRuntimes`): done when it has, or
+            when it refused (then :attr:`refusal` is set first). Spans submitted before wait
+            for it without blocking the caller.
+        own_client: connect with a client of its own, closed by :meth:`retire` (tenant
+            runtimes), instead of the process-wide one for this address and token.
     """
 
     def __init__(
@@ -104,10 +113,19 @@ class AdapterRuntime:
         codec: TokenCodec,
         *,
         refusal: tuple[str, str] | None = None,
+        admission: concurrent.futures.Future[None] | None = None,
+        own_client: bool = False,
     ) -> None:
         self.config = config
         self.codec = codec
         self.refusal = refusal
+        self.mark = secrets.token_hex(8)
+        """Names this runtime in SGLang's grammar cache keys (random: unguessable)."""
+        self.revision = 0
+        """The daemon's revision of the evaluator specs held (0: none fetched yet)."""
+        self.last_used = time.monotonic()
+        self._admission = admission
+        self._own_client = own_client
         self._client: EvaluatorClient | None = None
         self._unflushed = False
         self._lock = threading.Lock()
@@ -117,14 +135,54 @@ class AdapterRuntime:
 
     @property
     def client(self) -> EvaluatorClient:
-        """The process-wide evald client (created, and connected, on first use); with
+        """The evald client (created, and connected, on first use); with
         ``EVALD_INPROCESS=1`` the process's in-process WASM host instead."""
         client = self._client
         if client is None:
-            client = self._client = (
-                _inprocess_evaluator() if self.config.inprocess else shared_client(self.config)
-            )
+            if self.config.inprocess:
+                client = _inprocess_evaluator()
+            elif self._own_client:
+                with self._lock:
+                    client = self._client = self._client or _new_client(self.config)
+            else:
+                client = shared_client(self.config)
+            self._client = client
         return client
+
+    @property
+    def admitted(self) -> bool:
+        """Whether evald has answered for this tenant (accepted, or refused: see refusal)."""
+        return self._admission is None or self._admission.done()
+
+    def admit(self, specs: Sequence[EvaluatorSpec] | None, revision: int) -> None:
+        """evald accepted the tenant: keeps its evaluator list, releases waiting spans."""
+        if specs is not None:
+            self.set_listing(specs, revision)
+        if self._admission is not None and not self._admission.done():
+            self._admission.set_result(None)
+
+    def refuse(self, code: str, message: str) -> None:
+        """evald refused the tenant (or never answered): every span answers ``code``."""
+        self.refusal = (code, message)
+        if self._admission is not None and not self._admission.done():
+            self._admission.set_result(None)
+
+    def set_listing(self, specs: Sequence[EvaluatorSpec], revision: int) -> None:
+        """A fresh ``ListEvaluators`` answer (the specs first, then the revision that keys
+        grammars built from them)."""
+        with self._lock:
+            self._specs, self._specs_at = list(specs), time.monotonic()
+            self.revision = int(revision)
+
+    def retire(self) -> None:
+        """Closes the runtime's own client (evicted tenant); a request still holding the
+        runtime reconnects on its next span."""
+        if not self._own_client:
+            return
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     # The runtime is the injectors' SpanEvaluator: it forwards to the shared client and
     # remembers whether anything was submitted since the last flush, so that the flush every
@@ -134,6 +192,13 @@ class AdapterRuntime:
     def submit(
         self, evaluator: str, content: str, deadline_ms: int
     ) -> concurrent.futures.Future[EvalResult]:
+        admission = self._admission
+        if admission is not None and not admission.done():
+            waiting: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+            admission.add_done_callback(
+                lambda _: self._forward(waiting, evaluator, content, deadline_ms)
+            )
+            return waiting
         if self.refusal is not None:
             refused: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
             refused.set_result(EvalResult(None, *self.refusal))
@@ -142,6 +207,25 @@ class AdapterRuntime:
         self._unflushed = True
         return future
 
+    def _forward(
+        self,
+        waiting: concurrent.futures.Future[EvalResult],
+        evaluator: str,
+        content: str,
+        deadline_ms: int,
+    ) -> None:
+        """Sends a span that waited for the tenant's admission (on the checking thread)."""
+        try:
+            if self.refusal is not None:
+                waiting.set_result(EvalResult(None, *self.refusal))
+                return
+            sent = self.client.submit(evaluator, content, deadline_ms)
+            self.client.flush()
+            sent.add_done_callback(lambda done: waiting.set_result(done.result()))
+        except Exception as exc:  # the future never raises
+            if not waiting.done():
+                waiting.set_result(EvalResult(None, "internal", f"sending the span failed: {exc}"))
+
     def flush(self) -> None:
         """Sends every span submitted since the last flush as one message (if there are any)."""
         if self._unflushed:
@@ -149,32 +233,51 @@ class AdapterRuntime:
             self.client.flush()
 
     def evaluators(self, refresh: bool = False) -> Sequence[EvaluatorSpec]:
-        """The tenant's evaluators (``ListEvaluators``), reused for ``evaluators_ttl_s``.
+        """The tenant's evaluators (``ListEvaluators``), reused for ``evaluators_ttl_s`` (a
+        tenant runtime's refresher keeps them current sooner, on a revision change).
 
-        Called from SGLang's grammar-compile threads, never from the decode loop.
+        Called from SGLang's grammar-compile threads, never from the decode loop; for a tenant
+        evald has not answered for yet it waits up to :data:`ADMISSION_WAIT_S`.
 
         Raises:
-            EvaluatorsUnavailable: evald did not answer (the message says why).
+            EvaluatorsUnavailable: evald did not answer, or refused (the message says why).
         """
+        admission = self._admission
+        if admission is not None and not admission.done():
+            try:
+                admission.result(timeout=ADMISSION_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                raise EvaluatorsUnavailable(
+                    f"unavailable: evald did not answer for this tenant within "
+                    f"{ADMISSION_WAIT_S:g} s"
+                ) from None
         with self._lock:
+            if self.refusal is not None:
+                raise EvaluatorsUnavailable(f"{self.refusal[0]}: {self.refusal[1]}")
             fresh = time.monotonic() - self._specs_at < self.config.evaluators_ttl_s
             if self._specs is not None and fresh and not refresh:
                 return list(self._specs)
-            if self.refusal is not None:
-                raise EvaluatorsUnavailable(self.refusal[1])
-            try:
-                specs = list_evaluators(self.config.target, self.config.token or "", timeout_s=5.0)
-            except Exception as exc:  # CallError, or anything the transport raises
-                if self._specs is not None and not refresh:
-                    logger.warning(
-                        "evald adapter: ListEvaluators failed (%s); using the last answer", exc
-                    )
-                    return list(self._specs)
-                raise EvaluatorsUnavailable(
-                    f"ListEvaluators at {self.config.target} failed: {exc}"
-                ) from None
-            self._specs, self._specs_at = specs, time.monotonic()
-            return list(specs)
+        try:
+            specs, revision = evaluator_listing(
+                self.config.target,
+                self.config.token,
+                tls_ca=self.config.tls_ca,
+                tls_cert=self.config.tls_cert,
+                tls_key=self.config.tls_key,
+            )
+        except Exception as exc:  # CallError, or anything the transport raises
+            with self._lock:
+                last = self._specs
+            if last is not None and not refresh:
+                logger.warning(
+                    "evald adapter: ListEvaluators failed (%s); using the last answer", exc
+                )
+                return list(last)
+            raise EvaluatorsUnavailable(
+                f"ListEvaluators at {self.config.target} failed: {exc}"
+            ) from None
+        self.set_listing(specs, revision)
+        return list(specs)
 
     def log_span(self, record: SpanRecord, *, forwards: int | None = None) -> None:
         """Appends one finished span to ``EVALD_SPAN_LOG`` (no-op when unset).
@@ -203,41 +306,3 @@ class AdapterRuntime:
                 self._span_log = open(self.config.span_log, "a", encoding="utf-8")
             self._span_log.write(line + "\n")
             self._span_log.flush()
-
-
-class TenantRuntimes:
-    """One :class:`AdapterRuntime` per tenant (evald address and token) in a server process.
-
-    Parameters:
-        codec: the tokenizer's codec, shared by every tenant.
-        limit: at most this many tenants; a further one gets ``None`` (its spans then answer
-            ``quota_exceeded``), so that requests with made-up tokens cannot make the
-            process open a connection each.
-
-    Thread-safe: SGLang compiles grammars on a thread pool.
-    """
-
-    def __init__(self, codec: TokenCodec, *, limit: int = DEFAULT_MAX_TENANTS) -> None:
-        self.codec = codec
-        self.limit = limit
-        self._runtimes: dict[tuple[Any, ...], AdapterRuntime] = {}
-        self._lock = threading.Lock()
-
-    def get(self, config: AdapterConfig) -> AdapterRuntime | None:
-        """The tenant's runtime (made on first use), or ``None`` past :attr:`limit`."""
-        key = (config.target, config.token)
-        with self._lock:
-            runtime = self._runtimes.get(key)
-            if runtime is None:
-                if len(self._runtimes) >= self.limit:
-                    return None
-                runtime = self._runtimes[key] = AdapterRuntime(config, self.codec)
-            return runtime
-
-    def refusing(self, config: AdapterConfig, code: str, message: str) -> AdapterRuntime:
-        """A runtime whose spans all answer ``code`` (not counted against the limit)."""
-        return AdapterRuntime(config, self.codec, refusal=(code, message))
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._runtimes)

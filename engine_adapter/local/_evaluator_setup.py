@@ -59,7 +59,8 @@ def open_evaluator(
     ``<result_error>unavailable</result_error>`` until the daemon is back.
 
     Raises:
-        EngineError: unknown ``kind``, or a requested name that is not offered.
+        EngineError: unknown ``kind``, a requested name that is not offered, or a token that
+            is named but empty, blank or malformed (``permission_denied``; never read as none).
     """
     from engine_adapter._client import EvaluatorClient, list_evaluators
     from engine_adapter._grammar import standard_evaluators
@@ -68,7 +69,13 @@ def open_evaluator(
     warning = None
     evaluator: Any
     if kind == "evald":
-        evaluator = EvaluatorClient(target, token)
+        from evald.client import CallError
+
+        try:
+            evaluator = EvaluatorClient(target, token)
+        except CallError as exc:  # a named token that is empty, blank or malformed
+            raise EngineError(f"{exc.code.value if exc.code else 'unreachable'}: {exc.message}")
+
         specs: list[EvaluatorSpec]
         try:
             specs = list_evaluators(evaluator.target, token, timeout_s=connect_timeout_s)

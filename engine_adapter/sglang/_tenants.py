@@ -1,48 +1,55 @@
-"""Which tenant an SGLang request is evaluated for, and how its grammar stays its own.
+"""How a request's tenant travels from SGLang's scheduler to its grammar compile, and keeps its
+grammar its own.
 
 A request names its tenant in ``SamplingParams.custom_params`` (``evald_token``, ``evald_target``,
-``evald_evaluators``; read by :mod:`engine_adapter._request_options`). SGLang caches compiled
-grammars by ``(kind, key string)`` alone, and a grammar object carries the client it evaluates
-with, so a tenant's grammar must never be the cached answer to another tenant's request. The
-scheduler hook (``GrammarManager.process_req_with_grammar``) therefore:
+``evald_evaluators``); :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` decides which
+runtime evaluates it. SGLang caches compiled grammars by ``(kind, key string)`` alone, and a
+grammar object carries the runtime it evaluates with, so a tenant's grammar must never be the
+cached answer to another tenant's request, nor a grammar lowered from an evaluator spec the
+daemon has since replaced. The scheduler hook (``GrammarManager.process_req_with_grammar``):
 
 1. takes the options out of ``custom_params`` (the token stays in the scheduler's memory and
    never reaches a log line or a metric label);
-2. keeps them in this process's :class:`TenantTable` under a salted fingerprint;
-3. while SGLang computes the request's cache key, appends :data:`TENANT_MARK` and the
-   fingerprint to the structural tag: requests of two tenants have two keys, two compiles and
-   two grammar objects, each bound to its own tenant's client.
+2. asks ``TenantRuntimes.for_request`` for the runtime (never blocks);
+3. while SGLang computes the request's cache key, appends :data:`TENANT_MARK` and a mark naming
+   the runtime, its spec revision and the request's evaluator renames: two tenants, or one
+   tenant before and after a revision, have two keys, two compiles and two grammar objects.
 
-The compile hook (``dispatch_structural_tag``) splits the mark off again (:func:`split_key`),
-lowers the tag with that tenant's evaluators and evaluates its spans with its token. A request
-whose tag already holds the mark is refused: only the adapter may write it.
+The mark resolves to the request's :class:`KeyedTenant` through :class:`TenantKeys`, which holds
+it *weakly*: the request itself holds it (``Req._evald_tenant``), so it lives exactly as long as
+a request or a compiled grammar needs it, and no flood of other requests can push it out before
+the grammar compiles. The compile hook (``dispatch_structural_tag``) splits the mark off again
+(:func:`split_key`). A request whose tag already holds the mark is refused: only the adapter may
+write it.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._request_options import EXTRA_ARGS, has_request_options
+from engine_adapter._request_options import EXTRA_ARG_EVALUATORS, EXTRA_ARGS, rename_bindings
+from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._types import SpanBinding
 
-__all__ = ["TENANT_MARK", "TenantTable", "split_key", "take_options"]
+__all__ = ["REQUEST_ATTR", "TENANT_MARK", "KeyedTenant", "TenantKeys", "split_key", "take_options"]
 
-#: Separates a structural tag from the tenant fingerprint in SGLang's grammar cache key. JSON
-#: text never ends with it, so a key with the mark cannot be a request's own tag.
+#: Separates a structural tag from the tenant mark in SGLang's grammar cache key. JSON text
+#: never ends with it, so a key with the mark cannot be a request's own tag.
 TENANT_MARK = "\n#evald-tenant="
-
-#: Fingerprints kept at most; one is needed only until its request's grammar is compiled.
-TABLE_SIZE = 4096
+#: The ``Req`` attribute that keeps a request's :class:`KeyedTenant` alive.
+REQUEST_ATTR = "_evald_tenant"
 
 
 def take_options(custom_params: Any) -> tuple[dict[str, Any] | None, Any]:
     """``(the adapter's options, custom_params without them)``; ``(None, custom_params)`` when
     the request sets none."""
-    if not isinstance(custom_params, Mapping) or not has_request_options(custom_params):
+    if not isinstance(custom_params, Mapping) or not any(k in custom_params for k in EXTRA_ARGS):
         return None, custom_params
     options = {key: custom_params[key] for key in EXTRA_ARGS if key in custom_params}
     rest = {key: value for key, value in custom_params.items() if key not in EXTRA_ARGS}
@@ -50,40 +57,58 @@ def take_options(custom_params: Any) -> tuple[dict[str, Any] | None, Any]:
 
 
 def split_key(key_string: str) -> tuple[str, str | None]:
-    """``(structural tag, tenant fingerprint or None)`` of a cache key string."""
-    tag, mark, fingerprint = key_string.rpartition(TENANT_MARK)
+    """``(structural tag, tenant mark or None)`` of a cache key string."""
+    tag, mark, found = key_string.rpartition(TENANT_MARK)
     if not mark:
         return key_string, None
-    return tag, fingerprint
+    return tag, found
 
 
-class TenantTable:
-    """The options of recent tenant requests, by salted fingerprint (one scheduler process).
+@dataclass(eq=False)
+class KeyedTenant:
+    """A request's tenant as its grammar sees it: the runtime and the evaluator renames."""
 
-    The fingerprint is a keyed hash of the options (the salt is random per process), so it can
-    be neither reversed into a token nor guessed to reach another tenant's cached grammar.
+    runtime: AdapterRuntime
+    evaluators: str | None
+    """The request's ``evald_evaluators`` (already validated), or None."""
+
+    def bindings(self, found: tuple[SpanBinding, ...]) -> tuple[SpanBinding, ...]:
+        if self.evaluators is None:
+            return found
+        return rename_bindings(found, self.evaluators) or found
+
+
+class TenantKeys:
+    """Cache-key marks to :class:`KeyedTenant`, held weakly (one scheduler process).
+
+    A mark is the runtime's random id, its spec revision and a salted digest of the renames, so
+    it can be neither reversed into a token nor guessed to reach another tenant's grammar.
     """
 
-    def __init__(self, *, size: int = TABLE_SIZE) -> None:
+    def __init__(self) -> None:
         self._salt = os.urandom(16)
-        self._size = size
-        self._options: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._by_mark: weakref.WeakValueDictionary[str, KeyedTenant] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
-    def fingerprint(self, options: Mapping[str, Any]) -> str:
-        """Remembers ``options`` and returns their fingerprint."""
-        digest = hashlib.blake2b(key=self._salt, digest_size=16)
-        for key in EXTRA_ARGS:
-            digest.update(repr((key, options.get(key))).encode())
-        fingerprint = digest.hexdigest()
+    def key(
+        self, runtime: AdapterRuntime, options: Mapping[str, Any] | None
+    ) -> tuple[str, KeyedTenant]:
+        """``(mark, the KeyedTenant the request must hold)`` for a request of ``runtime``."""
+        renames = options.get(EXTRA_ARG_EVALUATORS) if options is not None else None
+        names = renames if isinstance(renames, str) else None
+        digest = hashlib.blake2b(repr(names).encode(), key=self._salt, digest_size=6).hexdigest()
+        mark = f"{runtime.mark}.{runtime.revision}.{digest}"
         with self._lock:
-            self._options[fingerprint] = dict(options)
-            self._options.move_to_end(fingerprint)
-            while len(self._options) > self._size:
-                self._options.popitem(last=False)
-        return fingerprint
+            keyed = self._by_mark.get(mark)
+            if keyed is None:
+                keyed = KeyedTenant(runtime, names)
+                self._by_mark[mark] = keyed
+        return mark, keyed
 
-    def options(self, fingerprint: str) -> dict[str, Any] | None:
+    def find(self, mark: str) -> KeyedTenant | None:
         with self._lock:
-            found = self._options.get(fingerprint)
-            return dict(found) if found is not None else None
+            return self._by_mark.get(mark)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_mark)

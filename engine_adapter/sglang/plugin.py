@@ -7,11 +7,12 @@ monkeypatches made in a parent would not carry over). It registers hooks with SG
 
 The grammar layer:
 
-- AFTER ``XGrammarGrammarBackend.__init__``: builds the backend's :class:`AdapterRuntime` (the
-  tokenizer's codec from the ``TokenizerInfo`` SGLang just built, the evald address) and its
-  per-tenant runtimes.
+- AFTER ``XGrammarGrammarBackend.__init__``: builds the backend's
+  :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` (the tokenizer's codec from the
+  ``TokenizerInfo`` SGLang just built, the server's own tenant).
 - AROUND ``GrammarManager.process_req_with_grammar``: takes a request's tenant options out of
-  its ``custom_params`` and keys its grammar by tenant (:mod:`engine_adapter.sglang._tenants`).
+  its ``custom_params``, picks its tenant's runtime and keys its grammar by tenant and spec
+  revision (:mod:`engine_adapter.sglang._tenants`).
 - AROUND ``XGrammarGrammarBackend.dispatch_structural_tag``: when the request's tag holds
   evaluated spans (``evaluated_tag`` elements, or their lowered form), compiles the lowered tag
   and wraps the grammar in an :class:`EvaluatorGrammar` bound to the request's tenant. The
@@ -346,19 +347,19 @@ def _after_backend_init(
     config = AdapterConfig.from_env()
     if config is None:
         return
-    from engine_adapter._server_runtime import AdapterRuntime, TenantRuntimes
+    from engine_adapter._tenant_runtimes import TenantRuntimes
 
-    codec = _codec(tokenizer, backend._tokenizer_info)
-    setattr(backend, _RUNTIME_ATTR, AdapterRuntime(config, codec))
-    setattr(backend, _TENANTS_ATTR, TenantRuntimes(codec))
+    tenants = TenantRuntimes(config, _codec(tokenizer, backend._tokenizer_info))
+    setattr(backend, _RUNTIME_ATTR, tenants.default)
+    setattr(backend, _TENANTS_ATTR, tenants)
 
 
 def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> Any:
     """Keys the request's grammar by its tenant (see :mod:`engine_adapter.sglang._tenants`)."""
-    backend = getattr(manager, "grammar_backend", None)
-    if getattr(backend, _RUNTIME_ATTR, None) is None:
+    tenants = getattr(getattr(manager, "grammar_backend", None), _TENANTS_ATTR, None)
+    if tenants is None:
         return original(manager, req)
-    from engine_adapter.sglang._tenants import TENANT_MARK, take_options
+    from engine_adapter.sglang._tenants import REQUEST_ATTR, TENANT_MARK, take_options
 
     params = req.sampling_params
     options, rest = take_options(getattr(params, "custom_params", None))
@@ -369,12 +370,14 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
             f"({TENANT_MARK.strip()!r})"
         )
         return False
-    if options is None:
-        return original(manager, req)
-    params.custom_params = rest  # the token leaves the request here
+    if options is not None:
+        params.custom_params = rest  # the token leaves the request here
     if tag is None:
         return original(manager, req)
-    params.structural_tag = tag + TENANT_MARK + _tenant_table().fingerprint(options)
+    runtime = tenants.for_request(options).runtime
+    mark, keyed = _tenant_keys().key(runtime, options)
+    setattr(req, REQUEST_ATTR, keyed)  # lives as long as the request
+    params.structural_tag = tag + TENANT_MARK + mark
     try:
         return original(manager, req)
     finally:
@@ -382,8 +385,8 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
 
 
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
-    runtime = getattr(backend, _RUNTIME_ATTR, None)
-    if runtime is None:
+    default = getattr(backend, _RUNTIME_ATTR, None)
+    if default is None:
         return original(backend, key_string)
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
@@ -392,16 +395,13 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
     from engine_adapter.sglang._tenants import split_key
 
-    key_string, fingerprint = split_key(key_string)
-    options: dict[str, Any] | None = None
-    if fingerprint is not None:
-        options = _tenant_table().options(fingerprint)
-        if options is None:
-            return InvalidGrammarObject(
-                "evald adapter: this request's tenant options expired before its grammar was "
-                "compiled (too many tenants at once); send it again"
-            )
-    tenant = runtime if options is None else _tenant_runtime(backend, runtime, options)
+    key_string, mark = split_key(key_string)
+    keyed = _tenant_keys().find(mark) if mark is not None else None
+    if mark is not None and keyed is None:
+        return InvalidGrammarObject(
+            "evald adapter: the request this grammar was for has ended; send it again"
+        )
+    tenant = keyed.runtime if keyed is not None else default
     try:
         plan = plan_spans(key_string, tenant.evaluators)
     except EvaluatedTagError as exc:
@@ -412,36 +412,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     grammar = original(backend, plan.key_string)
     if isinstance(grammar, InvalidGrammarObject):
         return grammar
-    bindings = plan.bindings
-    if options is not None:
-        from engine_adapter._request_options import allowed_targets, request_options
-
-        config = runtime.config
-        bindings = request_options(options, bindings, config, allowed_targets(config)).bindings
+    bindings = keyed.bindings(plan.bindings) if keyed is not None else plan.bindings
     return EvaluatorGrammar(grammar, bindings, tenant)
-
-
-def _tenant_runtime(backend: Any, default: Any, options: dict[str, Any]) -> Any:
-    """The runtime that evaluates for the tenant ``options`` name (a refusing one for an option
-    the server does not accept, or past the tenant limit)."""
-    from engine_adapter._request_options import allowed_targets, request_options
-    from evald.contract import ErrorCode
-
-    config = default.config
-    reading = request_options(options, (), config, allowed_targets(config))
-    tenants = getattr(backend, _TENANTS_ATTR)
-    if reading.refusal is not None:
-        return tenants.refusing(reading.config, *reading.refusal)
-    if (reading.config.target, reading.config.token) == (config.target, config.token):
-        return default
-    runtime = tenants.get(reading.config)
-    if runtime is None:
-        return tenants.refusing(
-            reading.config,
-            ErrorCode.QUOTA_EXCEEDED,
-            f"this server already evaluates spans for {tenants.limit} tenants",
-        )
-    return runtime
 
 
 def _after_compile_framed_grammar(
@@ -517,17 +489,17 @@ def _around_collect_inflight_reqs(original: Any, scheduler: Any, *args: Any, **k
 
 # ---------------------------------------------------------------------- helpers
 
-_TENANT_TABLE: Any = None
+_TENANT_KEYS: Any = None
 _SCHEDULING: str | None = None
 
 
-def _tenant_table() -> Any:
-    global _TENANT_TABLE
-    if _TENANT_TABLE is None:
-        from engine_adapter.sglang._tenants import TenantTable
+def _tenant_keys() -> Any:
+    global _TENANT_KEYS
+    if _TENANT_KEYS is None:
+        from engine_adapter.sglang._tenants import TenantKeys
 
-        _TENANT_TABLE = TenantTable()
-    return _TENANT_TABLE
+        _TENANT_KEYS = TenantKeys()
+    return _TENANT_KEYS
 
 
 def _span_scheduler(scheduler: Any) -> Any:

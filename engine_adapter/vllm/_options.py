@@ -17,19 +17,16 @@ from engine_adapter._lowered_spans import find_lowered_spans
 from engine_adapter._request_options import RequestOptions
 from engine_adapter._request_options import request_options as _options_of
 from engine_adapter._server_config import AdapterConfig
+from engine_adapter._types import SpanBinding
 
-__all__ = ["request_options"]
+__all__ = ["evaluated_spans", "request_options"]
 
 
-def request_options(
-    sampling_params: Any, config: AdapterConfig, allowed: frozenset[str]
-) -> RequestOptions | None:
-    """The options of a request, or ``None`` when its structural tag has no evaluated span.
+def evaluated_spans(sampling_params: Any) -> tuple[SpanBinding, ...] | None:
+    """The evaluated spans of a request's structural tag, or ``None`` when it has none.
 
     Parameters:
         sampling_params: the request's ``vllm.SamplingParams``.
-        config: the server's settings (:meth:`AdapterConfig.from_env`).
-        allowed: the targets a request may name (``allowed_targets``).
     """
     structured = getattr(sampling_params, "structured_outputs", None)
     raw_tag = getattr(structured, "structural_tag", None) if structured is not None else None
@@ -45,7 +42,22 @@ def request_options(
         bindings = find_lowered_spans(tag, None)
     except ValueError:
         return None  # one opener with two shapes: left to the grammar alone
-    if not bindings:
+    return tuple(bindings) or None
+
+
+def request_options(
+    sampling_params: Any, config: AdapterConfig, allowed: frozenset[str]
+) -> RequestOptions | None:
+    """The options of a request, or ``None`` when its structural tag has no evaluated span
+    (how the tracker's :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` reads it).
+
+    Parameters:
+        sampling_params: the request's ``vllm.SamplingParams``.
+        config: the server's settings (:meth:`AdapterConfig.from_env`).
+        allowed: the targets a request may name (``allowed_targets``).
+    """
+    bindings = evaluated_spans(sampling_params)
+    if bindings is None:
         return None
     extra = getattr(sampling_params, "extra_args", None) or {}
     return _options_of(extra, bindings, config, allowed)

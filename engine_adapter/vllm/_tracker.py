@@ -47,11 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter._injector import Injector, TokenCodec
-from engine_adapter._request_options import RequestOptions, allowed_targets
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._tenant_runtimes import Tenancy, TenantRuntimes
 from engine_adapter._types import EvalResult
-from engine_adapter.vllm._options import request_options
+from engine_adapter.vllm._options import evaluated_spans
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
 
@@ -64,23 +64,6 @@ IDLE_WAIT_S = 0.02
 GREEDY_BELOW = 1e-5
 
 
-class _Refusal:
-    """A :class:`~engine_adapter.SpanEvaluator` that answers every span with one error."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self._result = EvalResult(None, code, message)
-
-    def submit(
-        self, evaluator: str, content: str, deadline_ms: int
-    ) -> concurrent.futures.Future[EvalResult]:
-        future: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
-        future.set_result(self._result)
-        return future
-
-    def flush(self) -> None:
-        return None
-
-
 @dataclass(eq=False)
 class TrackedRequest:
     """One evaluated request: its injector and how far it has read the request's tokens."""
@@ -89,8 +72,8 @@ class TrackedRequest:
     injector: Injector
     output: Sequence[int]
     """The request's live ``output_token_ids``."""
-    runtime: AdapterRuntime | None
-    """Where its spans are evaluated (``None``: every span answers the request's refusal)."""
+    runtime: AdapterRuntime
+    """Where its spans are evaluated (a refusing runtime answers every span with its code)."""
     fed: int = 0
     fault: str | None = None
     forced_steps: int = 0
@@ -131,8 +114,9 @@ class SpanTracker:
             greedily (else one forced token per step): for a vLLM whose verify step mangles
             the sampling parameters of draft positions when a request samples randomly
             (``plugin.random_verify_is_broken``).
-        runtime_factory: builds the runtime (client, span log) for a target and token; the
-            default shares one evald stream per target and token in the process.
+        runtime_factory: builds the server's own tenant's runtime (client, span log); the
+            default shares one evald stream per process. Other tenants' runtimes come from
+            :class:`~engine_adapter._tenant_runtimes.TenantRuntimes`.
     """
 
     def __init__(
@@ -152,10 +136,11 @@ class SpanTracker:
         self.greedy_drafts_only = greedy_drafts_only
         self._sampling: set[str] = set()
         """Requests that sample randomly (followed only with ``greedy_drafts_only``)."""
-        self.allowed = allowed_targets(config)
         self.stats = TrackerStats()
-        self._factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
-        self._runtimes: dict[tuple[str, str | None], AdapterRuntime] = {}
+        # vLLM requests arrive with their spans lowered: no evaluator specs to refresh.
+        self.tenants = TenantRuntimes(
+            config, codec, refresh_s=None, runtime_factory=runtime_factory
+        )
         self._states: dict[str, TrackedRequest] = {}
         self._pending: list[TrackedRequest] = []
 
@@ -166,10 +151,11 @@ class SpanTracker:
         if self.greedy_drafts_only and not _greedy(request):
             self._sampling.add(str(request.request_id))
         try:
-            options = request_options(request.sampling_params, self.config, self.allowed)
-            if options is None:
+            bindings = evaluated_spans(request.sampling_params)
+            if bindings is None:
                 return None
-            state = self._new_state(request, options)
+            extra = getattr(request.sampling_params, "extra_args", None)
+            state = self._new_state(request, self.tenants.for_request(extra, bindings))
         except Exception as exc:
             self.stats.faults += 1
             logger.error(
@@ -223,8 +209,12 @@ class SpanTracker:
             self._forget(request_id)
         if not pending:
             return
-        for runtime in self._runtimes.values():
-            runtime.flush()
+        flushed: set[int] = set()
+        for state in pending:  # a span that closed this step belongs to a pending request
+            runtime = state.runtime
+            if id(runtime) not in flushed:
+                flushed.add(id(runtime))
+                runtime.flush()
         self._hold(scheduler, pending)
         manager = getattr(scheduler, "structured_output_manager", None)
         for state in pending:
@@ -294,9 +284,11 @@ class SpanTracker:
         self._forget(request_id)
 
     def close(self) -> None:
-        """Forgets every request (the shared clients stay up for the process)."""
+        """Forgets every request and closes the tenants' connections (the server's own shared
+        client stays up for the process)."""
         for request_id in list(self._states):
             self._forget(request_id)
+        self.tenants.close()
 
     # ------------------------------------------------------------------ introspection
 
@@ -306,22 +298,13 @@ class SpanTracker:
 
     # ------------------------------------------------------------------ internals
 
-    def _new_state(self, request: Any, options: RequestOptions) -> TrackedRequest:
-        runtime: AdapterRuntime | None = None
-        evaluator: Any
-        if options.refusal is not None:
-            evaluator = _Refusal(*options.refusal)
-        else:
-            key = (options.config.target, options.config.token)
-            runtime = self._runtimes.get(key)
-            if runtime is None:
-                runtime = self._runtimes[key] = self._factory(options.config)
-            evaluator = runtime
+    def _new_state(self, request: Any, tenancy: Tenancy) -> TrackedRequest:
+        runtime = tenancy.runtime
         injector = Injector(
             self.codec,
-            options.bindings,
-            evaluator,
-            deadline_ms=options.config.deadline_ms,
+            tenancy.bindings,
+            runtime,
+            deadline_ms=self.config.deadline_ms,
             auto_flush=False,
         )
         return TrackedRequest(
@@ -439,7 +422,8 @@ class SpanTracker:
         spans = state.injector.spans
         self.stats.spans += len(spans)
         runtime = state.runtime
-        if runtime is not None and runtime.config.span_log is not None:
+        config = getattr(runtime, "config", None)
+        if config is not None and config.span_log is not None:
             for record in spans:
                 if record.result is not None:
                     runtime.log_span(record)

@@ -8,7 +8,7 @@ to use the data path.
 
 from __future__ import annotations
 
-from evald.client._client import CallError, Client
+from evald.client._client import CallError, Client, resolve_endpoint
 from evald.client._data_client import DataCallError, DataConnection
 
-__all__ = ["CallError", "Client", "DataCallError", "DataConnection"]
+__all__ = ["CallError", "Client", "DataCallError", "DataConnection", "resolve_endpoint"]

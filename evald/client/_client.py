@@ -8,6 +8,7 @@ Engines use the streaming client of ``engine_adapter`` instead.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -20,12 +21,14 @@ from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
     Endpoint,
     ErrorCode,
+    TokenError,
     decode_rpc_error,
+    default_target,
     pb,
     pb_grpc,
 )
 
-__all__ = ["CallError", "Client"]
+__all__ = ["CallError", "Client", "resolve_endpoint"]
 
 #: gRPC statuses that mean nobody answered (rather than a refusal by the daemon).
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -63,6 +66,28 @@ def _call_error(error: grpc.RpcError, target: str) -> CallError:
     return CallError(code, failure.details, target=target)
 
 
+def resolve_endpoint(
+    target: str | None,
+    token: str | None,
+    *,
+    env_token: bool = True,
+    **tls: str | os.PathLike[str] | None,
+) -> Endpoint:
+    """:meth:`Endpoint.resolve`, with a malformed token reported as the daemon would: a
+    :class:`CallError` with ``permission_denied`` (raised before anything is dialled).
+
+    Raises:
+        CallError: ``permission_denied``, the token named (argument or ``$EVALD_TOKEN``) is
+            empty, blank or malformed.
+    """
+    try:
+        return Endpoint.resolve(target, token, env_token=env_token, **tls)
+    except TokenError as exc:
+        raise CallError(
+            ErrorCode.PERMISSION_DENIED, str(exc), target=target or default_target()
+        ) from None
+
+
 class Client:
     """A blocking connection to one daemon. Thread-safe (gRPC channels are).
 
@@ -73,6 +98,10 @@ class Client:
         timeout_s: per-call timeout; a daemon that does not answer in time counts as unreachable.
         tls_ca: PEM file of the CA that signed the daemon's certificate (TCP with TLS).
         tls_cert, tls_key: the client's own certificate for mutual TLS.
+        env_token: read ``$EVALD_TOKEN`` when ``token`` is None (False: None means none).
+
+    Raises:
+        CallError: ``permission_denied`` for a named token that is empty, blank or malformed.
     """
 
     def __init__(
@@ -85,9 +114,10 @@ class Client:
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
         max_message_bytes: int = CLIENT_MAX_MESSAGE_BYTES,
+        env_token: bool = True,
     ) -> None:
-        endpoint = Endpoint.resolve(
-            target, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        endpoint = resolve_endpoint(
+            target, token, env_token=env_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
         )
         self.target = endpoint.target
         self._metadata = endpoint.metadata
@@ -182,6 +212,14 @@ class Client:
             self._stub.ListEvaluators, pb.ListEvaluatorsRequest()
         )
         return int(response.revision)
+
+    def listing(self) -> tuple[list[pb.EvaluatorInfo], int]:
+        """The evaluators this tenant may call and the daemon's revision, from one answer (so
+        the two always belong together)."""
+        response: pb.ListEvaluatorsResponse = self._invoke(
+            self._stub.ListEvaluators, pb.ListEvaluatorsRequest()
+        )
+        return list(response.evaluators), int(response.revision)
 
     def register(self, module: bytes, *, replace: bool = False) -> pb.EvaluatorInfo:
         """Registers a module (docs/abi.md) for this tenant.

@@ -11,7 +11,8 @@ Everything two sides must agree on lives here and nowhere else:
   section payload (:func:`load_manifest_source`, :func:`encode_manifest`), and the rule that no
   evaluator can produce ``<`` (:func:`check_no_angle_bracket`);
 * the standard evaluators' names (:data:`STANDARD_EVALUATORS`);
-* addresses and channels (:func:`default_target`, :func:`unix_socket_path`, :class:`Endpoint`);
+* addresses and channels (:func:`default_target`, :func:`unix_socket_path`, :class:`Endpoint`)
+  and what a bearer token may look like (:func:`check_token`, :class:`TokenError`);
 * the data path's framing (:func:`encode_frame`, :func:`read_frame`, :class:`FrameWriter`).
 
 The daemon, the host and every client import these names from ``evald.contract``; none of them
@@ -65,6 +66,7 @@ from evald.contract._manifest import (
 )
 from evald.contract._manifest_source import encode_manifest, load_manifest_source
 from evald.contract._standard_set import STANDARD_EVALUATORS
+from evald.contract._tokens import MAX_TOKEN_CHARS, TokenError, check_token, token_problem
 from evald.v1 import evald_pb2 as pb
 from evald.v1 import evald_pb2_grpc as pb_grpc
 
@@ -84,6 +86,7 @@ __all__ = [
     "MAX_GRAMMAR_NESTING",
     "MAX_HELLO_BYTES",
     "MAX_LITERAL_RULES",
+    "MAX_TOKEN_CHARS",
     "STANDARD_EVALUATORS",
     "VERSION_EXPORT",
     "Endpoint",
@@ -94,10 +97,12 @@ __all__ = [
     "Kind",
     "Manifest",
     "RpcFailure",
+    "TokenError",
     "WriterStalled",
     "append_custom_section",
     "check_grammar_shape",
     "check_no_angle_bracket",
+    "check_token",
     "decode_rpc_error",
     "default_target",
     "encode_frame",
@@ -109,5 +114,6 @@ __all__ = [
     "pb",
     "pb_grpc",
     "read_frame",
+    "token_problem",
     "unix_socket_path",
 ]

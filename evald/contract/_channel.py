@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -18,6 +18,7 @@ import grpc
 
 from evald.contract._addresses import default_target
 from evald.contract._errors import ERROR_CODE_METADATA_KEY, ErrorCode
+from evald.contract._tokens import check_token
 
 __all__ = ["CLIENT_MAX_MESSAGE_BYTES", "Endpoint", "RpcFailure", "decode_rpc_error"]
 
@@ -39,7 +40,8 @@ class Endpoint:
     """
 
     target: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    """Never in a repr: an endpoint may be logged."""
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -53,12 +55,29 @@ class Endpoint:
         tls_ca: PathLike | None = None,
         tls_cert: PathLike | None = None,
         tls_key: PathLike | None = None,
+        env_token: bool = True,
     ) -> Endpoint:
-        """The endpoint for these arguments, defaults applied (an empty token means none)."""
-        resolved_token = token if token is not None else os.environ.get("EVALD_TOKEN")
+        """The endpoint for these arguments, defaults applied.
+
+        Only a token that is not named at all means none: ``token=None`` and ``$EVALD_TOKEN``
+        unset (or set to nothing). A named token that is empty, blank or malformed is refused,
+        never read as "no token", which on the unix socket is the token-less tenant.
+        ``env_token=False``: ``$EVALD_TOKEN`` is not read (a caller that already applied its
+        own default, such as an engine adapter that sends the server's token to the default
+        address only).
+
+        Raises:
+            TokenError: the named token cannot be one (the message says why, not what it is).
+        """
+        resolved: str | None
+        if token is not None:
+            resolved = check_token(token, where="the token")
+        else:
+            from_env = os.environ.get("EVALD_TOKEN", "") if env_token else ""
+            resolved = check_token(from_env, where="$EVALD_TOKEN") if from_env else None
         return cls(
             target=target or default_target(),
-            token=resolved_token or None,
+            token=resolved,
             tls_ca=Path(tls_ca) if tls_ca else None,
             tls_cert=Path(tls_cert) if tls_cert else None,
             tls_key=Path(tls_key) if tls_key else None,

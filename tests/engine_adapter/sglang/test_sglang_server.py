@@ -187,9 +187,16 @@ def test_evaluated_tags_are_lowered_with_the_requests_tenant(
         lambda: ask(lowered, None),  # the server's own token (the owner's)
         lambda: ask(lowered, tenant(TOKEN, evald_target="127.0.0.1:1")),
         lambda: ask(lowered, tenant(OTHER_TOKEN)),
+        lambda: ask(lowered, tenant("")),  # named but empty: never the server's tenant
+        lambda: ask(lowered, tenant("  ")),
     ]
     answers = run_all(calls)
-    own, other, refused, own_lowered_here, other_lowered_here, default, far, other_again = answers
+    own, other, refused, own_lowered_here, other_lowered_here, default, far, other_again = answers[
+        :8
+    ]
+    for blank in answers[8:]:
+        assert isinstance(blank, dict)
+        assert spans_in(blank["text"])[0][3] == "permission_denied", blank["text"]
     expected = "X <secret>abc</secret><result>abc</result>."
     assert isinstance(own, dict) and own["text"] == expected, own
     assert isinstance(own_lowered_here, dict) and own_lowered_here["text"] == expected

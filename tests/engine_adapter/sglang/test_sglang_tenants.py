@@ -1,12 +1,15 @@
-"""How a request's tenant options are read, kept and kept apart in SGLang's grammar cache."""
+"""How a request's tenant options are read, carried and kept apart in SGLang's grammar cache."""
 
 from __future__ import annotations
 
-import pytest
+import gc
 
+from engine_adapter import TokenCodec
 from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import TenantRuntimes
-from engine_adapter.sglang._tenants import TENANT_MARK, TenantTable, split_key, take_options
+from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter.sglang._tenants import TENANT_MARK, TenantKeys, split_key, take_options
+
+CODEC = TokenCodec([b"a", b"b"])
 
 
 def test_options_leave_custom_params() -> None:
@@ -18,38 +21,35 @@ def test_options_leave_custom_params() -> None:
     assert take_options(None) == (None, None)
 
 
-def test_the_key_holds_a_fingerprint_never_the_token() -> None:
-    table = TenantTable()
-    one = table.fingerprint({"evald_token": "secret-token-a"})
-    two = table.fingerprint({"evald_token": "secret-token-b"})
-    assert one != two and "secret" not in one + two
-    assert table.fingerprint({"evald_token": "secret-token-a"}) == one
-    assert TenantTable().fingerprint({"evald_token": "secret-token-a"}) != one  # salted
-    assert table.options(one) == {"evald_token": "secret-token-a"}
-    key = '{"type": "structural_tag"}' + TENANT_MARK + one
-    assert split_key(key) == ('{"type": "structural_tag"}', one)
+def test_the_key_names_the_runtime_and_its_revision_never_the_token() -> None:
+    keys = TenantKeys()
+    one = AdapterRuntime(AdapterConfig("unix:/x", "secret-token-a"), CODEC)
+    two = AdapterRuntime(AdapterConfig("unix:/x", "secret-token-b"), CODEC)
+    mark_one, held_one = keys.key(one, {"evald_token": "secret-token-a"})
+    mark_two, _ = keys.key(two, None)
+    assert mark_one != mark_two and "secret" not in mark_one + mark_two
+    assert keys.key(one, {"evald_token": "secret-token-a"})[1] is held_one
+    assert keys.key(one, {"evald_evaluators": "calc=c2"})[0] != mark_one  # renames key too
+    one.set_listing([], one.revision + 1)  # the daemon's specs changed
+    assert keys.key(one, {"evald_token": "secret-token-a"})[0] != mark_one
+    key = '{"type": "structural_tag"}' + TENANT_MARK + mark_one
+    assert split_key(key) == ('{"type": "structural_tag"}', mark_one)
     assert split_key('{"type": "structural_tag"}') == ('{"type": "structural_tag"}', None)
 
 
-def test_the_table_forgets_the_oldest() -> None:
-    table = TenantTable(size=2)
-    first = table.fingerprint({"evald_token": "a"})
-    table.fingerprint({"evald_token": "b"})
-    table.fingerprint({"evald_token": "c"})
-    assert table.options(first) is None
-
-
-@pytest.mark.parametrize("limit", [1, 3])
-def test_tenant_runtimes_are_capped(limit: int) -> None:
-    from engine_adapter import TokenCodec
-
-    codec = TokenCodec([b"a", b"b"])
-    tenants = TenantRuntimes(codec, limit=limit)
-    base = AdapterConfig("unix:/nowhere")
-    made = [tenants.get(AdapterConfig(base.target, f"token-{i}")) for i in range(limit)]
-    assert all(made) and len(tenants) == limit
-    assert tenants.get(AdapterConfig(base.target, "token-0")) is made[0]
-    assert tenants.get(AdapterConfig(base.target, "one-more")) is None
-    refusing = tenants.refusing(base, "quota_exceeded", "too many")
-    future = refusing.submit("calc", "1 + 1", 100)
-    assert future.result().error_code == "quota_exceeded" and len(tenants) == limit
+def test_a_requests_tenant_lives_as_long_as_the_request_whatever_else_arrives() -> None:
+    """A flood of other requests cannot push a live request's tenant out before its grammar
+    compiles (the old table kept 4,096 fingerprints and forgot the oldest); once nothing holds
+    it, it is gone, so the table is bounded by the live requests."""
+    keys = TenantKeys()
+    real = AdapterRuntime(AdapterConfig("unix:/x", "real-token"), CODEC)
+    mark, held = keys.key(real, {"evald_token": "real-token"})
+    for i in range(10_000):
+        junk = AdapterRuntime(AdapterConfig("unix:/x", f"junk-{i}"), CODEC)
+        keys.key(junk, {"evald_token": f"junk-{i}"})
+    gc.collect()
+    assert keys.find(mark) is held and held.runtime is real
+    assert len(keys) == 1
+    del held
+    gc.collect()
+    assert keys.find(mark) is None and len(keys) == 0

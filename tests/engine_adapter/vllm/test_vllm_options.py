@@ -47,7 +47,7 @@ def test_spans_and_server_defaults(tag: dict[str, Any]) -> None:
 
 def test_request_tenant_target_and_renamed_evaluators(tag: dict[str, Any]) -> None:
     options = request_options(
-        params(tag, evald_token=" t0k ", evald_target="10.0.0.5:7000",
+        params(tag, evald_token="t0k", evald_target="10.0.0.5:7000",
                evald_evaluators="calc=calc-v2, strop = strings"),
         CONFIG,
         ALLOWED,
@@ -55,8 +55,30 @@ def test_request_tenant_target_and_renamed_evaluators(tag: dict[str, Any]) -> No
     assert options is not None and options.refusal is None
     assert (options.config.target, options.config.token) == ("10.0.0.5:7000", "t0k")
     assert [b.evaluator for b in options.bindings] == ["calc-v2", "strings"]
-    tokenless = request_options(params(tag, evald_token=""), CONFIG, ALLOWED)
-    assert tokenless is not None and tokenless.config.token is None
+
+
+@pytest.mark.parametrize(
+    "token", ["", "  ", "\t", " t0k ", "t0k\n", "to ken", "t\x00k", "t\x7fk", "tök", "x" * 5000]
+)
+def test_a_named_token_that_cannot_be_one_is_refused_never_read_as_none(
+    tag: dict[str, Any], token: str
+) -> None:
+    """An empty, blank or malformed token is permission_denied in band, with no token sent and
+    a message that does not repeat it; only a request naming no token is the server's tenant."""
+    options = request_options(params(tag, evald_token=token), CONFIG, ALLOWED)
+    assert options is not None and options.refusal is not None
+    assert options.refusal[0] == "permission_denied"
+    assert options.config.token is None
+    if token.strip():
+        assert token.strip() not in options.refusal[1]
+
+
+def test_the_server_token_goes_to_the_server_address_only(tag: dict[str, Any]) -> None:
+    own = request_options(params(tag, evald_target=CONFIG.target), CONFIG, ALLOWED)
+    assert own is not None and own.config.token == "server-token"
+    other = request_options(params(tag, evald_target="10.0.0.5:7000"), CONFIG, ALLOWED)
+    assert other is not None and other.refusal is None
+    assert (other.config.target, other.config.token) == ("10.0.0.5:7000", None)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +86,8 @@ def test_request_tenant_target_and_renamed_evaluators(tag: dict[str, Any]) -> No
     [
         ({"evald_target": "169.254.169.254:80"}, "permission_denied"),
         ({"evald_target": 7}, "permission_denied"),
-        ({"evald_token": 12}, "invalid_argument"),
+        ({"evald_token": 12}, "permission_denied"),
+        ({"evald_token": None}, "permission_denied"),
         ({"evald_evaluators": "calc:calc"}, "invalid_argument"),
     ],
 )

@@ -1,0 +1,435 @@
+"""Which tenant a server request is evaluated for: one layer for SGLang, vLLM and the local engine.
+
+A request names its tenant with per-request options (``evald_token``, ``evald_target``,
+``evald_evaluators``; read by :mod:`engine_adapter._request_options`). :class:`TenantRuntimes`
+turns those options into the :class:`~engine_adapter._server_runtime.AdapterRuntime` that
+evaluates the request's spans, and is the only place that decides (docs/design.md, "Tenants in
+a server process"):
+
+- **Who gets the server's own tenant.** Only a request that names no token and goes to the
+  server's own address (``EVALD_TARGET``, ``EVALD_TOKEN``). A named token that is empty, blank
+  or malformed answers ``permission_denied`` in band; a request to another allowed address
+  without a token sends none there.
+- **Who takes a slot.** A token takes one of :data:`DEFAULT_MAX_TENANTS` slots only once evald
+  has accepted it. Until then the tenant is *provisional*: its spans wait (without blocking
+  the scheduler) while a background thread asks evald (``ListEvaluators``, which also brings
+  the tenant's evaluators and the daemon's revision). At most :data:`DEFAULT_MAX_CHECKING`
+  tenants wait to be checked, newest first; past that the oldest waiting one is answered
+  ``unavailable``. A refused token is remembered, by a salted digest and for
+  :data:`DEFAULT_REFUSED_S`, in a table of at most :data:`DEFAULT_REFUSED_KEPT` entries: a
+  flood of made-up tokens costs its own requests their answers, never a real tenant its slot.
+- **Who is evicted.** The least recently used accepted tenant when a new one is accepted past
+  the cap, and any tenant idle for :data:`DEFAULT_IDLE_S` (its connection is closed; a request
+  still holding its runtime reconnects).
+- **When evaluator specs are refreshed.** With ``refresh_s`` set (SGLang, which lowers
+  ``evaluated_tag`` on the server), a background thread lists each recently used tenant's
+  evaluators every ``refresh_s``; a new daemon revision replaces the specs and bumps
+  :attr:`AdapterRuntime.revision`, which keys the tenant's grammars, so a grammar lowered from
+  an old spec is not reused for new requests. Nothing here blocks a scheduler thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter._grammar import EvaluatorSpec
+from engine_adapter._injector import TokenCodec
+from engine_adapter._request_options import allowed_targets, request_options
+from engine_adapter._server_config import AdapterConfig
+from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._types import SpanBinding
+from evald.contract import ErrorCode
+
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "DEFAULT_MAX_CHECKING",
+    "DEFAULT_MAX_TENANTS",
+    "DEFAULT_REFRESH_S",
+    "DEFAULT_REFUSED_KEPT",
+    "DEFAULT_REFUSED_S",
+    "Tenancy",
+    "TenantRuntimes",
+]
+
+logger = logging.getLogger("engine_adapter")
+
+#: Accepted tenants (evald address and token pairs) one server process keeps at most; each has
+#: its own connection to evald.
+DEFAULT_MAX_TENANTS = 256
+#: An accepted tenant unused this long is evicted (its connection closed).
+DEFAULT_IDLE_S = 600.0
+#: Tenants waiting for evald to accept their token, at most (newest checked first).
+DEFAULT_MAX_CHECKING = 256
+#: Refused tokens remembered at most (salted digests, not tokens), and for how long.
+DEFAULT_REFUSED_KEPT = 4096
+DEFAULT_REFUSED_S = 30.0
+#: How often a recently used tenant's evaluator list is refreshed (where specs are used).
+DEFAULT_REFRESH_S = 5.0
+#: How long one ``ListEvaluators`` check may take.
+CHECK_TIMEOUT_S = 5.0
+
+#: What evald answered that means "this token grants nothing" (remembered, not retried).
+_REFUSING_CODES = frozenset({ErrorCode.PERMISSION_DENIED, ErrorCode.UNAUTHENTICATED})
+#: Distinct refusal messages kept as shared refusing runtimes.
+_REFUSALS_KEPT = 64
+
+Listing = tuple[Sequence[EvaluatorSpec], int]
+"""``(evaluator specs, daemon revision)`` of one ``ListEvaluators`` answer."""
+Check = Callable[[AdapterConfig], Listing]
+
+
+@dataclass(frozen=True)
+class _Refused:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """What :meth:`TenantRuntimes.for_request` decided for one request."""
+
+    runtime: AdapterRuntime
+    """Evaluates its spans: the tenant's (maybe still provisional), or one that refuses."""
+    bindings: tuple[SpanBinding, ...]
+    """The request's spans, renamed by its ``evald_evaluators``."""
+
+    @property
+    def refusal(self) -> tuple[str, str] | None:
+        return self.runtime.refusal
+
+
+class TenantRuntimes:
+    """The tenants one server process evaluates for (thread-safe).
+
+    Parameters:
+        config: the server's settings (``EVALD_*``): its own address and token.
+        codec: the tokenizer's codec, shared by every tenant.
+        allowed: the addresses a request may name (default: :func:`allowed_targets`).
+        max_tenants, idle_s: the cap on accepted tenants and the idle time that evicts one.
+        max_checking: tenants waiting for evald's answer, at most.
+        refused_kept, refused_s: the bound and lifetime of the refused-token memory.
+        refresh_s: how often recently used tenants' evaluator specs are re-listed (None: never;
+            for engines that receive lowered tags and use no specs).
+        check: asks evald about a tenant (default: ``ListEvaluators`` with its token).
+        runtime_factory: builds the server's own tenant's runtime (tests pass a stand-in
+            evaluator); the default shares the process-wide client.
+    """
+
+    def __init__(
+        self,
+        config: AdapterConfig,
+        codec: TokenCodec,
+        *,
+        allowed: frozenset[str] | None = None,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_checking: int = DEFAULT_MAX_CHECKING,
+        refused_kept: int = DEFAULT_REFUSED_KEPT,
+        refused_s: float = DEFAULT_REFUSED_S,
+        refresh_s: float | None = DEFAULT_REFRESH_S,
+        check: Check | None = None,
+        runtime_factory: Callable[[AdapterConfig], AdapterRuntime] | None = None,
+    ) -> None:
+        if min(max_tenants, max_checking, refused_kept) < 1:
+            raise ValueError("max_tenants, max_checking and refused_kept must be at least 1")
+        self.config = config
+        self.codec = codec
+        self.allowed = allowed if allowed is not None else allowed_targets(config)
+        self.max_tenants = max_tenants
+        self.idle_s = idle_s
+        self.max_checking = max_checking
+        self.refused_kept = refused_kept
+        self.refused_s = refused_s
+        self.refresh_s = refresh_s
+        self._check = check or _list_with_token
+        factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
+        self.default = factory(config)
+        """The server's own tenant (``EVALD_TOKEN`` at ``EVALD_TARGET``): never evicted."""
+        self._salt = os.urandom(16)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._accepted: collections.OrderedDict[tuple[str, str | None], AdapterRuntime] = (
+            collections.OrderedDict()
+        )
+        self._waiting: collections.OrderedDict[tuple[str, str | None], AdapterRuntime] = (
+            collections.OrderedDict()
+        )
+        self._checking: tuple[tuple[str, str | None], AdapterRuntime] | None = None
+        self._refused: collections.OrderedDict[bytes, tuple[float, str, str]] = (
+            collections.OrderedDict()
+        )
+        self._refusals: dict[tuple[str, str], AdapterRuntime] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._refreshing = False
+        self.stats = collections.Counter[str]()
+        """``accepted``, ``refused``, ``refused_cached``, ``dropped``, ``evicted``,
+        ``refreshed`` (approximate; for logs and tests)."""
+
+    # ------------------------------------------------------------------ the one entry point
+
+    def for_request(
+        self, extra: Mapping[str, Any] | None, bindings: tuple[SpanBinding, ...] = ()
+    ) -> Tenancy:
+        """The runtime for a request whose per-request options are ``extra`` (never blocks).
+
+        ``extra``: the request's ``custom_params`` / ``extra_args`` (None: it names nothing).
+        """
+        reading = request_options(extra, bindings, self.config, self.allowed)
+        if reading.refusal is not None:
+            return Tenancy(self._refusing(*reading.refusal), reading.bindings)
+        config = reading.config
+        key = (config.target, config.token)
+        now = time.monotonic()
+        if key == (self.config.target, self.config.token):
+            self.default.last_used = now
+            self._start_refresher()
+            return Tenancy(self.default, reading.bindings)
+        with self._lock:
+            self._evict_idle(now)
+            runtime = self._accepted.get(key)
+            if runtime is not None:
+                self._accepted.move_to_end(key)
+            elif self._checking is not None and self._checking[0] == key:
+                runtime = self._checking[1]
+            elif key in self._waiting:
+                runtime = self._waiting[key]
+                self._waiting.move_to_end(key)
+            else:
+                refused = self._refused.get(self._digest(key))
+                if refused is not None and refused[0] > now:
+                    self.stats["refused_cached"] += 1
+                    return Tenancy(self._refusing_locked(refused[1], refused[2]), reading.bindings)
+                runtime = self._provisional_locked(key, config)
+            runtime.last_used = now
+        self._start_refresher()
+        return Tenancy(runtime, reading.bindings)
+
+    def runtimes(self) -> list[AdapterRuntime]:
+        """The server's own and every accepted tenant's runtime (for flushing and tests)."""
+        with self._lock:
+            return [self.default, *self._accepted.values()]
+
+    def sizes(self) -> dict[str, int]:
+        """How full each table is: ``accepted``, ``waiting`` (for evald's answer), ``refused``
+        (remembered refusals)."""
+        with self._lock:
+            return {
+                "accepted": len(self._accepted),
+                "waiting": len(self._waiting) + (self._checking is not None),
+                "refused": len(self._refused),
+            }
+
+    def __len__(self) -> int:
+        """Accepted tenants (the server's own not counted)."""
+        with self._lock:
+            return len(self._accepted)
+
+    def close(self) -> None:
+        """Stops the background threads and closes the tenants' connections."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            threads, self._threads = self._threads, []
+            retired = [*self._accepted.values(), *self._waiting.values()]
+            self._accepted.clear()
+            for runtime in self._waiting.values():
+                runtime.refuse(ErrorCode.UNAVAILABLE, "the server is shutting down")
+            self._waiting.clear()
+        for thread in threads:
+            thread.join(timeout=CHECK_TIMEOUT_S + 1.0)
+        for runtime in retired:
+            runtime.retire()
+
+    # ------------------------------------------------------------------ admission
+
+    def _provisional_locked(
+        self, key: tuple[str, str | None], config: AdapterConfig
+    ) -> AdapterRuntime:
+        runtime = AdapterRuntime(
+            config, self.codec, admission=concurrent.futures.Future(), own_client=True
+        )
+        self._waiting[key] = runtime
+        while len(self._waiting) > self.max_checking:
+            _, dropped = self._waiting.popitem(last=False)
+            self.stats["dropped"] += 1
+            dropped.refuse(
+                ErrorCode.UNAVAILABLE,
+                "evald did not get to this tenant's token in time (too many unchecked tokens "
+                "at once); send the request again",
+            )
+        self._start_locked("evald-tenant-check", self._check_loop)
+        self._wake.notify_all()
+        return runtime
+
+    def _check_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                key, runtime = self._waiting.popitem(last=True)  # newest first
+                self._checking = (key, runtime)
+            try:
+                self._admit(key, runtime)
+            except Exception:  # the checker must keep running
+                logger.exception("evald adapter: checking a tenant failed")
+                runtime.refuse(ErrorCode.INTERNAL, "checking the tenant failed")
+            finally:
+                with self._lock:
+                    self._checking = None
+
+    def _admit(self, key: tuple[str, str | None], runtime: AdapterRuntime) -> None:
+        outcome = self._ask(runtime.config)
+        if not isinstance(outcome, _Refused):
+            specs, revision = outcome
+            evicted: list[AdapterRuntime] = []
+            with self._lock:
+                self._accepted[key] = runtime
+                self._accepted.move_to_end(key)
+                while len(self._accepted) > self.max_tenants:
+                    evicted.append(self._accepted.popitem(last=False)[1])
+                self.stats["accepted"] += 1
+                self.stats["evicted"] += len(evicted)
+            runtime.admit(specs, revision)
+            for old in evicted:
+                old.retire()
+            return
+        code, message = outcome.code, outcome.message
+        if code in _REFUSING_CODES:
+            with self._lock:
+                self._remember_refusal_locked(key, code, message)
+                self.stats["refused"] += 1
+        runtime.refuse(code, message)
+
+    def _ask(self, config: AdapterConfig) -> Listing | _Refused:
+        """evald's answer for a tenant: its listing, or why there is none."""
+        from evald.client import CallError
+
+        try:
+            specs, revision = self._check(config)
+        except CallError as exc:
+            if exc.code is None:
+                return _Refused(ErrorCode.UNAVAILABLE, f"evald at {config.target} did not answer")
+            return _Refused(exc.code.value, exc.message)
+        except Exception as exc:
+            return _Refused(ErrorCode.UNAVAILABLE, f"evald at {config.target} failed: {exc}")
+        return specs, int(revision)
+
+    def _remember_refusal_locked(self, key: tuple[str, str | None], code: str, msg: str) -> None:
+        digest = self._digest(key)
+        self._refused[digest] = (time.monotonic() + self.refused_s, code, msg)
+        self._refused.move_to_end(digest)
+        while len(self._refused) > self.refused_kept:
+            self._refused.popitem(last=False)
+
+    def _digest(self, key: tuple[str, str | None]) -> bytes:
+        digest = hashlib.blake2b(key=self._salt, digest_size=16)
+        digest.update(repr(key).encode("utf-8", "surrogateescape"))
+        return digest.digest()
+
+    def _refusing(self, code: str, message: str) -> AdapterRuntime:
+        with self._lock:
+            return self._refusing_locked(code, message)
+
+    def _refusing_locked(self, code: str, message: str) -> AdapterRuntime:
+        """One shared refusing runtime per distinct refusal (a flood of one refusal compiles
+        one grammar in SGLang's cache, not one per request)."""
+        runtime = self._refusals.get((code, message))
+        if runtime is None:
+            if len(self._refusals) >= _REFUSALS_KEPT:
+                self._refusals.clear()
+            runtime = AdapterRuntime(self.config, self.codec, refusal=(code, message))
+            self._refusals[(code, message)] = runtime
+        return runtime
+
+    # ------------------------------------------------------------------ eviction, refresh
+
+    def _evict_idle(self, now: float) -> None:
+        while self._accepted:
+            key, runtime = next(iter(self._accepted.items()))
+            if now - runtime.last_used < self.idle_s:
+                return
+            del self._accepted[key]
+            self.stats["evicted"] += 1
+            threading.Thread(target=runtime.retire, daemon=True).start()
+
+    def _start_refresher(self) -> None:
+        if self.refresh_s is None or self._refreshing:
+            return
+        with self._lock:
+            self._refreshing = True
+            self._start_locked("evald-tenant-refresh", self._refresh_loop)
+
+    def _start_locked(self, name: str, loop: Callable[[], None]) -> None:
+        if self._closed or any(thread.name == name for thread in self._threads):
+            return
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _refresh_loop(self) -> None:
+        assert self.refresh_s is not None
+        period = self.refresh_s
+        while True:
+            with self._lock:
+                if self._wake.wait_for(lambda: self._closed, timeout=period):
+                    return
+                now = time.monotonic()
+                self._evict_idle(now)
+                due = [
+                    (key, runtime)
+                    for key, runtime in [((self.config.target, self.config.token), self.default),
+                                         *self._accepted.items()]
+                    if now - runtime.last_used < max(period * 4, 60.0)
+                ]  # fmt: skip
+            for key, runtime in due:
+                self.refresh(key, runtime)
+
+    def refresh(self, key: tuple[str, str | None], runtime: AdapterRuntime) -> bool:
+        """Re-lists one tenant's evaluators; a revoked token evicts the tenant.
+
+        Returns whether the specs changed (a new daemon revision).
+        """
+        if runtime.refusal is not None:
+            return False
+        outcome = self._ask(runtime.config)
+        if not isinstance(outcome, _Refused):
+            specs, revision = outcome
+            if revision == runtime.revision and runtime.revision:
+                return False
+            runtime.set_listing(specs, revision)
+            self.stats["refreshed"] += 1
+            return True
+        code, message = outcome.code, outcome.message
+        if code in _REFUSING_CODES and runtime is not self.default:
+            with self._lock:
+                if self._accepted.get(key) is runtime:
+                    del self._accepted[key]
+                self._remember_refusal_locked(key, code, message)
+            runtime.refuse(code, message)
+            runtime.retire()
+        return False
+
+
+def _list_with_token(config: AdapterConfig) -> Listing:
+    from engine_adapter._client import evaluator_listing
+
+    return evaluator_listing(
+        config.target,
+        config.token,
+        timeout_s=CHECK_TIMEOUT_S,
+        tls_ca=config.tls_ca,
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+    )
