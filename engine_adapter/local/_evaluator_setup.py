@@ -74,7 +74,8 @@ def open_evaluator(
         try:
             evaluator = EvaluatorClient(target, token)
         except CallError as exc:  # a named token that is empty, blank or malformed
-            raise EngineError(f"{exc.code.value if exc.code else 'unreachable'}: {exc.message}")
+            code = exc.code.value if exc.code else "unreachable"
+            raise EngineError(f"{code}: {exc.message}") from None
 
         specs: list[EvaluatorSpec]
         try:
