@@ -205,34 +205,9 @@ def check_internals() -> list[str]:
     class, dataclass and msgspec fields in the class's fields."""
     if not scheduler_available():
         return []
-    missing = []
-    for owner, names in _INTERNALS.items():
-        try:
-            found = pkgutil.resolve_name(owner)
-        except (ImportError, AttributeError, ValueError):
-            missing.append(owner)
-            continue
-        known = set(dir(found))
-        init = getattr(found, "__init__", None)
-        code = getattr(init, "__code__", None)
-        if code is not None:
-            known.update(code.co_names)
-        known.update(getattr(found, "__dataclass_fields__", {}))
-        known.update(getattr(found, "__struct_fields__", ()))
-        known.update(_assigned_in_init_helpers(found))
-        missing += [f"{owner}.{name}" for name in names if name not in known]
-    return missing
+    from engine_adapter._internals import missing_internals
 
-
-def _assigned_in_init_helpers(cls: Any) -> set[str]:
-    """Attribute names assigned in the ``init_*`` methods ``Scheduler.__init__`` calls."""
-    names: set[str] = set()
-    for attr in dir(cls):
-        if attr.startswith("init_") or attr.startswith("_init"):
-            code = getattr(getattr(cls, attr, None), "__code__", None)
-            if code is not None:
-                names.update(code.co_names)
-    return names
+    return missing_internals(_INTERNALS)
 
 
 def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:

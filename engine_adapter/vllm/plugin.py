@@ -69,6 +69,29 @@ _TRACKER_ATTR = "_evald_tracker"
 _MARK = "__evald_hook__"
 #: The per-request field the hold relies on, and the methods that must read or write it.
 _HOLD_FIELD = "next_decode_eligible_step"
+#: Every vLLM internal the tracker and the hooks read or write besides the wrapped methods:
+#: checked at start-up (:func:`install`), so a vLLM that renamed one refuses to start with the
+#: adapter instead of failing on the scheduler's thread mid-request.
+_INTERNALS = {
+    "vllm.v1.core.sched.scheduler.Scheduler": (
+        "requests", "running", "waiting", "current_step", "structured_output_manager",
+        "vllm_config",
+    ),
+    "vllm.v1.request.Request": (
+        "request_id", "sampling_params", "spec_token_ids", "output_token_ids", "is_finished",
+        _HOLD_FIELD,
+    ),
+    "vllm.sampling_params.SamplingParams": ("extra_args", "temperature"),
+    "vllm.v1.structured_output.StructuredOutputManager": ("tokenizer", "validate_tokens"),
+    "vllm.v1.core.sched.output.GrammarOutput": (
+        "structured_output_request_ids", "grammar_bitmask",
+    ),
+    "vllm.v1.core.sched.output.SchedulerOutput": ("scheduled_spec_decode_tokens",),
+    "vllm.config.VllmConfig": ("speculative_config", "scheduler_config", "parallel_config"),
+    "vllm.config.SchedulerConfig": ("async_scheduling",),
+    "vllm.config.ParallelConfig": ("pipeline_parallel_size",),
+    "vllm.config.SpeculativeConfig": ("num_speculative_tokens", "method", "model"),
+}  # fmt: skip
 
 
 class PluginError(RuntimeError):
@@ -114,9 +137,13 @@ def install(scheduler_cls: type) -> None:
     """Wraps the scheduler methods (idempotent: a method already wrapped is left alone).
 
     Raises:
-        PluginError: a method or the per-request hold field is missing (names them).
+        PluginError: a method, the per-request hold field or another internal the adapter
+            uses (:data:`_INTERNALS`) is missing (names them).
     """
+    from engine_adapter._internals import missing_internals
+
     missing = [name for name, _, _ in _hooks() if not callable(getattr(scheduler_cls, name, None))]
+    missing += missing_internals(_INTERNALS)
     from vllm.v1.request import Request
 
     if _HOLD_FIELD not in Request.__init__.__code__.co_names:

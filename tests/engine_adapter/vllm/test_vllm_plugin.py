@@ -43,6 +43,15 @@ try:
     out["custom"] = "accepted"
 except plugin.PluginError as exc:
     out["custom"] = str(exc)
+from engine_adapter._internals import missing_internals
+
+out["internals"] = missing_internals(plugin._INTERNALS)
+plugin._INTERNALS["vllm.v1.request.Request"] += ("renamed_field",)
+try:
+    plugin.install(Scheduler)
+    out["renamed"] = "accepted"
+except plugin.PluginError as exc:
+    out["renamed"] = str(exc)
 os.environ["EVALD_DEADLINE_MS"] = "soon"
 try:
     plugin.register()
@@ -78,6 +87,8 @@ def test_hooks_installed_on_vllms_scheduler() -> None:
     assert out["wrapped_once"] is True
     assert "Custom overrides schedule" in out["custom"]
     assert "EVALD_DEADLINE_MS='soon'" in out["bad"]
+    assert out["internals"] == []  # every internal the adapter uses is in this vLLM
+    assert "vllm.v1.request.Request.renamed_field" in out["renamed"]
 
 
 def config(**changes: Any) -> SimpleNamespace:
