@@ -9,12 +9,14 @@ serves both plugins, each with its own table of what it uses.
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import logging
 import pkgutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["missing_internals"]
+__all__ = ["installed_version", "missing_internals", "warn_if_other_version"]
 
 
 def missing_internals(internals: Mapping[str, Sequence[str]]) -> list[str]:
@@ -67,3 +69,34 @@ def _assigned_in_init_helpers(cls: Any) -> set[str]:
             if code is not None:
                 names.update(code.co_names)
     return names
+
+
+def installed_version(*distributions: str) -> str:
+    """The version of the first of ``distributions`` that is installed (a local build tag such
+    as ``+cpu`` dropped), or ``"unknown"``."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def warn_if_other_version(
+    logger: logging.Logger, engine: str, written_for: str, distributions: tuple[str, ...]
+) -> str:
+    """Logs a warning when the engine installed is not the release the plugin was written
+    for (the internals are checked, but the order of the engine's calls is only known for that
+    release); returns the installed version."""
+    version = installed_version(*distributions)
+    if version != written_for:
+        logger.warning(
+            "evald %s adapter: written against %s==%s, running on %s; the internals it uses "
+            "are checked at start-up, but the engine's call order is only known for %s",
+            engine,
+            distributions[-1],
+            written_for,
+            version,
+            written_for,
+        )
+    return version

