@@ -23,6 +23,8 @@ from evald_lab.fuzz.noisy import heavy_module
 __all__ = ["compile_queue_fairness"]
 
 _KLASS = "compile_queue"
+#: What the daemon answers a registration past its tenant's share of the compile queue.
+_SHARE_FULL = "registrations waiting or compiling"
 
 
 class _Registration(threading.Thread):
@@ -30,6 +32,7 @@ class _Registration(threading.Thread):
         super().__init__(name=f"fuzz-queue-{label}", daemon=True)
         self.ctx, self.tenant, self.wasm, self.label = ctx, tenant, wasm, label
         self.outcome = ""
+        self.message = ""
         self.took_s = 0.0
         self.finished_at = 0.0
 
@@ -40,6 +43,7 @@ class _Registration(threading.Thread):
             self.outcome = "registered"
         except CallError as error:
             self.outcome = error.code.value if error.code is not None else "unreachable"
+            self.message = error.message
         self.finished_at = time.monotonic()
         self.took_s = self.finished_at - started
         self.ctx.recorder.outcome(_KLASS, self.outcome, family=self.tenant)
@@ -70,14 +74,17 @@ def compile_queue_fairness(ctx: FuzzContext, *, share: int) -> dict[str, Any]:
         registration.join(timeout=300)
     violations: list[Violation] = []
     outcomes = [registration.outcome for registration in attackers]
-    refused = [r for r in attackers if r.outcome == "unavailable"]
-    if len(refused) < 2 or any(r.took_s > 5.0 for r in refused):
+    # Refused by the tenant's share of the queue (the daemon's decision, read from its answer,
+    # not from a clock); a compile starved of CPU on a loaded machine also ends `unavailable`,
+    # retryable, and is no refusal of the share.
+    refused = [r for r in attackers if r.outcome == "unavailable" and _SHARE_FULL in r.message]
+    if len(refused) < 2:
         violations.append(
             Violation(
                 "fault",
                 _KLASS,
-                f"the attacker's registrations past its share were not refused at once: "
-                f"{[(r.outcome, round(r.took_s, 2)) for r in attackers]}",
+                f"the attacker's registrations past its share were not refused: "
+                f"{[(r.outcome, r.message[:80]) for r in attackers]}",
             )
         )
     if any(outcome not in ("registered", "unavailable") for outcome in outcomes):
