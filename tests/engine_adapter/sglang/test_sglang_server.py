@@ -79,6 +79,7 @@ def longest_gap(times: list[float]) -> float:
     return max(b - a for a, b in itertools.pairwise(times))
 
 
+@pytest.mark.timeout(900)  # the first test of a scheduler starts its server (minutes when loaded)
 def test_values_and_errors_match_evald(
     server: SglangServer, server_daemon: Daemon, server_specs: Any
 ) -> None:
