@@ -215,8 +215,10 @@ def head(fleet: Fleet) -> int:
 
 
 def open_stream(
-    daemon: Daemon, token: str
+    daemon: Daemon, token: str, timeout_s: float = 60
 ) -> tuple[queue.Queue[pb.EvaluateBatchRequest | None], Iterator[pb.EvaluateBatchResponse]]:
+    """A gRPC ``EvaluateStream`` on ``token``: the queue sends (``None`` ends the stream), the
+    iterator receives."""
     channel = grpc.insecure_channel(daemon.target)
     stub = pb_grpc.EvaluatorStub(channel)
     outgoing: queue.Queue[pb.EvaluateBatchRequest | None] = queue.Queue()
@@ -226,7 +228,7 @@ def open_stream(
             yield message
 
     responses = stub.EvaluateStream(
-        requests(), metadata=(("authorization", f"Bearer {token}"),), timeout=60
+        requests(), metadata=(("authorization", f"Bearer {token}"),), timeout=timeout_s
     )
     return outgoing, responses
 

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import fleet_harness
 import grpc
 import pytest
 from daemon_harness import (
@@ -68,17 +69,7 @@ def test_a_batch_over_max_batch_items_is_refused(daemon: Daemon) -> None:
 def open_stream(
     daemon: Daemon, tenant: str
 ) -> tuple[queue.Queue[pb.EvaluateBatchRequest | None], Iterator[pb.EvaluateBatchResponse]]:
-    channel = grpc.insecure_channel(daemon.target)
-    stub = pb_grpc.EvaluatorStub(channel)
-    outgoing: queue.Queue[pb.EvaluateBatchRequest | None] = queue.Queue()
-
-    def requests() -> Iterator[pb.EvaluateBatchRequest]:
-        while (message := outgoing.get()) is not None:
-            yield message
-
-    metadata = (("authorization", f"Bearer {TOKENS[tenant]}"),)
-    responses = stub.EvaluateStream(requests(), metadata=metadata, timeout=30)
-    return outgoing, responses
+    return fleet_harness.open_stream(daemon, TOKENS[tenant], timeout_s=30)
 
 
 def request(evaluator: str, data: bytes, request_id: str) -> pb.EvaluateRequest:
