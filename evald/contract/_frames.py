@@ -119,6 +119,10 @@ class FrameWriter:
     counted until it leaves. With ``stall_s``, a peer that takes no byte for that long while
     frames wait fails the writer with :class:`WriterStalled` (its queue is dropped, its credits
     returned, ``on_failed`` told).
+
+    The socket must have no timeout while the writer lives (readers keep their deadlines with
+    ``poll``): Python applies a socket object's timeout to every send on it, so a read's
+    timeout would make this writer's sends wait, then fail with ``TimeoutError``.
     """
 
     def __init__(

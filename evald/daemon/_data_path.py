@@ -76,7 +76,7 @@ from evald.contract import (
 )
 from evald.contract import unix_socket_path as socket_file
 from evald.daemon._admission import Tenant
-from evald.daemon._frame_reader import FrameReader, Idle
+from evald.daemon._frame_reader import FrameReader, Idle, recv_within
 from evald.daemon._gatekeeping import pack_responses
 from evald.daemon._lifecycle import check_unix_socket
 from evald.daemon._scheduler import Batch, Work
@@ -234,6 +234,9 @@ class _Connection:
         self._core = server.core
         settings = self._core.settings
         self._sock = sock
+        # Blocking, and it stays so: deadlines are kept with poll (see _frame_reader), since a
+        # socket timeout would apply to the writer thread's sends as well.
+        sock.settimeout(None)
         self._name = f"evald-data-{number}"
         self._writer = FrameWriter(
             sock,
@@ -286,7 +289,6 @@ class _Connection:
             unwatch = core.watch(tenant, self._metadata, self.revoke)
             budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
-            self._sock.settimeout(None)
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
             self._read_batches(tenant, budget)
         except Idle:
@@ -294,11 +296,6 @@ class _Connection:
             self._close_idle()
         except (FrameError, EvaldError) as exc:
             failure = (exc.code, exc.message)
-        except TimeoutError:
-            failure = (
-                ErrorCode.PERMISSION_DENIED,
-                f"no HELLO frame within {HELLO_TIMEOUT_S:g} s; a connection authenticates first",
-            )
         except OSError:
             code = "cancelled"  # the peer went away (or stopped reading): nobody to answer
             authenticated = False
@@ -393,18 +390,20 @@ class _Connection:
         def read(size: int) -> bytes:
             data = bytearray()
             while len(data) < size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                sock.settimeout(left)
-                chunk = sock.recv(size - len(data))
+                chunk = recv_within(sock, size - len(data), deadline - time.monotonic())
                 if not chunk:
                     break
                 self.heard = True
                 data += chunk
             return bytes(data)
 
-        frame = read_frame(read, MAX_HELLO_BYTES)
+        try:
+            frame = read_frame(read, MAX_HELLO_BYTES)
+        except TimeoutError:
+            raise EvaldError(
+                ErrorCode.PERMISSION_DENIED,
+                f"no HELLO frame within {HELLO_TIMEOUT_S:g} s; a connection authenticates first",
+            ) from None
         if frame is None:
             raise OSError("closed before HELLO")
         kind, payload = frame
@@ -587,10 +586,9 @@ class _Connection:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
             give_up = time.monotonic() + 1.0
-            while (left := give_up - time.monotonic()) > 0:
-                self._sock.settimeout(left)
-                if not self._sock.recv(_CHUNK_BYTES):
-                    break
+            with contextlib.suppress(TimeoutError):
+                while recv_within(self._sock, _CHUNK_BYTES, give_up - time.monotonic()):
+                    pass
 
     def evict(self) -> None:
         """Ends a connection that sent no HELLO, now (the accept thread, making room)."""

@@ -10,10 +10,16 @@ place, so this reader keeps its own small buffer over ``recv_into``:
 * :meth:`FrameReader.next_header` waits for the next header, as long as the connection is busy,
   or at most ``idle_timeout_s`` while nothing is in flight (then :class:`Idle`);
 * :meth:`FrameReader.payload` reads the frame's payload within ``frame_timeout_s`` of its header.
+
+Deadlines are kept with ``poll`` and non-blocking reads (:func:`recv_within`), never with the
+socket's timeout: the connection's writer thread sends on the same socket object, and a timeout
+set for a read makes its sends wait and fail with ``TimeoutError`` (a connection whose client had
+stopped reading ended as if its HELLO had never come, instead of being cut off for it).
 """
 
 from __future__ import annotations
 
+import math
 import select
 import socket
 import time
@@ -22,7 +28,7 @@ from typing import Final
 
 from evald.contract import HEADER, HELLO_MAGIC, ErrorCode, FrameError, Kind
 
-__all__ = ["FrameReader", "Idle"]
+__all__ = ["FrameReader", "Idle", "recv_within"]
 
 _CHUNK_BYTES: Final = 256 * 1024
 
@@ -60,7 +66,7 @@ class FrameReader:
                 if busy():
                     continue  # results still owed: the client is waiting for them
                 raise Idle
-            if not self._fill(None):
+            if not self._fill():
                 if self._buffer:
                     raise FrameError(
                         ErrorCode.INVALID_ARGUMENT, "the connection ended inside a frame header"
@@ -102,16 +108,15 @@ class FrameReader:
         deadline = time.monotonic() + self._frame_timeout_s
         try:
             while taken < length:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self._sock.settimeout(left)
-                got = self._sock.recv_into(view[taken:], min(length - taken, _CHUNK_BYTES))
-                if not got:
+                chunk = recv_within(
+                    self._sock, min(length - taken, _CHUNK_BYTES), deadline - time.monotonic()
+                )
+                if not chunk:
                     raise FrameError(
                         ErrorCode.INVALID_ARGUMENT, "the connection ended inside a frame"
                     )
-                taken += got
+                view[taken : taken + len(chunk)] = chunk
+                taken += len(chunk)
         except TimeoutError:
             raise FrameError(
                 ErrorCode.QUOTA_EXCEEDED,
@@ -119,20 +124,42 @@ class FrameReader:
                 f"{self._frame_timeout_s:g} s of its header (frame_timeout_s); send each "
                 "frame at once",
             ) from None
-        finally:
-            self._sock.settimeout(None)
         return bytes(payload)
 
     def _readable_within(self, timeout_s: float) -> bool:
-        poller = select.poll()
-        poller.register(self._sock, select.POLLIN | select.POLLHUP | select.POLLERR)
-        return bool(poller.poll(int(timeout_s * 1000)))
+        return _readable(self._sock, timeout_s)
 
-    def _fill(self, timeout_s: float | None) -> bool:
-        """Reads what has arrived (at most one chunk) into the buffer; False at end of stream."""
-        self._sock.settimeout(timeout_s)
-        chunk = self._sock.recv(_CHUNK_BYTES)
+    def _fill(self) -> bool:
+        """Reads what has arrived (at most one chunk, waiting for it) into the buffer; False at
+        end of stream."""
+        chunk = self._sock.recv(_CHUNK_BYTES)  # the socket stays blocking: see the module doc
         if not chunk:
             return False
         self._buffer += chunk
         return True
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
+
+
+def recv_within(sock: socket.socket, size: int, timeout_s: float) -> bytes:
+    """At most ``size`` bytes that arrive within ``timeout_s``; ``b""`` at end of stream.
+
+    Leaves the socket's own timeout alone (see the module doc).
+
+    Raises:
+        TimeoutError: nothing arrived in time.
+        OSError: the socket failed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not _readable(sock, left):
+            raise TimeoutError
+        try:
+            return sock.recv(size, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue  # woken without data (another reader's wake-up): wait again

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import math
@@ -75,6 +76,10 @@ _TASKS_PER_WORKER = 32
 DEFAULT_COMPILE_MEMORY_BYTES: Final = 512 * 2**20
 #: What the worker answers when Python's side of a compilation ran out of memory.
 _OVER_MEMORY: Final = "over_memory"
+#: ``prctl`` option: whether the kernel may dump the process's memory (linux/prctl.h).
+_PR_SET_DUMPABLE: Final = 4
+#: How long a worker that broke the pool may take to be reaped, its exit status telling why.
+_REAP_S: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -170,10 +175,26 @@ def compile_module(config: HostConfig, wasm: bytes, memory_cap: int) -> Compiled
     )
 
 
+def _no_core_dumps() -> None:
+    """A refused allocation aborts the worker; it must end at once, without a core dump.
+
+    Where core dumps are on (``ulimit -c unlimited``, or a ``core_pattern`` pipe to a
+    collector), the kernel would write out the worker's memory first, wasmtime's reservations
+    included: seconds during which its exit status is unknown, and a file holding the tenant's
+    module. ``RLIMIT_CORE`` of 0 stops a dump to a file; not dumpable stops one to a pipe too
+    (and keeps other processes of the same user from attaching to the worker).
+    """
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def _child_init(parent: Connection, memory_bytes: int) -> None:
     """The worker's set-up: lowest CPU priority, the memory limit, and the watch on the daemon."""
     os.nice(19)
     os.environ["RUST_BACKTRACE"] = "0"  # a refused allocation prints one line, not a backtrace
+    _no_core_dumps()
     _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
@@ -343,8 +364,9 @@ class Compiler:
         try:
             result = future.result()
         except (BrokenProcessPool, concurrent.futures.CancelledError):
+            died = self._worker_died(workers)  # before _reset kills what is left
             self._reset()
-            raise self._worker_died(workers) from None
+            raise died from None
         if isinstance(result, tuple):
             code, message = result
             if code == _OVER_MEMORY:
@@ -374,9 +396,13 @@ class Compiler:
                     "shutdown grace period; register it again once the daemon is back",
                 )
         codes = set()
+        give_up = time.monotonic() + _REAP_S
         for process in workers:
-            with contextlib.suppress(ValueError, AttributeError):
-                process.join(timeout=1.0)
+            with contextlib.suppress(ValueError, AttributeError, AssertionError):
+                # The pool's own thread reaps its broken workers too: a join that loses that
+                # race returns before the exit status is recorded, so look again.
+                while process.exitcode is None and time.monotonic() < give_up:
+                    process.join(timeout=0.05)
                 codes.add(process.exitcode)
         if -signal.SIGXCPU in codes:
             return EvaldError(

@@ -4,7 +4,8 @@ daemons and their real worker processes.
 1. A module whose one function has 20,000 branches over 2,000 locals (437 KB; it took a worker to
    1.85 GiB) is refused before it is compiled, with the function's shape in the message.
 2. A compilation past ``compile_memory_bytes`` (the worker's ``RLIMIT_DATA``) is refused with
-   ``invalid_module`` saying so, and the next registration compiles in a fresh worker.
+   ``invalid_module`` saying so, and the next registration compiles in a fresh worker; with
+   core dumps on, the aborted worker writes none.
 3. SIGTERM while a registration compiles and others wait: the waiting ones get ``unavailable``
    at once, the compiling one ``unavailable`` before the grace period ends, and the daemon
    exits 0 within the grace period (it took 19.8 s with a 10 s grace, callers got an untyped
@@ -134,13 +135,23 @@ def test_a_function_of_many_branches_over_many_locals_is_refused_before_compilin
 def test_a_compilation_over_the_memory_limit_is_refused_and_the_next_one_compiles(
     tmp_path: Path,
 ) -> None:
-    daemon = start_daemon(tmp_path, _config(compile_memory_bytes="128MiB"))
+    # Core dumps on, as on machines with ``ulimit -c unlimited``: the worker that aborts must
+    # still end at once and write nothing (a 51 MB core of the compilation, which held the
+    # tenant's module, took the exit status past the daemon's wait on a slower disk).
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    daemon = start_daemon(
+        tmp_path,
+        _config(compile_memory_bytes="128MiB"),
+        prefix=["bash", "-c", f'cd {workdir} && ulimit -S -c "$(ulimit -H -c)" && exec "$0" "$@"'],
+    )
     try:
         # 100 locals, 9,990 branches: inside the shape caps, and about 190 MiB to compile
         with pytest.raises(CallError) as refused:
             daemon.client("alpha").register(_branchy("heavy", 100, 9_990))
         assert refused.value.code is not None and refused.value.code.value == "invalid_module"
         assert "more than 128 MiB of memory (compile_memory_bytes)" in str(refused.value)
+        assert list(workdir.iterdir()) == []  # no core file
         info = daemon.client("alpha").register(module("echo", "after"))
         assert info.name == "after"
         assert daemon.client("alpha").evaluate("after", b"x").value == "x"
