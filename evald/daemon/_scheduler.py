@@ -277,7 +277,8 @@ class Scheduler:
 
         Each item's CPU time decides whether the tenant is heavy; a heavy tenant's items run on
         a lowered worker, given back its priority when the slice ends (before the worker may
-        start a pool thread, which would inherit the lowered priority).
+        start a pool thread, which would inherit the lowered priority). Every item's start and
+        end are marked for the watchdog, which lowers an item that runs long while it runs.
         """
         clock = time.monotonic
         cpu = time.thread_time
@@ -289,6 +290,7 @@ class Scheduler:
         run = self._run
         uncharged = self._uncharged
         priorities = self.priorities
+        watched = priorities.worker() if priorities is not None else None
         held = False
         try:
             while True:
@@ -304,10 +306,18 @@ class Scheduler:
                             batches.popleft()
                     continue
                 taken += 1
-                if priorities is not None and tenant.heavy_until > now:
-                    priorities.hold(now + work.limits.deadline_ms / 1000)
-                    held = True
-                response = run(work)
+                if watched is not None:
+                    deadline = now + work.limits.deadline_ms / 1000
+                    if tenant.heavy_until > now:
+                        cast("Priorities", priorities).hold(deadline)
+                        held = True
+                    watched.begin(used, deadline)
+                    try:
+                        response = run(work)
+                    finally:
+                        watched.end()
+                else:
+                    response = run(work)
                 if not batch.queue:  # a batch's last item: its caller may read the metrics next
                     self._flush()
                 batch.finish(work, response)
