@@ -33,6 +33,7 @@ from evald.daemon import hash_token
 __all__ = [
     "CONFIG",
     "DEADLINE_MS",
+    "SLOW_TOKEN",
     "SPIN_TOKEN",
     "TOKEN",
     "FakeRequest",
@@ -52,8 +53,12 @@ __all__ = [
 #: Tokens of the test daemons' tenants (the configs hold only their hashes).
 TOKEN = "vllm-tenant-token-0123456789abcdef"
 SPIN_TOKEN = "vllm-spin-token-0123456789abcdef"
+SLOW_TOKEN = "vllm-slow-token-0123456789abcdef"
 #: A tenant whose evaluators may run 10 s, so a spinning span lasts the adapter's whole deadline.
 SPIN_TENANT_DEADLINE_MS = 10_000
+#: The slow tenant's evaluators run at most this long: its spinning evaluator is a slow one
+#: (each span holds one of evald's two workers this long, well inside the span deadline).
+SLOW_TENANT_DEADLINE_MS = 400
 
 CONFIG = f"""
 [server]
@@ -76,6 +81,15 @@ evaluators = ["*"]
 allow_register = true
 [tenants.limits]
 deadline_ms = {SPIN_TENANT_DEADLINE_MS}
+fuel = 0
+
+[[tenants]]
+name = "slow"
+token_sha256 = "{hash_token(SLOW_TOKEN)}"
+evaluators = ["*"]
+allow_register = true
+[tenants.limits]
+deadline_ms = {SLOW_TENANT_DEADLINE_MS}
 fuel = 0
 """
 

@@ -512,11 +512,14 @@ class Admission:
                 tenant.name, evaluator.name, ErrorCode.QUOTA_EXCEEDED.value, 0, 0
             )
             return error_response(request.id, ErrorCode.QUOTA_EXCEEDED, refusal)
+        limits = tenant.limits_for(request.deadline_ms)
         return Work(
             index=index,
             request_id=request.id,
             evaluator=evaluator,
             data=request.input,
-            limits=tenant.limits_for(request.deadline_ms),
+            limits=limits,
             tenant=tenant,
+            # A client's deadline runs from its request; the tenant's, from the run's start.
+            due=time.monotonic() + request.deadline_ms / 1000 if request.deadline_ms else 0.0,
         )

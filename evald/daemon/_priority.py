@@ -44,7 +44,10 @@ import os
 import resource
 import threading
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from evald.daemon._cpu_group import AutogroupPriority
 
 __all__ = [
     "HEAVY_FOR_S",
@@ -174,8 +177,10 @@ class Priorities:
     is restored exactly once per lowering, by whichever comes first.
     """
 
-    def __init__(self, nice: int) -> None:
+    def __init__(self, nice: int, group: AutogroupPriority | None = None) -> None:
         self.nice = nice
+        #: evald's own scheduling group, lowered while any worker is (evald.daemon._cpu_group)
+        self.group = group
         self._cond = threading.Condition()
         self._workers: dict[int, WorkerPriority] = {}  # by native thread id
         self._watchdog: threading.Thread | None = None
@@ -251,6 +256,8 @@ class Priorities:
             self._cond.notify()
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
+        if self.group is not None:
+            self.group.want(False, time.monotonic())
 
     def lowered(self) -> int:
         """How many worker threads are lowered now (for tests and metrics)."""
@@ -314,6 +321,12 @@ class Priorities:
                 if running:
                     quiet_since = now
                 deadlines = [w.deadline for w in self._workers.values() if w.lowered]
+                group = self.group
+                if group is not None:
+                    group.want(bool(deadlines), now)
+                    retry = group.retry_at(bool(deadlines))
+                    if retry is not None:  # the kernel refused the change for now
+                        deadlines.append(retry)
                 if running or now - quiet_since < IDLE_AFTER_S:
                     wait = POLL_S
                 elif deadlines:

@@ -89,6 +89,11 @@ class Work:
     data: bytes
     limits: Limits
     tenant: TenantQueue
+    #: ``time.monotonic()`` by which the client wants the item answered: its arrival plus the
+    #: request's own ``deadline_ms`` (0: none given, only the tenant's budget, which counts
+    #: from the run's start). Time spent waiting for a worker counts against it: an item that
+    #: waited past it is answered without running (docs/daemon.md, "Scheduling").
+    due: float = 0.0
     reserved: int = 0  # stream output bytes reserved for this item's response
 
 
@@ -308,6 +313,8 @@ class Scheduler:
                 taken += 1
                 if watched is not None:
                     deadline = now + work.limits.deadline_ms / 1000
+                    if work.due and work.due < deadline:
+                        deadline = work.due
                     if tenant.heavy_until > now:
                         cast("Priorities", priorities).hold(deadline)
                         held = True

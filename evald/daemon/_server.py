@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +44,7 @@ from evald.daemon._admission import Admission, Tenant, host_limits
 from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
 from evald.daemon._control_store import ControlStore
+from evald.daemon._cpu_group import AutogroupPriority, group_reason
 from evald.daemon._data_path import DataServer
 from evald.daemon._embedded import EmbeddedStore
 from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
@@ -61,6 +64,9 @@ __all__ = ["SERVICE_NAME", "STORE_HEALTH_SERVICE", "EvaldServer", "host_config",
 #: The health service that says whether the daemon reaches its store (NOT_SERVING: degraded,
 #: it serves what it has).
 STORE_HEALTH_SERVICE = "evald.v1.Store"
+#: An item that waited less than this for a worker keeps its whole deadline: the limits it
+#: shares with its tenant's other items are not copied for a wait the guest cannot notice.
+WAITED_MS = 2
 
 
 _log = logging.getLogger("evald.server")
@@ -103,7 +109,13 @@ def _priorities(nice: int) -> Priorities | None:
             extra={"fields": {"heavy_tenant_nice": nice, "reason": why_not}},
         )
         return None
-    return Priorities(nice)
+    reason = group_reason()
+    if reason:
+        _log.info(
+            "evald's scheduling group is not its own to lower",
+            extra={"fields": {"heavy_tenant_nice": nice, "reason": reason}},
+        )
+    return Priorities(nice, None if reason else AutogroupPriority(nice))
 
 
 class EvaldServer:
@@ -301,14 +313,34 @@ class EvaldServer:
         host = self._host
         return host.take_uncharged_s() if host is not None else 0.0
 
+    def _expired_in_queue(self, work: Work) -> pb.EvaluateResponse:
+        """The answer to an item whose deadline passed while it waited for a worker: nobody
+        waits for its value any more, so the guest is not called (its worker is free at once)."""
+        work.tenant.release()
+        code = ErrorCode.DEADLINE_EXCEEDED
+        self.metrics.tally_evaluation(work.tenant.name, work.evaluator.name, code.value, 0, 0)
+        return error_response(
+            work.request_id,
+            code,
+            f"the {work.limits.deadline_ms} ms deadline passed while the evaluation waited for "
+            "one of evald's workers (all busy); it did not run",
+        )
+
     def run(self, work: Work) -> pb.EvaluateResponse:
         """Runs one admitted evaluation on the calling (worker) thread; never raises. Its metrics
         wait in the thread's tally until its batch's last item or the slice's end
         (``Metrics.flush_tally``)."""
         outcome: EvalOutcome | None = None
+        limits = work.limits
+        if work.due:
+            left_ms = (work.due - time.monotonic()) * 1000
+            if left_ms < 1:
+                return self._expired_in_queue(work)
+            if left_ms < limits.deadline_ms - WAITED_MS:
+                limits = dataclasses.replace(limits, deadline_ms=max(1, int(left_ms)))
         try:
             outcome = self.host.evaluate(
-                work.evaluator.module, work.data, work.limits, pool_key=work.tenant.name
+                work.evaluator.module, work.data, limits, pool_key=work.tenant.name
             )
         except Exception:
             _log.exception(

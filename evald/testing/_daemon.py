@@ -178,6 +178,7 @@ def start_daemon(
     tls_ca: Path | None = None,
     factory: Callable[..., _D] = DaemonProcess,  # type: ignore[assignment]
     start_timeout_s: float = START_TIMEOUT_S,
+    own_session: bool = False,
 ) -> _D:
     """Starts ``evald serve`` with ``config_text`` (written to ``root/evald.toml``).
 
@@ -187,6 +188,9 @@ def start_daemon(
             "$0" "$@"']`` for example).
         wait: wait until the health service says SERVING.
         factory: the handle class (a subclass of :class:`DaemonProcess`).
+        own_session: start it in a session of its own, as a service runs, so that it has a
+            scheduling group of its own to lower while heavy work runs (docs/design.md, "Heavy
+            work yields the CPU"); else it shares this process's.
 
     Raises:
         RuntimeError: the daemon exited or did not become healthy in ``start_timeout_s``
@@ -219,6 +223,7 @@ def start_daemon(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 pass_fds=link.pass_fds,
+                start_new_session=own_session,
             )
     except BaseException:
         link.close()

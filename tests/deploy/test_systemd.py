@@ -93,6 +93,8 @@ def test_service_carries_the_required_hardening() -> None:
         "MemoryDenyWriteExecute": "no",
         # Heavy tenants' workers get nice 0 back (evald.daemon._priority): RLIMIT_NICE 20.
         "LimitNICE": "+0",
+        # Nice values do not cross cgroups: beside an engine service, the weight decides.
+        "CPUWeight": "20",
     }
     for key, value in expected.items():
         assert last(service, key) == value, f"evald.service: expected {key}={value}"

@@ -147,6 +147,7 @@ def start_daemon(
     wait: bool = True,
     extra_args: Sequence[str] = (),
     tls_ca: Path | None = None,
+    own_session: bool = False,
 ) -> Daemon:
     """Starts ``evald serve`` with ``config_text`` and waits until it serves."""
     return harness.start_daemon(
@@ -160,6 +161,7 @@ def start_daemon(
         wait=wait,
         extra_args=extra_args,
         tls_ca=tls_ca,
+        own_session=own_session,
         factory=Daemon,
     )
 

@@ -26,24 +26,19 @@ evald to core 1, which measures the scheduling alone (``stall-cores.json``).
 
     engine-adapter bench sglang-stall [--rounds 5] [--hogs 0 2]
 
-Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald and SGLang servers.
+Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald (in a session of its own, as
+a service runs: its own scheduling group, docs/design.md) and SGLang servers.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import itertools
-import json
-import math
 import os
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +57,12 @@ from engine_adapter.testing.sglang import (
     start_server,
 )
 from evald_lab.bench._servers import register_spinner
+from evald_lab.bench._stall import ARMS, hogs, print_arms, summarize, write_report
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
-#: ``fast`` first: every other arm is compared with it.
-ARMS = ("fast", "spinning", "stopped", "slow")
 PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:6]
-#: The targets the summary checks (the longest gap is also held to one span deadline).
-MEDIAN_RATIO_TARGET = 1.02
-LONGEST_RATIO_TARGET = 1.5
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-@contextlib.contextmanager
-def _hogs(count: int) -> Iterator[None]:
-    """``count`` processes that loop on the CPU for the block (a busy machine)."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait(timeout=10)
 
 
 def measure_stall(
@@ -170,27 +143,6 @@ def measure_stall(
                         os.kill(daemon_pid, signal.SIGCONT)  # type: ignore[arg-type]
                 gaps[name].extend(round_gaps)
                 longest[name].append(max(round_gaps))
-    summary: dict[str, Any] = {}
-    for name, values in gaps.items():
-        ms = [g * 1e3 for g in values]
-        summary[name] = {
-            "median_gap_ms": statistics.median(ms),
-            "p99_gap_ms": percentile(ms, 0.99),
-            "max_gap_ms": max(ms),
-            "longest_gap_per_round_ms": [g * 1e3 for g in longest[name]],
-        }
-    fast = summary["fast"]
-    for name, arm in summary.items():
-        if name == "fast":
-            continue
-        arm["median_ratio"] = arm["median_gap_ms"] / fast["median_gap_ms"]
-        arm["p99_ratio"] = arm["p99_gap_ms"] / fast["p99_gap_ms"]
-        arm["longest_ratio"] = arm["max_gap_ms"] / fast["max_gap_ms"]
-        arm["targets_met"] = (
-            arm["median_ratio"] <= MEDIAN_RATIO_TARGET
-            and arm["longest_ratio"] <= LONGEST_RATIO_TARGET
-            and arm["max_gap_ms"] < DEADLINE_MS
-        )
     return {
         "scheduler": server.scheduler,
         "rounds": rounds,
@@ -199,7 +151,7 @@ def measure_stall(
         "evaluated_requests": evaluated,
         "evaluated_tokens": evaluated_tokens,
         "span_deadline_ms": DEADLINE_MS,
-        "arms": summary,
+        "arms": summarize(gaps, longest, DEADLINE_MS),
         "sample_texts": {name: values[:1] for name, values in texts.items()},
         "gaps_ms": {name: [g * 1e3 for g in values] for name, values in gaps.items()},
     }
@@ -238,11 +190,12 @@ def main(args: argparse.Namespace) -> int:
 
     results: dict[str, dict[str, Any]] = {}
     arms = tuple(dict.fromkeys(["fast", *args.arms]))
+    report = args.out / ("stall-cores.json" if args.isolation == "cores" else "stall.json")
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
         root = Path(tmp)
         cores = args.isolation == "cores"
         pin = ["taskset", "-c", "1"] if cores else []
-        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, prefix=pin)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, prefix=pin, own_session=True)
         try:
             for scheduler in args.schedulers:
                 for mode in args.modes:
@@ -261,8 +214,8 @@ def main(args: argparse.Namespace) -> int:
                         prefix=["taskset", "-c", "0"] if cores else (),
                     )
                     try:
-                        for hogs in args.hogs:
-                            with _hogs(hogs):
+                        for count in args.hogs:
+                            with hogs(count):
                                 result = measure_stall(
                                     server,
                                     daemon.target,
@@ -273,64 +226,14 @@ def main(args: argparse.Namespace) -> int:
                                     arms=arms,
                                     daemon_pid=daemon.pid,
                                 )
-                            result.update(mode=mode, isolation=args.isolation, hogs=hogs)
-                            key = f"{scheduler}/{mode}/{'quiet' if not hogs else f'{hogs} hogs'}"
+                            result.update(mode=mode, isolation=args.isolation, hogs=count)
+                            key = f"{scheduler}/{mode}/{'quiet' if not count else f'{count} hogs'}"
                             results[key] = result
-                            _print(key, result)
-                            _write(results, args.out, cores)  # a cut-short run keeps its part
+                            print_arms(key, result["arms"])
+                            write_report(results, report)  # a cut-short run keeps its part
                     finally:
                         server.stop()
         finally:
             daemon.stop()
-    _write(results, args.out, cores)
+    write_report(results, report)
     return 0
-
-
-def _write(results: dict[str, dict[str, Any]], out: Path, cores: bool) -> None:
-    """``stall.json`` (without the raw gaps) and its plot, for the runs so far."""
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
-    name = "stall-cores" if cores else "stall"
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, out / f"{name}.png")
-
-
-def _print(key: str, result: dict[str, Any]) -> None:
-    for name, arm in result["arms"].items():
-        line = (
-            f"{key:22} {name:8}: median {arm['median_gap_ms']:7.1f} ms, p99 "
-            f"{arm['p99_gap_ms']:7.1f} ms, longest {arm['max_gap_ms']:7.0f} ms"
-        )
-        if name != "fast":
-            line += (
-                f"; ÷ fast: median {arm['median_ratio']:.3f}, longest "
-                f"{arm['longest_ratio']:.2f}{'' if arm['targets_met'] else '  (target missed)'}"
-            )
-        print(line, flush=True)
-
-
-def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
-    """Per run, a box of each arm's gaps (log scale), the span deadline as a line."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    figure, axes = plt.subplots(
-        1, len(results), figsize=(3.4 * len(results), 3.8), sharey=True, squeeze=False
-    )
-    for axis, (key, result) in zip(axes[0], results.items(), strict=True):
-        names = list(result["gaps_ms"])
-        axis.boxplot([result["gaps_ms"][n] for n in names], whis=(1, 99), showfliers=True)
-        axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
-        axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
-        axis.set_yscale("log")
-        ratios = ", ".join(
-            f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
-        )
-        axis.set_title(f"{key}\nlongest ÷ fast: {ratios}", fontsize=7)
-    axes[0][0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)

@@ -56,6 +56,8 @@ __all__ = ["CONFIGS", "add_arguments", "main", "measure_round", "timed_stream"]
 #: Relative to the checkout the command runs in, like every benchmark's results.
 REPORT_DIR = Path("reports") / "vllm"
 CONTENTS = ("17 * 23 + 91", "1 / 0")
+#: The stall benchmark's arms measured per configuration: next to spinning spans and fast ones.
+STALL_ARMS = ("fast", "spinning")
 REGIONS = ("<result>482</result>", "<result_error>division_by_zero</result_error>")
 #: ``--speculative-config`` of each configuration (``None``: without speculative decoding).
 CONFIGS: dict[str, dict[str, Any] | None] = {
@@ -190,7 +192,9 @@ def run(
                 stall: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
                 for number in range(stall_rounds):
                     for name in names:
-                        stall[name].append(measure_stall(servers[name], daemon.target, rounds=1))
+                        stall[name].append(
+                            measure_stall(servers[name], daemon.target, rounds=1, arms=STALL_ARMS)
+                        )
                     print(f"stall round {number + 1}/{stall_rounds} done", flush=True)
         finally:
             daemon.stop()
@@ -211,10 +215,7 @@ def _results(
         generated = counters["generation_tokens_total"]
         accepted = counters["spec_decode_num_accepted_tokens_total"]
         drafts = counters["spec_decode_num_drafts_total"]
-        gaps = {
-            kind: [g for s in stall[name] for g in s["gaps_ms"][kind]]
-            for kind in ("spinning", "fast", "alone")
-        }
+        gaps = {kind: [g for s in stall[name] for g in s["gaps_ms"][kind]] for kind in STALL_ARMS}
         medians = {kind: statistics.median(v) for kind, v in gaps.items() if v}
         means = {kind: statistics.fmean(v) for kind, v in gaps.items() if v}
         configs[name] = {

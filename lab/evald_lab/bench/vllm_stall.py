@@ -1,34 +1,44 @@
-"""Does a pending span hold back the batch? Other requests' inter-token latency on a real vLLM
-CPU server while evaluated requests wait for an evaluator that spins to its deadline, divided by
-the same while their evaluator answers at once.
+"""Does another tenant's late value freeze a plain stream? The tail of plain requests' gaps
+between tokens on a real vLLM CPU server, next to evaluated requests whose values are late,
+against the same next to fast spans, quiet and beside CPU hogs: the same arms, summary and
+targets as ``engine-adapter bench sglang-stall`` (:mod:`evald_lab.bench._stall`).
 
-Each round runs ``--plain`` streamed plain requests next to ``--evaluated`` requests whose
-structural tag holds two spans: ``spinning`` rounds send them to a tenant's evaluator that loops
-until the span deadline (``deadline_exceeded`` after ``DEADLINE_MS``), ``fast`` rounds to calc.
-Rounds alternate, so both see the same machine. The ratio of the plain requests' median gap
-between tokens is the stall ratio (target <= 1.02). Prints it, writes JSON and a plot.
+Each round runs ``--plain`` streamed plain requests (``ignore_eos``) next to ``--evaluated``
+requests whose structural tag holds two spans. The arms:
 
-    engine-adapter bench vllm-stall [--rounds 4]
+- ``fast``: the spans go to calc (a value in microseconds): the reference;
+- ``spinning``: to a tenant's evaluator that loops until the 3 s span deadline;
+- ``stopped``: calc spans while evald is stopped (SIGSTOP, a hung daemon);
+- ``slow``: to a tenant whose evaluator takes 400 ms while evald has only 2 workers.
 
-Needs ``.venv-vllm`` (``make vllm-venv``); starts its own evald and vLLM server.
+Rounds alternate arm by arm. Per arm the median, p99 and longest gap; per late arm the ratios
+to ``fast`` (targets: median <= 1.02, longest <= 1.5) and whether the longest gap stays under
+one span deadline. Prints a line per arm, writes ``reports/vllm/stall.json`` and a plot.
+
+    engine-adapter bench vllm-stall [--rounds 5] [--hogs 0 2]
+
+Needs ``.venv-vllm`` (``make vllm-venv``); starts its own evald (in a session of its own, as a
+service runs) and vLLM server.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import itertools
-import json
-import statistics
+import os
+import signal
 import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from engine_adapter.testing.vllm import (
     CONFIG,
     DEADLINE_MS,
+    SLOW_TOKEN,
     SPIN_TOKEN,
     TOKEN,
     VllmServer,
@@ -38,6 +48,7 @@ from engine_adapter.testing.vllm import (
     vllm_python,
 )
 from evald_lab.bench._servers import register_spinner
+from evald_lab.bench._stall import ARMS, hogs, print_arms, summarize, write_report
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "vllm"
@@ -55,72 +66,97 @@ def measure_stall(
     server: VllmServer,
     target: str,
     *,
-    rounds: int = 4,
+    rounds: int = 5,
     plain: int = 4,
     evaluated: int = 4,
     max_tokens: int = 64,
+    arms: tuple[str, ...] = ARMS,
+    daemon_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``)."""
+    """Runs the alternating rounds on ``server`` (whose adapter uses evald at ``target``).
+
+    ``daemon_pid``: evald's process, stopped for the ``stopped`` arm's rounds (the arm is
+    skipped without it).
+    """
     from engine_adapter import list_evaluators
 
-    spin = register_spinner(target, SPIN_TOKEN).binding()
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
-    bodies: dict[str, dict[str, Any] | None] = {
-        "spinning": tag_body(
-            fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."), evald_token=SPIN_TOKEN
-        ),
-        "fast": tag_body(fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), "."),
-                         evald_token=TOKEN),
-        "alone": None,  # the plain requests by themselves: the batch without evaluated rows
-    }  # fmt: skip
+    fast = tag_body(
+        fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), "."), evald_token=TOKEN
+    )
+    bodies: dict[str, dict[str, Any]] = {"fast": fast}
+    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN)):
+        if name in arms:
+            spin = register_spinner(target, token).binding()
+            bodies[name] = tag_body(
+                fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."), evald_token=token
+            )
+    if "stopped" in arms and daemon_pid is not None:
+        bodies["stopped"] = fast
+    bodies = {name: bodies[name] for name in ARMS if name in bodies}  # the arms' order
     gaps: dict[str, list[float]] = {name: [] for name in bodies}
-    walls: dict[str, list[float]] = {name: [] for name in bodies}
+    longest: dict[str, list[float]] = {name: [] for name in bodies}
     texts: dict[str, list[str]] = {name: [] for name in bodies}
     prompts = itertools.cycle(PLAIN_PROMPTS)
     with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
         for _ in range(rounds):
             for name, body in bodies.items():
-                started = time.monotonic()
-                evaluated_calls = [
-                    pool.submit(server.complete, "Compute:", max_tokens=120, **(body or {}))
-                    for _ in range(evaluated if body is not None else 0)
-                ]
-                streams = [
-                    pool.submit(server.stream, next(prompts), max_tokens=max_tokens,
-                                ignore_eos=True)
-                    for _ in range(plain)
-                ]  # fmt: skip
-                for stream in streams:
-                    _, times = stream.result()
-                    gaps[name].extend(b - a for a, b in itertools.pairwise(times))
-                for call in evaluated_calls:
-                    texts[name].append(call.result()["choices"][0]["text"])
-                walls[name].append(time.monotonic() - started)
-    medians = {name: statistics.median(values) * 1e3 for name, values in gaps.items()}
-    means = {name: statistics.fmean(values) * 1e3 for name, values in gaps.items()}
-    maxima = {name: max(values) * 1e3 for name, values in gaps.items()}
+                with _stopped(daemon_pid if name == "stopped" else None):
+                    evaluated_calls = [
+                        pool.submit(server.complete, "Compute:", max_tokens=120, **body)
+                        for _ in range(evaluated)
+                    ]
+                    streams = [
+                        pool.submit(server.stream, next(prompts), max_tokens=max_tokens,
+                                    ignore_eos=True)
+                        for _ in range(plain)
+                    ]  # fmt: skip
+                    round_gaps: list[float] = []
+                    for stream in streams:
+                        _, times = stream.result()
+                        round_gaps.extend(b - a for a, b in itertools.pairwise(times))
+                    for call in evaluated_calls:
+                        texts[name].append(call.result()["choices"][0]["text"])
+                gaps[name].extend(round_gaps)
+                longest[name].append(max(round_gaps))
     return {
         "rounds": rounds,
         "plain_requests": plain,
+        "plain_tokens": max_tokens,
         "evaluated_requests": evaluated,
         "span_deadline_ms": DEADLINE_MS,
-        "median_gap_ms": medians,
-        "mean_gap_ms": means,
-        "max_gap_ms": maxima,
-        "stall_ratio_median": medians["spinning"] / medians["fast"],
-        "stall_ratio_mean": means["spinning"] / means["fast"],
-        "ratio_to_alone_median": medians["spinning"] / medians["alone"],
-        "round_wall_s": {name: statistics.median(v) for name, v in walls.items()},
+        "arms": summarize(gaps, longest, DEADLINE_MS),
         "sample_texts": {name: values[:1] for name, values in texts.items()},
         "gaps_ms": {name: [g * 1e3 for g in values] for name, values in gaps.items()},
     }
 
 
+@contextlib.contextmanager
+def _stopped(pid: int | None) -> Iterator[None]:
+    """evald stopped (SIGSTOP) for the block, when ``pid`` is given."""
+    if pid is None:
+        yield
+        return
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``engine-adapter bench vllm-stall``."""
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain", type=int, default=4)
     parser.add_argument("--evaluated", type=int, default=4)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument(
+        "--hogs",
+        nargs="+",
+        type=int,
+        default=[0, 2],
+        help="busy-looping processes beside the servers, one run per value",
+    )
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
 
 
@@ -135,9 +171,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from evald.testing import DaemonProcess, start_daemon
 
+    results: dict[str, dict[str, Any]] = {}
+    arms = tuple(dict.fromkeys(["fast", *args.arms]))
     with tempfile.TemporaryDirectory(prefix="evald-vllm-") as tmp:
         root = Path(tmp)
-        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG)
+        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, own_session=True)
         try:
             env = {
                 "EVALD_TARGET": daemon.target,
@@ -146,40 +184,19 @@ def main(args: argparse.Namespace) -> int:
             }
             server = start_server(python, env, root / "vllm.log")
             try:
-                result = measure_stall(
-                    server, daemon.target, rounds=args.rounds, plain=args.plain,
-                    evaluated=args.evaluated,
-                )  # fmt: skip
+                for count in args.hogs:
+                    with hogs(count):
+                        result = measure_stall(
+                            server, daemon.target, rounds=args.rounds, plain=args.plain,
+                            evaluated=args.evaluated, arms=arms, daemon_pid=daemon.pid,
+                        )  # fmt: skip
+                    result["hogs"] = count
+                    key = "quiet" if not count else f"{count} hogs"
+                    results[key] = result
+                    print_arms(key, result["arms"])
+                    write_report(results, args.out / "stall.json")
             finally:
                 server.stop()
         finally:
             daemon.stop()
-    print(
-        f"plain requests' median gap between tokens: {result['median_gap_ms']['spinning']:.1f} ms "
-        f"next to spinning spans, {result['median_gap_ms']['fast']:.1f} ms next to fast ones: "
-        f"stall ratio {result['stall_ratio_median']:.3f} (mean {result['stall_ratio_mean']:.3f}); "
-        f"longest gap {result['max_gap_ms']['spinning']:.0f} ms vs "
-        f"{result['max_gap_ms']['fast']:.0f} ms (span deadline {DEADLINE_MS} ms); without "
-        f"evaluated requests {result['median_gap_ms']['alone']:.1f} ms "
-        f"(ratio {result['ratio_to_alone_median']:.3f})"
-    )
-    print("spinning:", result["sample_texts"]["spinning"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = {k: v for k, v in result.items() if k != "gaps_ms"}
-    (args.out / "stall.json").write_text(json.dumps(summary, indent=2) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return 0  # the results are written; matplotlib draws the plot
-    figure, axis = plt.subplots(figsize=(6, 3.2))
-    names = ["alone", "fast", "spinning"]
-    axis.boxplot([result["gaps_ms"][n] for n in names], showfliers=True)
-    axis.set_xticks([1, 2, 3], ["plain only", "next to fast spans", "next to spinning spans"])
-    axis.set_ylabel("plain request: ms between tokens")
-    axis.set_title(f"stall ratio {result['stall_ratio_median']:.3f} (median gap)")
-    figure.tight_layout()
-    figure.savefig(args.out / "stall.png", dpi=120)
     return 0

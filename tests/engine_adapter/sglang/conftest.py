@@ -101,7 +101,7 @@ def sglang_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server_daemon(sglang_root: Path) -> Iterator[Daemon]:
     """The evald the servers evaluate with (the harness's tenants, their tokens)."""
-    handle = start_daemon(sglang_root / "evald", sglang_server.CONFIG)
+    handle = start_daemon(sglang_root / "evald", sglang_server.CONFIG, own_session=True)
     try:
         yield handle
     finally:

@@ -63,7 +63,7 @@ def vllm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def daemon(vllm_root: Path) -> Iterator[Daemon]:
-    handle = start_daemon(vllm_root / "evald", CONFIG)
+    handle = start_daemon(vllm_root / "evald", CONFIG, own_session=True)
     try:
         yield handle
     finally:

@@ -259,14 +259,19 @@ def test_stall_benchmark_runs(server: VllmServer, daemon: Daemon) -> None:
     The benchmark is the lab's: checked here, where the session's server is, when it is
     installed."""
     pytest.importorskip("evald_lab", reason=LAB_NEEDED)
-    from evald_lab.bench.vllm_stall import measure_stall
+    from evald_lab.bench.vllm_stall import ARMS, measure_stall
 
-    result = measure_stall(server, daemon.target, rounds=1, plain=4, evaluated=4, max_tokens=12)
-    assert set(result["median_gap_ms"]) == {"spinning", "fast", "alone"}
-    assert result["stall_ratio_median"] > 0
-    spinning = result["sample_texts"]["spinning"][0]
-    assert spinning.count("<result_error>deadline_exceeded</result_error>") == 2, spinning
-    assert "<result>42</result>" in result["sample_texts"]["fast"][0]
+    result = measure_stall(
+        server, daemon.target, rounds=1, plain=2, evaluated=2, max_tokens=12, daemon_pid=daemon.pid
+    )
+    assert tuple(result["arms"]) == ARMS
+    for name, arm in result["arms"].items():
+        assert 0 < arm["median_gap_ms"] <= arm["p99_gap_ms"] <= arm["max_gap_ms"], (name, arm)
+        assert name == "fast" or arm["longest_ratio"] > 0
+    texts = result["sample_texts"]
+    for late in ("spinning", "stopped", "slow"):
+        assert texts[late][0].count("<result_error>deadline_exceeded</result_error>") == 2, late
+    assert "<result>42</result>" in texts["fast"][0]
 
 
 def test_forwards_per_result_from_the_servers_counters(

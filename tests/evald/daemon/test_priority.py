@@ -22,6 +22,8 @@ from daemon_harness import Daemon, module, outcome, start_daemon
 from evald.client import Client
 from evald.contract import pb
 from evald.daemon import ConfigError, parse_config
+from evald.daemon._cpu_group import SHARED_SESSION as _SHARED_SESSION
+from evald.daemon._cpu_group import group_reason
 from evald.daemon._priority import HEAVY_RUN_S, Priorities, can_restore_priority
 from evald.daemon._scheduler import Batch, Scheduler, TenantQueue, Work
 from evald.testing import tenant_table
@@ -418,3 +420,69 @@ def test_heavy_tenant_nice_config() -> None:
     for bad in ("-1", "20", '"19"', "true"):
         with pytest.raises(ConfigError, match=r"heavy_tenant_nice"):
             parse_config(f"[server]\nheavy_tenant_nice = {bad}\n")
+
+
+def _autogroup_nice(pid: int) -> int:
+    """The nice value of the scheduling group (autogroup) that process ``pid`` is in."""
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+#: Autogroups decide here unless the kernel has none or a CPU cgroup decides instead (the
+#: reason this test process, which leads no session of its own, would be given otherwise).
+needs_autogroups = pytest.mark.skipif(
+    group_reason() not in ("", _SHARED_SESSION),
+    reason=f"evald's group cannot be its own here: {group_reason()}",
+)
+
+
+@needs_autogroups
+def test_a_daemon_in_its_own_session_lowers_its_group_while_heavy_work_runs(
+    tmp_path: Path,
+) -> None:
+    """docs/design.md, "Heavy work yields the CPU": nice orders threads only inside their
+    scheduling group, so a daemon leading its own session (as a service does) lowers its
+    session's autogroup while a worker is lowered, and gives it back after."""
+    daemon: Daemon = start_daemon(tmp_path, _config(NICE), own_session=True)
+    attacker = Client(daemon.target, ATTACKER_TOKEN, timeout_s=60)
+    try:
+        assert _autogroup_nice(daemon.pid) == 0
+        attacker.register(module("loop", "spin"))
+        seen = set()
+        with ThreadPoolExecutor(1) as sender:
+            call = sender.submit(attacker.evaluate, "spin", b"")
+            while not call.done():
+                seen.add(_autogroup_nice(daemon.pid))
+                time.sleep(0.01)
+            assert outcome(call.result()) == "deadline_exceeded"
+        assert NICE in seen
+        give_up = time.monotonic() + 30
+        while _autogroup_nice(daemon.pid) != 0 and time.monotonic() < give_up:
+            time.sleep(0.02)
+        assert _autogroup_nice(daemon.pid) == 0
+        assert _autogroup_nice(os.getpid()) == 0  # the test's own group was never touched
+        assert "not its own to lower" not in daemon.log_path.read_text()
+    finally:
+        attacker.close()
+        assert daemon.stop() == 0, daemon.log_path.read_text()
+
+
+@needs_autogroups
+def test_a_daemon_sharing_its_session_leaves_the_group_alone(tmp_path: Path) -> None:
+    """Started as a child in this test's session, the daemon would lower the test's group as
+    well: it says why it does not, and lowers only its workers."""
+    daemon: Daemon = start_daemon(tmp_path, _config(NICE))
+    attacker = Client(daemon.target, ATTACKER_TOKEN, timeout_s=60)
+    try:
+        attacker.register(module("loop", "spin"))
+        seen = set()
+        with ThreadPoolExecutor(1) as sender:
+            call = sender.submit(attacker.evaluate, "spin", b"")
+            while not call.done():
+                seen.add(_autogroup_nice(daemon.pid))
+                time.sleep(0.01)
+        assert seen == {0}
+        log = daemon.log_path.read_text()
+        assert "not its own to lower" in log and "shares its session" in log
+    finally:
+        attacker.close()
+        assert daemon.stop() == 0, daemon.log_path.read_text()

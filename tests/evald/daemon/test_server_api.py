@@ -187,6 +187,46 @@ def test_a_second_daemon_refuses_a_live_socket_or_state_folder(
     assert daemon.client().health() == "SERVING"
 
 
+QUEUED_CONFIG = (
+    "[server]\nthreads = 1\n"
+    + tenant_block("local", token=False, allow_register=True)
+    + tenant_block("nofuel", allow_register=True, limits={"fuel": 0, "deadline_ms": 1500})
+)
+
+
+def test_time_waiting_for_a_worker_counts_against_the_deadline(tmp_path: Path) -> None:
+    """docs/design.md §5: an item's deadline runs from its arrival. Behind a 1 s call on the
+    only worker, an item due in 200 ms is answered without running, and one due in 1.5 s runs
+    only what is left of it, not 1.5 s more."""
+    handle = start_daemon(tmp_path, QUEUED_CONFIG)
+    try:
+        handle.client("nofuel").register(module("loop", "queued_loop"))
+        handle.client("nofuel").register(module("echo", "queued_echo"))
+        outgoing, responses = open_stream(handle, "nofuel")
+        items = [
+            pb.EvaluateRequest(evaluator="queued_loop", id="first", deadline_ms=1000),
+            pb.EvaluateRequest(evaluator="queued_echo", input=b"x", id="due_soon", deadline_ms=200),
+            pb.EvaluateRequest(evaluator="queued_loop", id="due_later", deadline_ms=1500),
+        ]
+        outgoing.put(pb.EvaluateBatchRequest(items=items))
+        seen: dict[str, pb.EvaluateResponse] = {}
+        while len(seen) < 3:
+            seen.update({r.id: r for r in next(responses).results})
+        outgoing.put(None)
+        assert outcome(seen["first"]) == "deadline_exceeded"
+        assert seen["first"].eval_time_us >= 900_000
+        late = seen["due_soon"]
+        assert outcome(late) == "deadline_exceeded"
+        assert "waited for one of evald's workers" in late.error.message
+        assert late.eval_time_us == 0 and late.fuel_used == 0  # the guest never ran
+        rest = seen["due_later"]
+        assert outcome(rest) == "deadline_exceeded"
+        assert 0 < rest.eval_time_us < 1_200_000  # about 0.5 s: its 1.5 s less the wait
+        assert handle.client("nofuel").evaluate("queued_echo", "y").value == "y"  # serving on
+    finally:
+        assert handle.stop() == 0
+
+
 SHUTDOWN_CONFIG = (
     "[server]\nthreads = 2\nshutdown_grace_s = 10\n"
     + tenant_block("local", token=False, allow_register=True)

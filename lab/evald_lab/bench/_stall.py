@@ -1,0 +1,133 @@
+"""What the stall benchmarks of both servers share: the arms, the summary of plain requests'
+gaps between tokens against the ``fast`` arm, the targets, the hogs, the report and its plot
+(``engine-adapter bench sglang-stall`` and ``vllm-stall``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ARMS",
+    "LONGEST_RATIO_TARGET",
+    "MEDIAN_RATIO_TARGET",
+    "hogs",
+    "percentile",
+    "print_arms",
+    "summarize",
+    "write_report",
+]
+
+#: ``fast`` first: every other arm is compared with it.
+ARMS = ("fast", "spinning", "stopped", "slow")
+#: The targets the summary checks (the longest gap is also held to one span deadline).
+MEDIAN_RATIO_TARGET = 1.02
+LONGEST_RATIO_TARGET = 1.5
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@contextlib.contextmanager
+def hogs(count: int) -> Iterator[None]:
+    """``count`` processes that loop on the CPU for the block (a busy machine); like
+    ``yes > /dev/null &`` from the shell that runs the benchmark, they share its session."""
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in started:
+            hog.kill()
+            hog.wait(timeout=10)
+
+
+def summarize(
+    gaps: dict[str, list[float]], longest: dict[str, list[float]], deadline_ms: float
+) -> dict[str, dict[str, Any]]:
+    """Per arm (gaps and each round's longest gap in seconds): median, p99 and longest gap in
+    ms; per late arm the ratios to ``fast`` and whether the targets are met."""
+    summary: dict[str, dict[str, Any]] = {}
+    for name, values in gaps.items():
+        ms = [g * 1e3 for g in values]
+        summary[name] = {
+            "median_gap_ms": statistics.median(ms),
+            "p99_gap_ms": percentile(ms, 0.99),
+            "max_gap_ms": max(ms),
+            "longest_gap_per_round_ms": [g * 1e3 for g in longest[name]],
+        }
+    fast = summary["fast"]
+    for name, arm in summary.items():
+        if name == "fast":
+            continue
+        arm["median_ratio"] = arm["median_gap_ms"] / fast["median_gap_ms"]
+        arm["p99_ratio"] = arm["p99_gap_ms"] / fast["p99_gap_ms"]
+        arm["longest_ratio"] = arm["max_gap_ms"] / fast["max_gap_ms"]
+        arm["under_deadline"] = arm["max_gap_ms"] < deadline_ms
+        arm["targets_met"] = (
+            arm["median_ratio"] <= MEDIAN_RATIO_TARGET
+            and arm["longest_ratio"] <= LONGEST_RATIO_TARGET
+            and arm["under_deadline"]
+        )
+    return summary
+
+
+def print_arms(key: str, arms: dict[str, dict[str, Any]]) -> None:
+    """One line per arm."""
+    for name, arm in arms.items():
+        line = (
+            f"{key:22} {name:8}: median {arm['median_gap_ms']:7.1f} ms, p99 "
+            f"{arm['p99_gap_ms']:7.1f} ms, longest {arm['max_gap_ms']:7.0f} ms"
+        )
+        if name != "fast":
+            line += (
+                f"; ÷ fast: median {arm['median_ratio']:.3f}, longest "
+                f"{arm['longest_ratio']:.2f}{'' if arm['targets_met'] else '  (target missed)'}"
+            )
+        print(line, flush=True)
+
+
+def write_report(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """``path`` (JSON, without the raw gaps) and its plot beside it (``.png``), for the runs
+    so far (a cut-short run keeps its part)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {key: {k: v for k, v in r.items() if k != "gaps_ms"} for key, r in results.items()}
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(results, path.with_suffix(".png"))
+
+
+def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Per run, a box of each arm's gaps (log scale), the span deadline as a line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, axes = plt.subplots(
+        1, len(results), figsize=(3.4 * len(results), 3.8), sharey=True, squeeze=False
+    )
+    for axis, (key, result) in zip(axes[0], results.items(), strict=True):
+        names = list(result["gaps_ms"])
+        axis.boxplot([result["gaps_ms"][n] for n in names], whis=(1, 99), showfliers=True)
+        axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
+        axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
+        axis.set_yscale("log")
+        ratios = ", ".join(
+            f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
+        )
+        axis.set_title(f"{key}\nlongest ÷ fast: {ratios}", fontsize=7)
+    axes[0][0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
