@@ -75,7 +75,7 @@ def group_reason() -> str:
                 "autogroups are off (kernel.sched_autogroup_enabled = 0): nice values apply "
                 "machine-wide"
             )
-        _AUTOGROUP.read_text()
+        own = _parse(_AUTOGROUP.read_text())
     except OSError:
         return "this kernel has no autogroups: nice values apply machine-wide"
     cgroup = _cpu_cgroup()
@@ -86,7 +86,25 @@ def group_reason() -> str:
         )
     if os.getsid(0) != os.getpid():
         return SHARED_SESSION
+    if own is None:  # init's group: PID 1 of a container, whose session is the root group
+        return (
+            "evald is in the root scheduling group (/proc/self/autogroup is empty, as for a "
+            "container's PID 1): nice values apply beside the other processes there"
+        )
     return ""
+
+
+def _parse(text: str) -> int | None:
+    """The nice value in ``/proc/<pid>/autogroup`` ("/autogroup-N nice V"); None when the
+    file is empty, as the kernel leaves it for a process in the root group (init's session,
+    whose weight nobody may change)."""
+    fields = text.split()
+    if len(fields) != 3 or fields[1] != "nice":
+        return None
+    try:
+        return int(fields[2])
+    except ValueError:
+        return None
 
 
 class AutogroupPriority:
@@ -101,6 +119,8 @@ class AutogroupPriority:
         self.lowered = False
         self._retry_at = 0.0
         self.broken = False
+        #: changes the kernel accepted (for tests and metrics)
+        self.changes = 0
 
     def want(self, lowered: bool, now: float) -> None:
         """Lowers or restores the group; a change the kernel refuses for now is tried again
@@ -116,6 +136,7 @@ class AutogroupPriority:
                 self.broken = True
             return
         self.lowered = lowered
+        self.changes += 1
 
     def retry_at(self, lowered: bool) -> float | None:
         """When :meth:`want` should be called again for ``lowered`` (None: nothing to do)."""
@@ -125,8 +146,8 @@ class AutogroupPriority:
 
     @staticmethod
     def _read() -> int:
-        """The group's nice value now ("/autogroup-N nice V")."""
+        """The group's nice value now (0 when unreadable)."""
         try:
-            return int(_AUTOGROUP.read_text().split()[-1])
-        except (OSError, ValueError, IndexError):
+            return _parse(_AUTOGROUP.read_text()) or 0
+        except OSError:
             return 0

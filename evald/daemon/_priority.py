@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from evald.daemon._cpu_group import AutogroupPriority
 
 __all__ = [
+    "GROUP_HOLD_S",
     "HEAVY_FOR_S",
     "HEAVY_RUN_S",
     "IDLE_AFTER_S",
@@ -69,6 +70,10 @@ HEAVY_FOR_S: Final = 1.0
 POLL_S: Final = 0.004
 #: The watchdog sleeps until woken once no call has run for this long.
 IDLE_AFTER_S: Final = 0.1
+#: evald's own scheduling group (evald.daemon._cpu_group) stays lowered this long after the
+#: last lowered worker: the kernel changes a group's nice value at most every 100 ms, so a
+#: group given back between two heavy calls would run the next one at full weight.
+GROUP_HOLD_S: Final = 0.2
 
 _NORMAL = 0
 _NOT_RUNNING = -1.0
@@ -313,6 +318,7 @@ class Priorities:
         clock = time.monotonic
         with self._cond:
             quiet_since = clock()
+            group_until = 0.0  # evald's group stays lowered until then
             while not self._closed:
                 now = clock()
                 running = False
@@ -323,10 +329,15 @@ class Priorities:
                 deadlines = [w.deadline for w in self._workers.values() if w.lowered]
                 group = self.group
                 if group is not None:
-                    group.want(bool(deadlines), now)
-                    retry = group.retry_at(bool(deadlines))
+                    if deadlines:
+                        group_until = now + GROUP_HOLD_S
+                    want = now < group_until
+                    group.want(want, now)
+                    retry = group.retry_at(want)
                     if retry is not None:  # the kernel refused the change for now
                         deadlines.append(retry)
+                    elif want:  # give the group back once the hold has passed
+                        deadlines.append(group_until)
                 if running or now - quiet_since < IDLE_AFTER_S:
                     wait = POLL_S
                 elif deadlines:

@@ -11,6 +11,8 @@ tests, ``evald fuzz`` and the benchmarks, an operator's integration tests of the
   size parameter, :func:`manifest_bytes` writes its manifest (:func:`named_guest`: one to
   register under a name), :func:`padded` pads a module to an exact size;
 * :func:`tenant_table` writes a config's ``[[tenants]]`` table, its token hashed;
+* :func:`cpu_hogs` keeps the CPUs busy for a block (a loaded machine, for bounds that must
+  hold there too);
 * :func:`start_postgres` runs a real PostgreSQL from the machine's binaries (a fresh cluster
   in a temporary folder) for the fleet store's tests and benchmarks.
 
@@ -35,6 +37,7 @@ from evald.testing._daemon import (
     start_daemon,
     wait_serving,
 )
+from evald.testing._hogs import cpu_hogs
 from evald.testing._postgres import PostgresServer, postgres_bindir, start_postgres
 from evald.testing._wat_modules import (
     IN_PTR,
@@ -64,6 +67,7 @@ __all__ = [
     "PostgresServer",
     "arg",
     "branchy_function",
+    "cpu_hogs",
     "evald_command",
     "free_port",
     "guest",

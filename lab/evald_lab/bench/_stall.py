@@ -4,15 +4,13 @@ gaps between tokens against the ``fast`` arm, the targets, the hogs, the report 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from evald.testing import cpu_hogs as hogs
 
 __all__ = [
     "ARMS",
@@ -36,19 +34,6 @@ def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-@contextlib.contextmanager
-def hogs(count: int) -> Iterator[None]:
-    """``count`` processes that loop on the CPU for the block (a busy machine); like
-    ``yes > /dev/null &`` from the shell that runs the benchmark, they share its session."""
-    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in started:
-            hog.kill()
-            hog.wait(timeout=10)
 
 
 def summarize(

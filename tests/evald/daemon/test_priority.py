@@ -23,6 +23,7 @@ from evald.client import Client
 from evald.contract import pb
 from evald.daemon import ConfigError, parse_config
 from evald.daemon._cpu_group import SHARED_SESSION as _SHARED_SESSION
+from evald.daemon._cpu_group import _parse as _parse_autogroup
 from evald.daemon._cpu_group import group_reason
 from evald.daemon._priority import HEAVY_RUN_S, Priorities, can_restore_priority
 from evald.daemon._scheduler import Batch, Scheduler, TenantQueue, Work
@@ -423,8 +424,11 @@ def test_heavy_tenant_nice_config() -> None:
 
 
 def _autogroup_nice(pid: int) -> int:
-    """The nice value of the scheduling group (autogroup) that process ``pid`` is in."""
-    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    """The nice value of the scheduling group (autogroup) that process ``pid`` is in: 0 for
+    the root group, whose file the kernel leaves empty (a test run from init's session, as
+    CI's is) and whose weight nobody may change."""
+    text = Path(f"/proc/{pid}/autogroup").read_text()
+    return int(text.split()[-1]) if text.strip() else 0
 
 
 #: Autogroups decide here unless the kernel has none or a CPU cgroup decides instead (the
@@ -433,6 +437,16 @@ needs_autogroups = pytest.mark.skipif(
     group_reason() not in ("", _SHARED_SESSION),
     reason=f"evald's group cannot be its own here: {group_reason()}",
 )
+
+
+def test_the_root_group_is_told_apart_from_an_autogroup() -> None:
+    """The kernel leaves /proc/<pid>/autogroup empty for a process in the root group (init's
+    session, a container's PID 1), whose weight cannot be changed: evald must not take it for
+    a group of its own."""
+    assert _parse_autogroup("/autogroup-260 nice 19\n") == 19
+    assert _parse_autogroup("/autogroup-7 nice -3\n") == -3
+    assert _parse_autogroup("") is None
+    assert _parse_autogroup("garbage\n") is None
 
 
 @needs_autogroups
@@ -464,6 +478,51 @@ def test_a_daemon_in_its_own_session_lowers_its_group_while_heavy_work_runs(
     finally:
         attacker.close()
         assert daemon.stop() == 0, daemon.log_path.read_text()
+
+
+#: Run in a session of its own: two heavy calls 30 ms apart, then the group's history.
+_BACK_TO_BACK = """
+import threading, time
+from evald.daemon._cpu_group import AutogroupPriority, group_reason
+from evald.daemon._priority import Priorities
+assert group_reason() == "", group_reason()
+group = AutogroupPriority(19)
+priorities = Priorities(19, group)
+def calls():
+    worker = priorities.worker()
+    for _ in range(2):
+        worker.begin(time.thread_time(), time.monotonic() + 30)
+        began = time.thread_time()
+        while time.thread_time() - began < 0.15:
+            pass
+        worker.end()
+        time.sleep(0.03)
+thread = threading.Thread(target=calls)
+thread.start()
+thread.join()
+give_up = time.monotonic() + 30
+while group.lowered and time.monotonic() < give_up:
+    time.sleep(0.01)
+priorities.close()
+print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[-1])
+"""
+
+
+@needs_autogroups
+def test_the_group_stays_lowered_between_back_to_back_heavy_calls() -> None:
+    """The kernel changes a group's nice value at most every 100 ms: a group given back in
+    the 30 ms between two heavy calls would run the second at full weight until it may be
+    lowered again. It is lowered once and given back once, after the last call."""
+    run = subprocess.run(
+        [sys.executable, "-c", _BACK_TO_BACK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["2", "False", "0"]
 
 
 @needs_autogroups
