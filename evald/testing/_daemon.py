@@ -34,6 +34,7 @@ __all__ = [
     "free_port",
     "padded",
     "process_alive",
+    "process_cpu_s",
     "process_descendants",
     "process_rss_bytes",
     "start_daemon",
@@ -110,6 +111,18 @@ def process_rss_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU time ``pid`` has used so far, all its threads, user and system, from
+    ``/proc/PID/stat`` (None when it is gone): what a process took of the machine, whoever
+    else ran."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

@@ -49,6 +49,9 @@ def summarize(
             "p99_gap_ms": percentile(ms, 0.99),
             "max_gap_ms": max(ms),
             "longest_gap_per_round_ms": [g * 1e3 for g in longest[name]],
+            # A round's longest gap, as a typical round has it: the maximum over all rounds
+            # is one event, where a batch's extends or a busy core fall (docs/sglang.md).
+            "median_round_longest_ms": statistics.median(longest[name]) * 1e3,
         }
     fast = summary["fast"]
     for name, arm in summary.items():
@@ -57,6 +60,9 @@ def summarize(
         arm["median_ratio"] = arm["median_gap_ms"] / fast["median_gap_ms"]
         arm["p99_ratio"] = arm["p99_gap_ms"] / fast["p99_gap_ms"]
         arm["longest_ratio"] = arm["max_gap_ms"] / fast["max_gap_ms"]
+        arm["round_longest_ratio"] = (
+            arm["median_round_longest_ms"] / fast["median_round_longest_ms"]
+        )
         arm["under_deadline"] = arm["max_gap_ms"] < deadline_ms
         arm["targets_met"] = (
             arm["median_ratio"] <= MEDIAN_RATIO_TARGET
@@ -76,7 +82,8 @@ def print_arms(key: str, arms: dict[str, dict[str, Any]]) -> None:
         if name != "fast":
             line += (
                 f"; ÷ fast: median {arm['median_ratio']:.3f}, longest "
-                f"{arm['longest_ratio']:.2f}{'' if arm['targets_met'] else '  (target missed)'}"
+                f"{arm['longest_ratio']:.2f} (a round's {arm['round_longest_ratio']:.2f})"
+                f"{'' if arm['targets_met'] else '  (target missed)'}"
             )
         print(line, flush=True)
 

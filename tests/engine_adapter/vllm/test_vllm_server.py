@@ -20,6 +20,8 @@ from daemon_harness import Daemon
 
 from engine_adapter.testing.vllm import (
     DEADLINE_MS,
+    SLOW_TOKEN,
+    SPIN_TOKEN,
     TOKEN,
     VllmServer,
     fixed_tag,
@@ -28,6 +30,7 @@ from engine_adapter.testing.vllm import (
 )
 from engine_adapter.vllm.plugin import RANDOM_VERIFY_BROKEN
 from evald.client import Client
+from evald.testing import cpu_hogs, process_cpu_s
 
 #: Why a benchmark check skips: the benchmarks are the lab's.
 LAB_NEEDED = "the benchmarks come with the lab (pip install -e ./lab)"
@@ -193,32 +196,157 @@ def test_refused_target_and_bad_token_answer_in_band(server: VllmServer, specs: 
     assert codes == ["permission_denied"] * CONCURRENCY, [text_of(a) for a in answers]
 
 
-def test_hung_evald_ends_every_span_without_stalling_others(
-    server: VllmServer, specs: Any, fault_daemon: Daemon
-) -> None:
-    calc = specs["calc"].binding()
-    tag = fixed_tag("So ", (calc, "3 * 3"), " and ", (calc, "4 * 4"), ".")
-    body = tag_body(tag, evald_token=TOKEN, evald_target=fault_daemon.target)
+#: A plain request's longest gap next to late spans may be this many times its longest next to
+#: fast ones (and at least the floor).
+STALL_FACTOR = 1.5
+STALL_FLOOR_S = 1.0
+#: A late tenant: ``spinning`` loops until the span's deadline (3 s), ``slow`` until its
+#: tenant's 400 ms limit (evald has 2 workers; six completions' spans come at once).
+LATE_TOKENS = {"spinning": SPIN_TOKEN, "slow": SLOW_TOKEN}
+
+
+def longest_gap(times: list[float]) -> float:
+    """The longest time between two chunks of a stream."""
+    return max(b - a for a, b in itertools.pairwise(times))
+
+
+def beside_plain(server: VllmServer, body: dict[str, Any], plain_tokens: int = 48) -> list[Any]:
+    """``CONCURRENCY - 2`` evaluated completions with ``body`` beside two plain streamed ones,
+    all at once: the evaluated answers, then the plain ``(text, chunk times)``."""
     evaluated = [
         (lambda: server.complete("Compute:", max_tokens=120, **body))
     ] * (CONCURRENCY - 2)  # fmt: skip
-    streamed = [(lambda p=p: server.stream(p, max_tokens=48)) for p in PLAIN_PROMPTS[:2]]
-    warm = spans_in(text_of(server.complete("Compute:", max_tokens=120, **body)))
-    assert [f[2] for f in warm] == ["9", "16"]  # the stream to this evald is up
-    with stopped(fault_daemon.pid):
-        started = time.monotonic()
-        answers = run_all(evaluated + streamed)
-        elapsed = time.monotonic() - started
-    for answer in answers[: len(evaluated)]:
+    streamed = [(lambda p=p: server.stream(p, max_tokens=plain_tokens)) for p in PLAIN_PROMPTS[:2]]
+    return run_all(evaluated + streamed)
+
+
+def assert_plain_kept_pace(answers: list[Any], fast: list[Any], arm: str = "") -> None:
+    """The plain requests' tokens came as they do next to spans evald answers at once (``fast``:
+    the same requests just before, on the same machine, so a busy machine slows both alike):
+    held requests leave the batch. The floor keeps a quiet machine's few-ms jitter from
+    deciding; on a machine whose own steps are fast the bound is well under one span deadline
+    (the quiet tests assert that too)."""
+    plain = CONCURRENCY - 2
+    fast_longest = max(longest_gap(times) for _, times in fast[plain:])
+    bound = max(STALL_FACTOR * fast_longest, STALL_FLOOR_S)
+    for text, times in answers[plain:]:
+        assert text and len(times) > 1
+        assert longest_gap(times) <= bound, (arm, longest_gap(times), fast_longest, times)
+
+
+def assert_under_a_deadline(answers: list[Any]) -> None:
+    """No plain request waited one span deadline between two tokens."""
+    longest = max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :])
+    assert longest < DEADLINE_MS / 1000.0, longest
+
+
+def assert_spans_timed_out(answers: list[Any]) -> None:
+    """Both spans of every evaluated completion ended ``deadline_exceeded``, and it finished."""
+    for answer in answers[: CONCURRENCY - 2]:
         found = spans_in(text_of(answer))
         assert [f[3] for f in found] == ["deadline_exceeded"] * 2, text_of(answer)
         assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def assert_calc_values(answers: list[Any]) -> None:
+    for answer in answers[: CONCURRENCY - 2]:
+        assert [f[2] for f in spans_in(text_of(answer))] == ["9", "16"], text_of(answer)
+
+
+def calc_tag(specs: Any) -> dict[str, Any]:
+    """Two calc spans (``9`` and ``16``), as the fast arm and the fault tests write them."""
+    calc = specs["calc"].binding()
+    return fixed_tag("So ", (calc, "3 * 3"), " and ", (calc, "4 * 4"), ".")
+
+
+def spin_tag(daemon: Daemon, token: str) -> dict[str, Any]:
+    """Two spans of ``token``'s tenant's evaluator ``spin``, which loops until its deadline."""
+    from engine_adapter import list_evaluators
+    from evald.testing import named_guest
+
+    with Client(daemon.target, token) as client:
+        client.register(named_guest("loop", "spin"), replace=True)
+    spin = {s.name: s for s in list_evaluators(daemon.target, token)}["spin"].binding()
+    return fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), ".")
+
+
+def test_hung_evald_ends_every_span_without_stalling_others(
+    server: VllmServer, specs: Any, fault_daemon: Daemon
+) -> None:
+    """evald stopped (SIGSTOP) mid-run: every span ends at its deadline with
+    ``deadline_exceeded``, every request finishes, and a plain request's tokens keep pace, never
+    a span deadline apart."""
+    body = tag_body(calc_tag(specs), evald_token=TOKEN, evald_target=fault_daemon.target)
+    warm = spans_in(text_of(server.complete("Compute:", max_tokens=120, **body)))
+    assert [f[2] for f in warm] == ["9", "16"]  # the stream to this evald is up
+    fast = beside_plain(server, body)
+    with stopped(fault_daemon.pid):
+        started = time.monotonic()
+        answers = beside_plain(server, body)
+        elapsed = time.monotonic() - started
+    assert_spans_timed_out(answers)
     assert elapsed >= 2 * DEADLINE_MS / 1000.0  # two spans, one after the other, each timed out
-    for text, times in answers[len(evaluated) :]:
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        assert text and gaps
-        # Held requests leave the batch: a plain request never waits for a span's deadline.
-        assert max(gaps) < 0.5 * DEADLINE_MS / 1000.0, gaps
+    assert_plain_kept_pace(answers, fast)
+    assert_under_a_deadline(answers)
+
+
+@pytest.mark.parametrize("late", list(LATE_TOKENS))
+def test_a_plain_request_keeps_pace_beside_another_tenants_late_evaluator(
+    server: VllmServer, daemon: Daemon, specs: Any, late: str
+) -> None:
+    """Another tenant's evaluator that takes all the CPU it may, both spans of each of six
+    completions at once: their spans end ``deadline_exceeded``, and a plain request's tokens
+    keep pace with the same requests' next to ``calc`` spans, never a span deadline apart."""
+    token = LATE_TOKENS[late]
+    late_body = tag_body(spin_tag(daemon, token), evald_token=token)
+    fast = beside_plain(server, tag_body(calc_tag(specs), evald_token=TOKEN))
+    answers = beside_plain(server, late_body)
+    assert_calc_values(fast)
+    assert_spans_timed_out(answers)
+    assert_plain_kept_pace(answers, fast)
+    assert_under_a_deadline(answers)
+
+
+#: Beside the hogs, the CPU evald may take while another tenant's spans spin, as a share of
+#: what those calls ask for (two spans, each on evald's two workers for the 3 s span
+#: deadline). Measured on 2 cores: 0.10 with evald's workers and group lowered, 0.43 with its
+#: group left at the engine's weight.
+SPIN_WANTS_CPU_S = 2 * 2 * DEADLINE_MS / 1000.0
+BUSY_EVALD_SHARE = 0.25
+
+
+@pytest.mark.timeout(1200)  # beside the hogs the engine's forward steps are slow
+def test_late_values_leave_a_busy_machine_to_the_engine(
+    server: VllmServer, daemon: Daemon, specs: Any, fault_daemon: Daemon
+) -> None:
+    """The stall tests above, beside two CPU hogs (processes of the test's session that
+    busy-loop, as ``yes > /dev/null &`` twice would): a user's server is rarely quiet. Every
+    late span (spinning, a stopped evald) ends ``deadline_exceeded``, every completion
+    finishes, and evald, whose spinning calls want both cores, takes almost none of them: the CPU
+    stays with the engine and the machine's other work.
+
+    The plain requests' gaps are not bounded here: beside the hogs the forward's step time
+    varies severalfold from run to run with evald idle (docs/sglang.md, "Where a plain request
+    waits"); the quiet tests above bound them."""
+    fault = tag_body(calc_tag(specs), evald_token=TOKEN, evald_target=fault_daemon.target)
+    warm = spans_in(text_of(server.complete("Compute:", max_tokens=120, **fault)))
+    assert [f[2] for f in warm] == ["9", "16"]  # the stream to this evald is up
+    spinning = tag_body(spin_tag(daemon, SPIN_TOKEN), evald_token=SPIN_TOKEN)
+    arms: dict[str, list[Any]] = {}
+    with cpu_hogs(2):
+        before = process_cpu_s(daemon.pid)
+        arms["spinning"] = beside_plain(server, spinning, 16)
+        after = process_cpu_s(daemon.pid)
+        with stopped(fault_daemon.pid):
+            arms["stopped"] = beside_plain(server, fault, 16)
+    for late, answers in arms.items():
+        assert_spans_timed_out(answers)
+        for text, times in answers[CONCURRENCY - 2 :]:
+            assert text and len(times) > 1, (late, text, times)
+    assert before is not None and after is not None
+    share = (after - before) / SPIN_WANTS_CPU_S
+    print(f"evald CPU ÷ what the spinning calls asked for: {share:.3f}")
+    assert share <= BUSY_EVALD_SHARE, share
 
 
 def test_killed_evald_answers_unavailable(

@@ -1,0 +1,63 @@
+"""The stall benchmarks' summary (``evald_lab.bench._stall``): the ratios to the fast arm, the
+targets and the report, from gaps given here (the real-server runs are checked beside the
+servers: test_sglang_server.py, test_vllm_server.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evald_lab.bench._stall import (
+    LONGEST_RATIO_TARGET,
+    MEDIAN_RATIO_TARGET,
+    summarize,
+    write_report,
+)
+
+DEADLINE_MS = 3000.0
+
+
+def test_ratios_are_taken_against_the_fast_arm() -> None:
+    gaps = {"fast": [0.10, 0.10, 0.20, 0.40], "spinning": [0.10, 0.12, 0.20, 0.50]}
+    longest = {"fast": [0.20, 0.40, 0.30], "spinning": [0.50, 0.30, 0.45]}
+    arms = summarize(gaps, longest, DEADLINE_MS)
+    assert "median_ratio" not in arms["fast"]
+    spinning = arms["spinning"]
+    assert spinning["median_gap_ms"] == pytest.approx(160.0)
+    assert spinning["median_ratio"] == pytest.approx(160.0 / 150.0)
+    assert spinning["longest_ratio"] == pytest.approx(500.0 / 400.0)
+    # A typical round's longest: the median over rounds (450 ms against 300 ms).
+    assert spinning["median_round_longest_ms"] == pytest.approx(450.0)
+    assert spinning["round_longest_ratio"] == pytest.approx(1.5)
+    assert spinning["under_deadline"] is True
+    assert spinning["targets_met"] is False  # the median is 1.067 > 1.02
+
+
+@pytest.mark.parametrize(
+    ("late", "met"),
+    [
+        ([0.100, 0.100, 0.100, 0.40 * LONGEST_RATIO_TARGET - 0.001], True),
+        ([0.100, 0.100, 0.100, 0.40 * LONGEST_RATIO_TARGET + 0.01], False),  # the longest
+        ([0.100 * MEDIAN_RATIO_TARGET + 0.005] * 3 + [0.40], False),  # the median
+        ([0.100, 0.100, 0.100, 0.40, 3.0], False),  # one span deadline
+    ],
+)
+def test_targets(late: list[float], met: bool) -> None:
+    gaps = {"fast": [0.100, 0.100, 0.100, 0.40], "slow": late}
+    arms = summarize(gaps, {"fast": [0.40], "slow": [max(late)]}, DEADLINE_MS)
+    assert arms["slow"]["targets_met"] is met
+
+
+def test_the_report_keeps_the_summary_and_plots_it(tmp_path: Path) -> None:
+    gaps = {"fast": [0.1, 0.2], "stopped": [0.1, 0.3]}
+    arms = summarize(gaps, {"fast": [0.2], "stopped": [0.3]}, DEADLINE_MS)
+    result = {"span_deadline_ms": DEADLINE_MS, "arms": arms, "gaps_ms": {"fast": [100.0, 200.0],
+              "stopped": [100.0, 300.0]}}  # fmt: skip
+    path = tmp_path / "stall.json"
+    write_report({"normal/jump/quiet": result}, path)
+    saved = json.loads(path.read_text())
+    assert "gaps_ms" not in saved["normal/jump/quiet"]
+    assert saved["normal/jump/quiet"]["arms"]["stopped"]["longest_ratio"] == pytest.approx(1.5)
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
