@@ -263,6 +263,20 @@ def assert_spans_timed_out(answers: list[Any]) -> None:
         assert finished_by_stop(answer)
 
 
+def warm_up(server: SglangServer, tag: dict[str, Any], params: dict[str, str]) -> None:
+    """Until the adapter's stream to the fault tests' fresh evald is up: the one before it, at
+    the same socket, ended with the last test, and until the adapter's reconnect (backoff up
+    to 2 s) spans to it fail at once with ``unavailable``."""
+    for _ in range(10):
+        warm = server.generate(
+            "Compute:", max_new_tokens=120, structural_tag=tag, custom_params=params
+        )
+        if [f[2] for f in spans_in(warm["text"])] == ["9", "16"]:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the adapter never reached the fault evald: {warm['text']}")
+
+
 def calc_tag(server_specs: Any) -> dict[str, Any]:
     """Two calc spans (``9`` and ``16``), as the fast arm and the fault tests write them."""
     calc = server_specs["calc"].binding()
@@ -288,8 +302,7 @@ def test_hung_evald_ends_every_span_without_stalling_others(
     a span deadline apart."""
     tag = calc_tag(server_specs)
     params = tenant(TOKEN, evald_target=fault_daemon.target)
-    warm = server.generate("Compute:", max_new_tokens=120, structural_tag=tag, custom_params=params)
-    assert [f[2] for f in spans_in(warm["text"])] == ["9", "16"]  # the stream is up
+    warm_up(server, tag, params)
     fast = beside_plain(server, tag, params)
     with stopped(fault_daemon.pid):
         started = time.monotonic()
@@ -344,8 +357,7 @@ def test_late_values_leave_a_busy_machine_to_the_engine(
     two runs of the same arm; the quiet tests above bound them."""
     tag = calc_tag(server_specs)
     fault = tenant(TOKEN, evald_target=fault_daemon.target)
-    warm = server.generate("Compute:", max_new_tokens=120, structural_tag=tag, custom_params=fault)
-    assert [f[2] for f in spans_in(warm["text"])] == ["9", "16"]  # the stream is up
+    warm_up(server, tag, fault)
     spinning = spin_tag(server_daemon, SPIN_TOKEN)
     arms: dict[str, list[Any]] = {}
     with cpu_hogs(2):
