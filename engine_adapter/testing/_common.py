@@ -9,6 +9,7 @@ folder (fp32 weights, config and tokenizer): neither has a GGUF loader for it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -24,9 +25,12 @@ from typing import Any
 __all__ = [
     "PLAIN_PROMPTS",
     "SPAN",
+    "STALL_FACTOR",
+    "STALL_FLOOR_S",
     "fixed_tag",
     "free_port",
     "has_amx",
+    "longest_gap",
     "model_folder",
     "post",
     "spans_in",
@@ -134,3 +138,15 @@ def has_amx() -> bool:
         return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
+
+
+#: A plain request's longest gap next to late spans may be this many times its longest next to
+#: fast ones, and at least the floor (a quiet machine's jitter must not decide): the bound of
+#: both servers' stall tests.
+STALL_FACTOR = 1.5
+STALL_FLOOR_S = 1.0
+
+
+def longest_gap(times: list[float]) -> float:
+    """The longest time between two chunks of a stream."""
+    return max(b - a for a, b in itertools.pairwise(times))

@@ -10,7 +10,6 @@ nothing else); every injected value is checked against evald's own answer.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import json
 import signal
 import threading
@@ -23,7 +22,15 @@ import pytest
 from daemon_harness import Daemon
 
 from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
-from engine_adapter.testing import fixed_tag, has_amx, spans_in, stopped
+from engine_adapter.testing import (
+    STALL_FACTOR,
+    STALL_FLOOR_S,
+    fixed_tag,
+    has_amx,
+    longest_gap,
+    spans_in,
+    stopped,
+)
 from engine_adapter.testing.sglang import (
     DEADLINE_MS,
     OTHER_TOKEN,
@@ -68,17 +75,6 @@ def tenant(token: str, **more: str) -> dict[str, str]:
 
 def finished_by_stop(answer: dict[str, Any]) -> bool:
     return bool(answer["meta_info"]["finish_reason"]["type"] == "stop")
-
-
-#: A plain request's longest gap next to late spans may be this many times its longest next to
-#: fast ones (and at least the floor), never a span deadline.
-STALL_FACTOR = 1.5
-STALL_FLOOR_S = 1.0
-
-
-def longest_gap(times: list[float]) -> float:
-    """The longest time between two chunks of a stream."""
-    return max(b - a for a, b in itertools.pairwise(times))
 
 
 @pytest.mark.timeout(900)  # the first test of a scheduler starts its server (minutes when loaded)

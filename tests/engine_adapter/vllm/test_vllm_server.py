@@ -8,7 +8,6 @@ grammar allowing nothing else); every injected value is checked against evald's 
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import json
 import re
 import signal
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 from daemon_harness import Daemon
 
+from engine_adapter.testing import STALL_FACTOR, STALL_FLOOR_S, longest_gap
 from engine_adapter.testing.vllm import (
     DEADLINE_MS,
     SLOW_TOKEN,
@@ -196,18 +196,9 @@ def test_refused_target_and_bad_token_answer_in_band(server: VllmServer, specs: 
     assert codes == ["permission_denied"] * CONCURRENCY, [text_of(a) for a in answers]
 
 
-#: A plain request's longest gap next to late spans may be this many times its longest next to
-#: fast ones (and at least the floor).
-STALL_FACTOR = 1.5
-STALL_FLOOR_S = 1.0
 #: A late tenant: ``spinning`` loops until the span's deadline (3 s), ``slow`` until its
 #: tenant's 400 ms limit (evald has 2 workers; six completions' spans come at once).
 LATE_TOKENS = {"spinning": SPIN_TOKEN, "slow": SLOW_TOKEN}
-
-
-def longest_gap(times: list[float]) -> float:
-    """The longest time between two chunks of a stream."""
-    return max(b - a for a, b in itertools.pairwise(times))
 
 
 def beside_plain(server: VllmServer, body: dict[str, Any], plain_tokens: int = 48) -> list[Any]:
