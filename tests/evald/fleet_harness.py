@@ -89,7 +89,7 @@ class Fleet:
                 f'url = "{self.url()}"',
                 f'password_file = "{self.server.password_file(DAEMON_LOGIN)}"',
                 f"poll_s = {poll_s}",
-                "connect_timeout_s = 1",
+                "connect_timeout_s = 5",  # a busy machine forks backends slowly
                 *local_tenants,
             ]
         )

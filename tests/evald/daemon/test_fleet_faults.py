@@ -149,15 +149,22 @@ def test_a_daemon_whose_listener_is_cut_catches_up_missing_nothing_applying_noth
             (f"evald-{follower.pid}-listen",),
         )
         client(writer, token).register(module("echo", f"m{index}"))
-    at_revision([follower], token, head(fleet))
+    last = head(fleet)
+    at_revision([follower], token, last)
     names = {item.name for item in client(follower, token).list_evaluators()}
     assert {f"m{index}" for index in range(5)} <= names
-    applied = [
-        revision
-        for line in _lines(follower, "store revision applied")
-        for revision in line["revisions"]  # type: ignore[union-attr]
-    ]
-    expected = list(range(start + 1, head(fleet) + 1))
+
+    def logged() -> list[int]:
+        return [
+            revision
+            for line in _lines(follower, "store revision applied")
+            for revision in line["revisions"]  # type: ignore[union-attr]
+        ]
+
+    # The daemon serves a revision, then writes its cache and logs it: wait for the log line.
+    until(lambda: last in logged(), f"the follower's log line for revision {last}")
+    expected = list(range(start + 1, last + 1))
+    applied = logged()
     assert [r for r in applied if r > start] == expected, applied  # each once, in order
     assert _lines(follower, "fleet store unreachable")  # the cuts were seen
 

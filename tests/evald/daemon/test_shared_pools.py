@@ -17,7 +17,10 @@ Each test reproduces an attack at a small scale and fails on a daemon without th
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -375,6 +378,13 @@ def test_a_data_frame_must_arrive_within_its_deadline(daemon: tuple[Daemon, str,
         sock.close()
 
 
+def _unread_by_peer(sock: socket.socket) -> int:
+    """Bytes ``sock`` sent that its peer has not read yet (``SIOCOUTQ``: a unix socket's sent
+    bytes stay charged to the sender until the receiver reads them)."""
+    out = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+    return int(struct.unpack("i", out)[0])
+
+
 def test_a_data_frames_bytes_count_in_the_senders_budget(
     daemon: tuple[Daemon, str, str],
 ) -> None:
@@ -385,7 +395,14 @@ def test_a_data_frames_bytes_count_in_the_senders_budget(
     waiting = _connect_retrying(target, "alpha")
     events: list[str] = []
     try:
+        sent_at = time.monotonic()  # the stalled frame's deadline is later than this + timeout
         stalled.sendall(HEADER.pack(900 * KIB, Kind.BATCH) + b"\0" * KIB)
+        # The daemon has read the header (so its reader reserves the 900 KiB next), whatever
+        # the machine's load; then a margin for that reservation.
+        until_read = time.monotonic() + 30
+        while _unread_by_peer(stalled) > 0:
+            assert time.monotonic() < until_read, "the daemon never read the stalled header"
+            time.sleep(0.01)
         time.sleep(0.2)
         waiting.send(
             pb.EvaluateBatchRequest(
@@ -395,8 +412,9 @@ def test_a_data_frames_bytes_count_in_the_senders_budget(
                 ]
             )
         )
+        ending: list[tuple[Kind, bytes]] = []
         ended = threading.Thread(
-            target=lambda: (_read_frame(stalled), events.append("stalled frame ended"))
+            target=lambda: (ending.append(_read_frame(stalled)), events.append("stalled ended"))
         )
         ended.start()
         with _connect_retrying(target, "beta") as other:  # another tenant is not charged
@@ -407,14 +425,16 @@ def test_a_data_frames_bytes_count_in_the_senders_budget(
             message = waiting.receive()
             assert message is not None
             answered += [(r.id, r.value) for r in message.results]
-        events.append("alpha's second frame answered")
+        answered_after_s = time.monotonic() - sent_at
         ended.join(30)
         assert sorted(answered) == [("a", "1"), ("b", "2")]
-        assert events == [
-            "beta answered",
-            "stalled frame ended",
-            "alpha's second frame answered",
-        ], events
+        # beta went first, while alpha's budget was held (the stalled frame ends at its 2 s
+        # deadline; beta's one small item is not charged to alpha).
+        assert events[0] == "beta answered", events
+        assert len(ending) == 1 and ending[0][0] is Kind.ERROR, ending
+        # alpha's second frame was admitted only once the stalled frame's deadline had passed
+        # (the daemon frees those bytes then): a lower bound that a busy machine only lengthens.
+        assert answered_after_s >= _FRAME_TIMEOUT_S, answered_after_s
     finally:
         stalled.close()
         waiting.close()
