@@ -513,6 +513,22 @@ class Injector:
                 record.waited_s += self._clock() - started
         return bool(self.forced_tokens())
 
+    def give_up(self, message: str) -> None:
+        """Ends the pending span now with ``deadline_exceeded`` (``message`` says why): for an
+        engine that cannot wait any longer for the value without holding other sequences
+        (``engine_adapter._step_wait``). An answer that comes later is ignored. No-op when no
+        span waits for its value."""
+        state = self._refresh()
+        if state.phase is not _Phase.RESULT:
+            return
+        record = self._spans[state.span_count - 1]
+        if record.result is not None:
+            return
+        self._set_result(
+            state.binding, record, EvalResult(None, ErrorCode.DEADLINE_EXCEEDED, message)
+        )
+        self._history[-1] = self._advance(state, state.text_len)
+
     def rollback(self, num_tokens: int) -> None:
         """Forgets the last ``num_tokens`` accepted tokens: text, span detection and queue.
 

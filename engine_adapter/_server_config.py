@@ -15,9 +15,10 @@ from evald.contract import token_problem
 
 __all__ = ["DEFAULT_DEADLINE_MS", "AdapterConfig", "ConfigError"]
 
-#: Per span, from the moment it closes until its value must be known. While a span's value is
-#: pending and nothing else can be forced, the scheduler waits (the whole batch waits with it),
-#: so this bounds the stall a hung evald can cause; evaluations take microseconds to a few ms.
+#: Per span, from the moment it closes until its value must be known; past it the span ends with
+#: ``deadline_exceeded``. Its request sits out the engine's steps meanwhile (the rest of the batch
+#: never waits for it), so this bounds what a hung evald or a slow evaluator costs that request
+#: alone; evaluations take microseconds to a few ms.
 DEFAULT_DEADLINE_MS = 500
 
 

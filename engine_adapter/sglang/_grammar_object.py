@@ -15,9 +15,11 @@ order in which SGLang's scheduler calls grammar objects (``sglang==0.5.23``):
    launched when the span closed, with the overlap scheduler; or with jumping off), the row is
    narrowed to the next queued token with SGLang's token-filter op
    (``XGrammarGrammarBackend.set_token_filter``), so the sampler can only pick it. Only when
-   nothing can be forced yet and the value is still pending does the call wait, bounded by the
-   span's deadline (then ``<result_error>deadline_exceeded</result_error>`` is forced). The
-   first call in a step also flushes the engine-wide client.
+   nothing can be forced yet and the value is still pending does the call wait, within the
+   step's small budget (``engine_adapter._step_wait``): past it the span ends in band with
+   ``<result_error>deadline_exceeded</result_error>``, so no other sequence of the batch waits
+   for this one's value (``inline`` scheduling, kept for comparisons, waits up to the span's
+   deadline). The first call in a step also flushes the engine-wide client.
 
 Failures never abort a request: evald down, a timeout or an evaluator error become
 ``<result_error>CODE</result_error>`` in the text, and an internal fault of the adapter (logged)
@@ -37,6 +39,7 @@ from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 from engine_adapter._bitmask import allows
 from engine_adapter._injector import Injector, SpanRecord
 from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._step_wait import StepWaits
 from engine_adapter._types import SpanBinding
 
 __all__ = ["EvaluatorGrammar"]
@@ -89,6 +92,10 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         """How many result regions went into the sequence in one extend forward."""
         self._forwards: dict[int, int] = {}
         """Per span (its index), the forwards that carried its result tokens (the span log)."""
+        self.step_waits: StepWaits | None = None
+        """The step-wait budget of the scheduler whose steps the request is in, set by its
+        :class:`~engine_adapter.sglang._scheduling.SpanScheduler` (``None`` with ``inline``
+        scheduling: a step then waits for a value up to the span's deadline)."""
 
     # ------------------------------------------------------------------ SGLang's calls
 
@@ -280,7 +287,11 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
             return None
         forced = injector.forced_tokens()
         if not forced:
-            injector.wait()  # the value is due: bounded by the span's deadline
+            waits = self.step_waits
+            if waits is None:  # ``inline`` scheduling, kept for comparisons: the step waits
+                injector.wait()  # bounded by the span's deadline
+            else:  # a step already built when the span closed: a small budget, then in band
+                waits.settle(injector)
             forced = injector.forced_tokens()
         self._log_finished_spans()
         return forced[0] if forced else None

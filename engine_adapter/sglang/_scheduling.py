@@ -25,7 +25,10 @@ With the overlap scheduler (SGLang's default on GPUs) the next step is launched 
 one's tokens are processed. A request is only ever taken out or brought back when none of its
 results is in flight (``Scheduler.result_queue``); the step that was already launched when its
 span closed forces the region's first token (the shared ``<result`` prefix) through the grammar
-mask, and the request sits out from the step after.
+mask, and the request sits out from the step after. When nothing of the region can be forced in
+that step (result and error openers with no shared first character), the row waits at most the
+step's small budget and its span then ends in band (``engine_adapter._step_wait``): the step is
+every tenant's.
 
 Three more hooks keep SGLang's bookkeeping whole while a request is parked: ``is_fully_idle``
 (not idle: its idle-time KV leak check would count the parked rows as leaked),
@@ -46,10 +49,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine_adapter._step_wait import StepWaits
+
 if TYPE_CHECKING:
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
 
-__all__ = ["COST_LOG_STEPS", "IDLE_WAIT_S", "SchedulerStats", "SpanScheduler", "scheduler_state"]
+__all__ = [
+    "COST_LOG_STEPS",
+    "IDLE_WAIT_S",
+    "SchedulerStats",
+    "SpanScheduler",
+    "scheduler_state",
+]
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -72,6 +83,8 @@ class SchedulerStats:
     forced_tokens: int = 0
     """Region tokens that went into sequences through jumps."""
     idle_waits: int = 0
+    yielded_steps: int = 0
+    """Steps a ready jump left to SGLang's own work because the step before was a jump."""
     faults: int = 0
     steps: int = 0
     """Steps the hooks ran in (``get_next_batch_to_run`` calls)."""
@@ -98,7 +111,12 @@ class SpanScheduler:
 
     def __init__(self) -> None:
         self.stats = SchedulerStats()
+        self.step_waits = StepWaits()
+        """The budget of the rare row that must wait for a value in a step already built
+        when its span closed (the overlap scheduler): ``engine_adapter._step_wait``."""
         self._parked: dict[int, Any] = {}  # id(req) -> req, in the order they left
+        self._jumped_at = -2
+        """``stats.steps`` when the last jump batch was built."""
 
     # ------------------------------------------------------------------ SGLang's calls
 
@@ -108,10 +126,16 @@ class SpanScheduler:
         stats.steps += 1
         stats.hook_ns += elapsed_ns
         if stats.steps % COST_LOG_STEPS == 0:
+            waits = self.step_waits
             logger.info(
-                "evald adapter: scheduler hooks %.1f us per step (%d steps)",
+                "evald adapter: scheduler hooks %.1f us per step (%d steps; %d rows waited "
+                "for a value within a step's budget, %d spans ended in band past it, %d jumps "
+                "yielded a step)",
                 stats.hook_ns / stats.steps / 1000.0,
                 stats.steps,
+                waits.waits,
+                waits.gave_up,
+                stats.yielded_steps,
             )
 
     @property
@@ -122,6 +146,7 @@ class SpanScheduler:
     def sit_out(self, scheduler: Any, running_batch: Any) -> None:
         """Flushes the evaluations submitted since the last step and takes the requests that
         wait for a span's value out of ``running_batch`` (before the step is built)."""
+        self.step_waits.new_step()
         grammar_type = _grammar_type()
         leaving = []
         flushed: set[int] = set()
@@ -129,6 +154,8 @@ class SpanScheduler:
             grammar = req.grammar
             if not isinstance(grammar, grammar_type):
                 continue
+            if grammar.step_waits is None:
+                grammar.step_waits = self.step_waits
             runtime = grammar.runtime
             if id(runtime) not in flushed:
                 flushed.add(id(runtime))
@@ -156,8 +183,18 @@ class SpanScheduler:
         or when it was aborted (it then finishes through SGLang's own path). With
         ``--enable-mixed-chunk`` the running batch's decode step joins the extend and the
         returned running batch is empty, as after SGLang's own mixed prefill.
+
+        A jump never takes two steps in a row from SGLang's own work (new requests to admit, a
+        running batch to decode), and never a step from a chunked prefill under way: values
+        that come back one after another, many tenants' at once, must not keep other requests
+        from their first token or their next one. What waits is one step for the next jump.
         """
         if not self._parked:
+            return None
+        if getattr(scheduler, "chunked_req", None) is not None:
+            return None  # its next chunk is SGLang's step (it keeps its state across them)
+        if self._jumped_at == self.stats.steps - 1 and _own_work(scheduler, running_batch):
+            self.stats.yielded_steps += 1
             return None
         in_flight = _in_flight(scheduler)
         grammar_type = _grammar_type()
@@ -180,6 +217,7 @@ class SpanScheduler:
             return None
         batch = _extend_batch(scheduler, jumped)
         _count_as_prefill(scheduler, batch, running_batch)
+        self._jumped_at = self.stats.steps
         self.stats.jumps += 1
         self.stats.jumped_requests += len(jumped)
         # SGLang logs the jump as a ``Prefill batch`` (its statistics are a prefill's): say
@@ -263,6 +301,11 @@ def _in_flight(scheduler: Any) -> set[int]:
     """``id`` of every request with a launched step whose result is not processed yet."""
     queue: Iterable[tuple[Any, Any]] = getattr(scheduler, "result_queue", None) or ()
     return {id(req) for batch, _ in queue for req in batch.reqs}
+
+
+def _own_work(scheduler: Any, running_batch: Any) -> bool:
+    """Whether SGLang has a step of its own to run: requests to admit or a batch to decode."""
+    return bool(len(getattr(scheduler, "waiting_queue", ()))) or not running_batch.is_empty()
 
 
 def _pending_futures(reqs: Iterable[Any]) -> Iterable[Any]:

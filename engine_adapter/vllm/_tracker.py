@@ -50,6 +50,7 @@ from engine_adapter._bitmask import allow_only, allows
 from engine_adapter._injector import Injector, TokenCodec
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._step_wait import StepWaits
 from engine_adapter._tenant_runtimes import Tenancy, TenantRuntimes
 from engine_adapter._types import EvalResult
 from engine_adapter.vllm._options import evaluated_spans
@@ -138,6 +139,9 @@ class SpanTracker:
         self._sampling: set[str] = set()
         """Requests that sample randomly (followed only with ``greedy_drafts_only``)."""
         self.stats = TrackerStats()
+        self.step_waits = StepWaits()
+        """The budget of a row scheduled while its value is pending (a hold that could not
+        apply): ``engine_adapter._step_wait``."""
         # vLLM requests arrive with their spans lowered: no evaluator specs to refresh.
         self.tenants = TenantRuntimes(
             config, codec, refresh_s=None, runtime_factory=runtime_factory
@@ -174,6 +178,7 @@ class SpanTracker:
         plans what to force (as drafts with speculative decoding), cuts proposer drafts."""
         states = self._states
         self._pending = []
+        self.step_waits.new_step()
         if not states:
             return
         requests = scheduler.requests
@@ -408,9 +413,10 @@ class SpanTracker:
         forced = injector.forced_tokens()
         if not forced:
             # Scheduled although its value is pending (a hold that could not apply): the row
-            # must not sample inside the result region, so wait, bounded by the span deadline.
+            # must not sample inside the result region, and the rest of the batch must not
+            # wait for it: the step's small budget, then the span ends in band.
             self.stats.fallback_waits += 1
-            injector.wait()
+            self.step_waits.settle(injector)
             forced = injector.forced_tokens()
         return forced[0] if forced else None
 

@@ -104,3 +104,93 @@ def test_a_pending_span_is_not_ready_and_has_a_future(backend: Any, daemon: Daem
         grammar.runtime.codec.decode(tokens).decode()
         == "<result_error>deadline_exceeded</result_error>"
     )
+
+
+def apart_grammar(backend: Any, daemon: Daemon, deadline_ms: int) -> EvaluatorGrammar:
+    """A request whose result and error openers share no first character (``[`` / ``{``):
+    nothing of its region can be forced before the value is known."""
+    from engine_adapter._server_runtime import AdapterRuntime
+
+    base = backend._evald_runtime
+    config = type(base.config)(**{**base.config.__dict__, "deadline_ms": deadline_ms})
+    span = {
+        "type": "evaluated_tag",
+        "begin": "<calc>",
+        "end": "</calc>",
+        "evaluator": "calc",
+        "result": {"begin": "[", "end": "]"},
+        "error": {"begin": "{", "end": "}"},
+    }
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [{"type": "const_string", "value": "So "}, span, span],
+        },
+    }
+    compiled = backend.dispatch_structural_tag(json.dumps(tag))
+    assert isinstance(compiled, EvaluatorGrammar)
+    return EvaluatorGrammar(
+        compiled.grammar.copy(), compiled.bindings, AdapterRuntime(config, base.codec)
+    )
+
+
+def forced_in_row(grammar: EvaluatorGrammar) -> int:
+    """Fills one mask row as SGLang does for a step the request is in; the one token left."""
+    import torch
+
+    mask = grammar.allocate_vocab_mask(grammar.runtime.codec.vocab_size, 1, "cpu")
+    grammar.fill_vocab_mask(mask, 0)
+    (word,) = torch.nonzero(mask[0] != 0).flatten().tolist()
+    bits = int(mask[0][word]) & 0xFFFFFFFF
+    assert bits & (bits - 1) == 0, "exactly one token is allowed"
+    return int(word * 32 + bits.bit_length() - 1)
+
+
+def test_a_step_built_before_the_span_closed_waits_only_its_budget(
+    backend: Any, daemon: Daemon
+) -> None:
+    """SGLang's overlap scheduler launches a step before it reads the token that closes a
+    span, so the request is in a step while its value is pending. With nothing of the region
+    to force, the row waits what is left of the step's budget, then the span ends in band:
+    evald stopped (SIGSTOP), a span deadline of a minute, and the step goes on at once."""
+    import os
+    import signal
+
+    from engine_adapter._step_wait import StepWaits
+
+    grammar = apart_grammar(backend, daemon, deadline_ms=60_000)
+    grammar.step_waits = StepWaits(budget_s=0.05)
+    codec = grammar.runtime.codec
+    feed(grammar, "So <calc>2 + 2</calc>")  # the client connects on this first submission
+    grammar.runtime.flush()
+    wait_ready(grammar)
+    assert codec.decode(grammar.take_region(room=100)).decode() == "[4]"
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        feed(grammar, "<calc>3 + 3</calc>")
+        grammar.step_waits.new_step()
+        token = forced_in_row(grammar)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    assert codec.decode([token]) == b"{"
+    late = grammar.spans[1]
+    assert late.error_code == "deadline_exceeded" and late.result is not None
+    assert "step budget of 50 ms" in late.result.message
+    assert late.waited_s < 30.0, "the row did not wait for the span's deadline"
+    assert (grammar.step_waits.waits, grammar.step_waits.gave_up) == (1, 1)
+    grammar.accept_token(token)
+    rest = grammar.take_region(room=100)
+    assert codec.decode([token, *rest]).decode() == "{deadline_exceeded}"
+
+
+def test_a_value_back_within_the_step_budget_is_forced(backend: Any, daemon: Daemon) -> None:
+    from engine_adapter._step_wait import StepWaits
+
+    grammar = apart_grammar(backend, daemon, deadline_ms=60_000)
+    grammar.step_waits = StepWaits(budget_s=30.0)  # the wait ends when the value lands
+    feed(grammar, "So <calc>6 * 7</calc>")
+    token = forced_in_row(grammar)
+    codec = grammar.runtime.codec
+    assert codec.decode([token]) == b"["
+    assert grammar.spans[0].value == "42" and grammar.step_waits.gave_up == 0

@@ -290,6 +290,31 @@ def spin_tag(daemon: Daemon, token: str) -> dict[str, Any]:
 LATE_TOKENS = {"spinning": SPIN_TOKEN, "slow": SLOW_TOKEN}
 
 
+#: What the scheduler thread may have waited for one span's value, as the span log says: the
+#: step budget (engine_adapter._step_wait, 5 ms) and a busy machine's slack, far below a span
+#: deadline. A span whose request sat out its steps waited 0.
+WAITED_MS_BOUND = 500.0
+
+
+def spans_logged_since(span_log: Path, offset: int) -> list[dict[str, Any]]:
+    """The span log's lines appended after ``offset`` bytes (its size before a test's run)."""
+    with span_log.open("rb") as log:
+        log.seek(offset)
+        return [json.loads(line) for line in log.read().decode().splitlines() if line]
+
+
+def log_offset(span_log: Path) -> int:
+    return span_log.stat().st_size if span_log.exists() else 0
+
+
+def assert_no_step_waited(spans: list[dict[str, Any]], evaluator: str, count: int) -> None:
+    """``count`` spans of ``evaluator`` were logged, and none held the scheduler's step for its
+    value longer than the step budget (what the adapter decided, whatever the machine's load)."""
+    mine = [span for span in spans if span["evaluator"] == evaluator]
+    assert len(mine) == count, mine
+    assert max(span["waited_ms"] for span in mine) <= WAITED_MS_BOUND, mine
+
+
 def test_hung_evald_ends_every_span_without_stalling_others(
     server: SglangServer, server_specs: Any, fault_daemon: Daemon
 ) -> None:
@@ -313,7 +338,7 @@ def test_hung_evald_ends_every_span_without_stalling_others(
 
 @pytest.mark.parametrize("late", list(LATE_TOKENS))
 def test_a_plain_request_keeps_pace_beside_another_tenants_late_evaluator(
-    server: SglangServer, server_daemon: Daemon, server_specs: Any, late: str
+    server: SglangServer, server_daemon: Daemon, server_specs: Any, late: str, span_log: Path
 ) -> None:
     """Another tenant's evaluator that takes all the CPU it may, both spans of each of six
     requests at once: their spans end ``deadline_exceeded``, and a plain request's tokens keep
@@ -321,12 +346,40 @@ def test_a_plain_request_keeps_pace_beside_another_tenants_late_evaluator(
     token = LATE_TOKENS[late]
     late_tag = spin_tag(server_daemon, token)
     fast = beside_plain(server, calc_tag(server_specs), tenant(TOKEN))
+    offset = log_offset(span_log)
     answers = beside_plain(server, late_tag, tenant(token))
     for answer in fast[: CONCURRENCY - 2]:
         assert [f[2] for f in spans_in(answer["text"])] == ["9", "16"], answer["text"]
     assert_spans_timed_out(answers)
     assert_plain_kept_pace(answers, fast)
     assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < DEADLINE_MS / 1e3
+    assert_no_step_waited(spans_logged_since(span_log, offset), "spin", 2 * (CONCURRENCY - 2))
+
+
+def test_result_openers_that_share_nothing_freeze_no_one(
+    server: SglangServer, server_daemon: Daemon, server_specs: Any, span_log: Path
+) -> None:
+    """A tenant's request may give its result and error regions openers with no shared first
+    character (``[`` / ``{``). The overlap scheduler has such a request in a step built before
+    its span closed, with nothing of the region to force before the value: that step must not
+    wait for another tenant's spinning evaluator. Its spans end in band (at the step's budget,
+    or at their deadline while the request sits out) and the plain streams keep pace."""
+    from dataclasses import replace
+
+    spin = replace(
+        register_spinner(server_daemon, SPIN_TOKEN).binding(),
+        result_begin="[", result_end="]", error_begin="{", error_end="}",
+    )  # fmt: skip
+    late_tag = fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), ".")
+    fast = beside_plain(server, calc_tag(server_specs), tenant(TOKEN))
+    offset = log_offset(span_log)
+    answers = beside_plain(server, late_tag, tenant(SPIN_TOKEN))
+    expected = "So <spin>x</spin>{deadline_exceeded} and <spin>y</spin>{deadline_exceeded}."
+    for answer in answers[: CONCURRENCY - 2]:
+        assert answer["text"] == expected and finished_by_stop(answer), answer
+    assert_plain_kept_pace(answers, fast)
+    assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < DEADLINE_MS / 1e3
+    assert_no_step_waited(spans_logged_since(span_log, offset), "spin", 2 * (CONCURRENCY - 2))
 
 
 #: Beside the hogs, the CPU evald may take while another tenant's spans spin, as a share of
@@ -339,7 +392,11 @@ BUSY_EVALD_SHARE = 0.25
 
 @pytest.mark.timeout(1200)  # beside the hogs SGLang's forward steps take seconds
 def test_late_values_leave_a_busy_machine_to_the_engine(
-    server: SglangServer, server_daemon: Daemon, server_specs: Any, fault_daemon: Daemon
+    server: SglangServer,
+    server_daemon: Daemon,
+    server_specs: Any,
+    fault_daemon: Daemon,
+    span_log: Path,
 ) -> None:
     """The stall tests above, beside two CPU hogs (processes of the test's session that
     busy-loop, as ``yes > /dev/null &`` twice would): a user's server is rarely quiet. Every
@@ -356,6 +413,7 @@ def test_late_values_leave_a_busy_machine_to_the_engine(
     warm_up(server, tag, fault)
     spinning = spin_tag(server_daemon, SPIN_TOKEN)
     arms: dict[str, list[Any]] = {}
+    offset = log_offset(span_log)
     with cpu_hogs(2):
         before = process_cpu_s(server_daemon.pid)
         arms["spinning"] = beside_plain(server, spinning, tenant(SPIN_TOKEN), plain_tokens=16)
@@ -366,6 +424,9 @@ def test_late_values_leave_a_busy_machine_to_the_engine(
         assert_spans_timed_out(answers)
         for text, times in answers[CONCURRENCY - 2 :]:
             assert text and len(times) == 16, (late, text, times)
+    logged = spans_logged_since(span_log, offset)
+    assert_no_step_waited(logged, "spin", 2 * (CONCURRENCY - 2))
+    assert_no_step_waited(logged, "calc", 2 * (CONCURRENCY - 2))
     assert before is not None and after is not None
     share = (after - before) / SPIN_WANTS_CPU_S
     print(f"evald CPU ÷ what the spinning calls asked for: {share:.3f}")
