@@ -5,6 +5,7 @@ servers: test_sglang_server.py, test_vllm_server.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,57 @@ def test_the_report_keeps_the_summary_and_plots_it(tmp_path: Path) -> None:
     assert "gaps_ms" not in saved["normal/jump/quiet"]
     assert saved["normal/jump/quiet"]["arms"]["stopped"]["longest_ratio"] == pytest.approx(1.5)
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rounds_count_the_wait_for_the_first_token_and_stop_evald_for_its_arm() -> None:
+    """``run_rounds`` with plain callables in place of a server: the gaps start with the wait
+    from sending to the first chunk, each round's longest is kept, and the process given as
+    evald is stopped (SIGSTOP) exactly through the ``stopped`` arm's requests."""
+    import subprocess
+    import time
+
+    from evald_lab.bench._stall import run_rounds
+
+    stand_in = subprocess.Popen(["sleep", "60"])  # stands in for evald: a process to stop
+
+    def state() -> str:
+        return Path(f"/proc/{stand_in.pid}/stat").read_text().split(") ", 1)[1][0]
+
+    seen_states: dict[str, str] = {}
+
+    def evaluate(name: str) -> Callable[[], str]:
+        def call() -> str:
+            seen_states[name] = state()
+            return f"text of {name}"
+
+        return call
+
+    def stream(prompt: str) -> list[float]:
+        now = time.monotonic()  # chunks 1 s, 1.5 s and 3.5 s after it was sent
+        return [now + 1.0, now + 1.5, now + 3.5]
+
+    try:
+        seen = run_rounds(
+            {name: evaluate(name) for name in ("fast", "stopped")},
+            stream,
+            ["a prompt"],
+            rounds=2,
+            plain=2,
+            evaluated=1,
+            plain_after_s=0.0,
+            daemon_pid=stand_in.pid,
+        )
+        after = state()
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    assert seen_states["stopped"] == "T"
+    assert seen_states["fast"] != "T" and after != "T"
+    assert list(seen.gaps) == ["fast", "stopped"]
+    for name in seen.gaps:
+        assert len(seen.gaps[name]) == 2 * 2 * 3  # rounds, plain, first token + 2 gaps
+        assert all(1.0 <= w < 1.5 for w in seen.first_token[name]), seen.first_token[name]
+        assert seen.longest[name] == [pytest.approx(2.0)] * 2
+        assert seen.texts[name] == [f"text of {name}"] * 2
+    arms = summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token)
+    assert 1000.0 <= arms["fast"]["first_token_max_ms"] < 1500.0

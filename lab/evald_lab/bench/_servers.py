@@ -1,10 +1,20 @@
-"""What the SGLang and vLLM stall benchmarks share: an evaluator that spins to its deadline."""
+"""What the SGLang and vLLM stall benchmarks share: an evaluator that spins to its deadline, and
+spans whose result and error openers share nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-__all__ = ["register_spinner"]
+__all__ = ["apart", "register_spinner"]
+
+
+def apart(binding: Any) -> Any:
+    """``binding`` with result and error openers that share no first character (``[`` and
+    ``{``): nothing of its result region can be forced before the value is known."""
+    return dataclasses.replace(
+        binding, result_begin="[", result_end="]", error_begin="{", error_end="}"
+    )
 
 
 def register_spinner(target: str, token: str) -> Any:

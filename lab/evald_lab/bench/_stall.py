@@ -1,12 +1,24 @@
-"""What the stall benchmarks of both servers share: the arms, the summary of plain requests'
-gaps between tokens against the ``fast`` arm, the targets, the hogs, the report and its plot
-(``engine-adapter bench sglang-stall`` and ``vllm-stall``)."""
+"""What the stall benchmarks of both servers share: the arms, the rounds, the summary of plain
+requests' gaps between tokens against the ``fast`` arm, the targets, the hogs, the report and
+its plot (``engine-adapter bench sglang-stall`` and ``vllm-stall``).
+
+A plain request's gaps start with the wait for its first token, counted from the moment it was
+sent: a request kept from admission freezes as surely as one kept from its next token, and a
+stream shows nothing before it."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import itertools
 import json
 import math
+import os
+import signal
 import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +28,94 @@ __all__ = [
     "ARMS",
     "LONGEST_RATIO_TARGET",
     "MEDIAN_RATIO_TARGET",
+    "PLAIN_AFTER_S",
+    "PLAIN_TOKENS",
+    "Rounds",
     "hogs",
     "percentile",
     "print_arms",
+    "run_rounds",
     "summarize",
     "write_report",
 ]
 
-#: ``fast`` first: every other arm is compared with it.
-ARMS = ("fast", "spinning", "stopped", "slow")
+#: ``fast`` first: every other arm is compared with it. ``apart``: the spinning tenant's spans
+#: with result and error openers that share no first character (``[`` / ``{``), so nothing of
+#: the region can be forced before the value (the overlap scheduler's step budget).
+ARMS = ("fast", "spinning", "stopped", "slow", "apart")
+#: The plain requests are sent this long after the evaluated ones, so they arrive while spans
+#: are pending, as they do on a server in use.
+PLAIN_AFTER_S = 0.5
+#: Long enough that the plain streams run through both spans' deadlines (3 s each) and the
+#: evaluated requests' returns to the batch.
+PLAIN_TOKENS = 160
+
+
+@dataclass
+class Rounds:
+    """What the rounds saw, per arm: every gap (s), each round's longest, first-token waits,
+    the evaluated requests' texts."""
+
+    gaps: dict[str, list[float]] = field(default_factory=dict)
+    longest: dict[str, list[float]] = field(default_factory=dict)
+    first_token: dict[str, list[float]] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def run_rounds(
+    evaluate: Mapping[str, Callable[[], str]],
+    stream: Callable[[str], list[float]],
+    prompts: Sequence[str],
+    *,
+    rounds: int,
+    plain: int,
+    evaluated: int,
+    plain_after_s: float = PLAIN_AFTER_S,
+    daemon_pid: int | None = None,
+) -> Rounds:
+    """Alternating rounds, arm by arm: ``evaluated`` calls of the arm's ``evaluate`` (one
+    evaluated request; its text), then after ``plain_after_s`` ``plain`` calls of ``stream``
+    (one plain streamed request; its chunks' arrival times). evald (``daemon_pid``) is stopped
+    through the ``stopped`` arm's rounds."""
+    seen = Rounds()
+    for name in evaluate:
+        seen.gaps[name], seen.longest[name] = [], []
+        seen.first_token[name], seen.texts[name] = [], []
+    cycle = itertools.cycle(prompts)
+
+    def timed(prompt: str) -> list[float]:
+        sent = time.monotonic()
+        return [sent, *stream(prompt)]
+
+    with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
+        for _ in range(rounds):
+            for name, call in evaluate.items():
+                with _stopped(daemon_pid if name == "stopped" else None):
+                    calls = [pool.submit(call) for _ in range(evaluated)]
+                    time.sleep(plain_after_s)
+                    streams = [pool.submit(timed, next(cycle)) for _ in range(plain)]
+                    round_gaps: list[float] = []
+                    for future in streams:
+                        times = future.result()
+                        seen.first_token[name].append(times[1] - times[0])
+                        round_gaps.extend(b - a for a, b in itertools.pairwise(times))
+                    seen.texts[name].extend(future.result() for future in calls)
+                seen.gaps[name].extend(round_gaps)
+                seen.longest[name].append(max(round_gaps))
+    return seen
+
+
+@contextlib.contextmanager
+def _stopped(pid: int | None) -> Iterator[None]:
+    """evald stopped (SIGSTOP, a hung daemon) for the block, when ``pid`` is given."""
+    if pid is None:
+        yield
+        return
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 #: The targets the summary checks (the longest gap is also held to one span deadline).
 MEDIAN_RATIO_TARGET = 1.02
 LONGEST_RATIO_TARGET = 1.5
@@ -37,10 +128,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(
-    gaps: dict[str, list[float]], longest: dict[str, list[float]], deadline_ms: float
+    gaps: dict[str, list[float]],
+    longest: dict[str, list[float]],
+    deadline_ms: float,
+    first_token: dict[str, list[float]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per arm (gaps and each round's longest gap in seconds): median, p99 and longest gap in
-    ms; per late arm the ratios to ``fast`` and whether the targets are met."""
+    """Per arm (gaps, each round's longest gap and the first-token waits in seconds): median,
+    p99 and longest gap in ms; per late arm the ratios to ``fast`` and whether the targets are
+    met."""
     summary: dict[str, dict[str, Any]] = {}
     for name, values in gaps.items():
         ms = [g * 1e3 for g in values]
@@ -53,6 +148,10 @@ def summarize(
             # is one event, where a batch's extends or a busy core fall (docs/sglang.md).
             "median_round_longest_ms": statistics.median(longest[name]) * 1e3,
         }
+        if first_token and first_token.get(name):
+            waits = [w * 1e3 for w in first_token[name]]
+            summary[name]["first_token_median_ms"] = statistics.median(waits)
+            summary[name]["first_token_max_ms"] = max(waits)
     fast = summary["fast"]
     for name, arm in summary.items():
         if name == "fast":
@@ -79,6 +178,8 @@ def print_arms(key: str, arms: dict[str, dict[str, Any]]) -> None:
             f"{key:22} {name:8}: median {arm['median_gap_ms']:7.1f} ms, p99 "
             f"{arm['p99_gap_ms']:7.1f} ms, longest {arm['max_gap_ms']:7.0f} ms"
         )
+        if "first_token_max_ms" in arm:
+            line += f", first token <= {arm['first_token_max_ms']:5.0f} ms"
         if name != "fast":
             line += (
                 f"; ÷ fast: median {arm['median_ratio']:.3f}, longest "

@@ -3,8 +3,11 @@ between tokens on a real SGLang CPU server, next to evaluated requests of anothe
 values are late, against the same next to fast spans — for both of SGLang's schedulers, quiet and
 beside CPU hogs.
 
-Each round runs ``--plain`` streamed plain requests (a third tenant's, ``ignore_eos``) next to
-``--evaluated`` requests whose structural tag holds two spans. The arms:
+Each round sends ``--evaluated`` requests whose structural tag holds two spans, then, after
+``--plain-after`` seconds (spans are pending by then), ``--plain`` streamed plain requests (a
+third tenant's, ``ignore_eos``, ``--plain-tokens``, long enough to run through both spans'
+deadlines and the evaluated requests' jumps). A plain request's gaps start with the wait for
+its first token, from the moment it was sent. The arms:
 
 - ``fast``: the spans go to calc (a value in microseconds): the reference;
 - ``spinning``: to a tenant's evaluator that loops until the 3 s span deadline
@@ -13,6 +16,10 @@ Each round runs ``--plain`` streamed plain requests (a third tenant's, ``ignore_
   its deadline;
 - ``slow``: to a tenant whose evaluator takes 400 ms while evald has only 2 workers (the
   evaluated requests' spans queue behind each other).
+- ``apart``: the spinning tenant's spans with result and error openers that share no first
+  character (``[`` / ``{``): nothing of the region can be forced before the value, so a step
+  built before the span closed (the overlap scheduler) has the request in it while the value is
+  pending (the step's budget then ends the span in band).
 
 Rounds alternate arm by arm, so all see the same machine. Per arm: the median, p99 and longest
 gap; per late arm against ``fast``: the ratio of medians (target <= 1.02) and of longest gaps
@@ -33,12 +40,9 @@ a service runs: its own scheduling group, docs/design.md) and SGLang servers.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import itertools
-import os
-import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +60,17 @@ from engine_adapter.testing.sglang import (
     sglang_python,
     start_server,
 )
-from evald_lab.bench._servers import register_spinner
-from evald_lab.bench._stall import ARMS, hogs, print_arms, summarize, write_report
+from evald_lab.bench._servers import apart, register_spinner
+from evald_lab.bench._stall import (
+    ARMS,
+    PLAIN_AFTER_S,
+    PLAIN_TOKENS,
+    hogs,
+    print_arms,
+    run_rounds,
+    summarize,
+    write_report,
+)
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
@@ -72,8 +85,9 @@ def measure_stall(
     rounds: int = 5,
     plain: int = 4,
     evaluated: int = 4,
-    max_tokens: int = 64,
+    max_tokens: int = PLAIN_TOKENS,
     evaluated_tokens: int = 80,
+    plain_after_s: float = PLAIN_AFTER_S,
     arms: tuple[str, ...] = ARMS,
     daemon_pid: int | None = None,
 ) -> dict[str, Any]:
@@ -87,73 +101,57 @@ def measure_stall(
     calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
     fast_tag = fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), ".")
     requests: dict[str, dict[str, Any]] = {"fast": {"structural_tag": fast_tag}}
-    if "spinning" in arms:
-        spin = register_spinner(target, SPIN_TOKEN).binding()
-        requests["spinning"] = {
-            "structural_tag": fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."),
-            "custom_params": {"evald_token": SPIN_TOKEN},
-        }
+    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN), ("apart", SPIN_TOKEN)):
+        if name in arms:
+            spin = register_spinner(target, token).binding()
+            if name == "apart":
+                spin = apart(spin)
+            requests[name] = {
+                "structural_tag": fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."),
+                "custom_params": {"evald_token": token},
+            }
     if "stopped" in arms and daemon_pid is not None:
         requests["stopped"] = {"structural_tag": fast_tag}
-    if "slow" in arms:
-        slow = register_spinner(target, SLOW_TOKEN).binding()
-        requests["slow"] = {
-            "structural_tag": fixed_tag("So ", (slow, "x"), " and ", (slow, "y"), "."),
-            "custom_params": {"evald_token": SLOW_TOKEN},
-        }
-    gaps: dict[str, list[float]] = {name: [] for name in requests}
-    longest: dict[str, list[float]] = {name: [] for name in requests}
-    texts: dict[str, list[str]] = {name: [] for name in requests}
-    prompts = itertools.cycle(PLAIN_PROMPTS)
-    plain_params = {"evald_token": OTHER_TOKEN}
-    with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
-        for _ in range(rounds):
-            for name, sampling in requests.items():
-                stop = name == "stopped" and daemon_pid is not None
-                if stop:
-                    os.kill(daemon_pid, signal.SIGSTOP)  # type: ignore[arg-type]
-                try:
-                    evaluated_calls = [
-                        pool.submit(
-                            server.generate,
-                            "Compute:",
-                            max_new_tokens=evaluated_tokens,
-                            **sampling,
-                        )
-                        for _ in range(evaluated)
-                    ]
-                    streams = [
-                        pool.submit(
-                            server.stream,
-                            next(prompts),
-                            max_new_tokens=max_tokens,
-                            ignore_eos=True,
-                            custom_params=plain_params,
-                        )
-                        for _ in range(plain)
-                    ]
-                    round_gaps: list[float] = []
-                    for stream in streams:
-                        _, times = stream.result()
-                        round_gaps.extend(b - a for a, b in itertools.pairwise(times))
-                    for call in evaluated_calls:
-                        texts[name].append(call.result()["text"])
-                finally:
-                    if stop:
-                        os.kill(daemon_pid, signal.SIGCONT)  # type: ignore[arg-type]
-                gaps[name].extend(round_gaps)
-                longest[name].append(max(round_gaps))
+    requests = {name: requests[name] for name in ARMS if name in requests}  # the arms' order
+
+    def evaluate(sampling: dict[str, Any]) -> Callable[[], str]:
+        def call() -> str:
+            answer = server.generate("Compute:", max_new_tokens=evaluated_tokens, **sampling)
+            return str(answer["text"])
+
+        return call
+
+    def stream(prompt: str) -> list[float]:
+        _, times = server.stream(
+            prompt,
+            max_new_tokens=max_tokens,
+            ignore_eos=True,
+            custom_params={"evald_token": OTHER_TOKEN},
+        )
+        return times
+
+    seen = run_rounds(
+        {name: evaluate(sampling) for name, sampling in requests.items()},
+        stream,
+        PLAIN_PROMPTS,
+        rounds=rounds,
+        plain=plain,
+        evaluated=evaluated,
+        plain_after_s=plain_after_s,
+        daemon_pid=daemon_pid,
+    )
     return {
         "scheduler": server.scheduler,
         "rounds": rounds,
         "plain_requests": plain,
         "plain_tokens": max_tokens,
+        "plain_after_s": plain_after_s,
         "evaluated_requests": evaluated,
         "evaluated_tokens": evaluated_tokens,
         "span_deadline_ms": DEADLINE_MS,
-        "arms": summarize(gaps, longest, DEADLINE_MS),
-        "sample_texts": {name: values[:1] for name, values in texts.items()},
-        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in gaps.items()},
+        "arms": summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token),
+        "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
+        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
     }
 
 
@@ -161,7 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``engine-adapter bench sglang-stall``."""
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain", type=int, default=4)
-    parser.add_argument("--plain-tokens", type=int, default=64)
+    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
+    parser.add_argument(
+        "--plain-after",
+        type=float,
+        default=PLAIN_AFTER_S,
+        help="seconds between the evaluated requests and the plain ones of a round",
+    )
     parser.add_argument("--evaluated", type=int, default=4)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
@@ -222,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
                                     rounds=args.rounds,
                                     plain=args.plain,
                                     max_tokens=args.plain_tokens,
+                                    plain_after_s=args.plain_after,
                                     evaluated=args.evaluated,
                                     arms=arms,
                                     daemon_pid=daemon.pid,

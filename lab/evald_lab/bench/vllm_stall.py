@@ -3,13 +3,19 @@ between tokens on a real vLLM CPU server, next to evaluated requests whose value
 against the same next to fast spans, quiet and beside CPU hogs: the same arms, summary and
 targets as ``engine-adapter bench sglang-stall`` (:mod:`evald_lab.bench._stall`).
 
-Each round runs ``--plain`` streamed plain requests (``ignore_eos``) next to ``--evaluated``
-requests whose structural tag holds two spans. The arms:
+Each round sends ``--evaluated`` requests whose structural tag holds two spans, then, after
+``--plain-after`` seconds (spans are pending by then), ``--plain`` streamed plain requests
+(``ignore_eos``, ``--plain-tokens``, long enough to run through both spans' deadlines). A plain
+request's gaps start with the wait for its first token, from the moment it was sent. The arms:
 
 - ``fast``: the spans go to calc (a value in microseconds): the reference;
 - ``spinning``: to a tenant's evaluator that loops until the 3 s span deadline;
 - ``stopped``: calc spans while evald is stopped (SIGSTOP, a hung daemon);
 - ``slow``: to a tenant whose evaluator takes 400 ms while evald has only 2 workers.
+- ``apart``: the spinning tenant's spans with result and error openers that share no first
+  character (``[`` / ``{``): nothing of the region can be forced before the value, so a step
+  built before the span closed (the overlap scheduler) has the request in it while the value is
+  pending (the step's budget then ends the span in band).
 
 Rounds alternate arm by arm. Per arm the median, p99 and longest gap; per late arm the ratios
 to ``fast`` (targets: median <= 1.02, longest <= 1.5) and whether the longest gap stays under
@@ -24,14 +30,9 @@ service runs) and vLLM server.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import contextlib
-import itertools
-import os
-import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,17 @@ from engine_adapter.testing.vllm import (
     tag_body,
     vllm_python,
 )
-from evald_lab.bench._servers import register_spinner
-from evald_lab.bench._stall import ARMS, hogs, print_arms, summarize, write_report
+from evald_lab.bench._servers import apart, register_spinner
+from evald_lab.bench._stall import (
+    ARMS,
+    PLAIN_AFTER_S,
+    PLAIN_TOKENS,
+    hogs,
+    print_arms,
+    run_rounds,
+    summarize,
+    write_report,
+)
 
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "vllm"
@@ -69,7 +79,8 @@ def measure_stall(
     rounds: int = 5,
     plain: int = 4,
     evaluated: int = 4,
-    max_tokens: int = 64,
+    max_tokens: int = PLAIN_TOKENS,
+    plain_after_s: float = PLAIN_AFTER_S,
     arms: tuple[str, ...] = ARMS,
     daemon_pid: int | None = None,
 ) -> dict[str, Any]:
@@ -85,63 +96,50 @@ def measure_stall(
         fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), "."), evald_token=TOKEN
     )
     bodies: dict[str, dict[str, Any]] = {"fast": fast}
-    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN)):
+    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN), ("apart", SPIN_TOKEN)):
         if name in arms:
             spin = register_spinner(target, token).binding()
+            if name == "apart":
+                spin = apart(spin)
             bodies[name] = tag_body(
                 fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."), evald_token=token
             )
     if "stopped" in arms and daemon_pid is not None:
         bodies["stopped"] = fast
     bodies = {name: bodies[name] for name in ARMS if name in bodies}  # the arms' order
-    gaps: dict[str, list[float]] = {name: [] for name in bodies}
-    longest: dict[str, list[float]] = {name: [] for name in bodies}
-    texts: dict[str, list[str]] = {name: [] for name in bodies}
-    prompts = itertools.cycle(PLAIN_PROMPTS)
-    with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
-        for _ in range(rounds):
-            for name, body in bodies.items():
-                with _stopped(daemon_pid if name == "stopped" else None):
-                    evaluated_calls = [
-                        pool.submit(server.complete, "Compute:", max_tokens=120, **body)
-                        for _ in range(evaluated)
-                    ]
-                    streams = [
-                        pool.submit(server.stream, next(prompts), max_tokens=max_tokens,
-                                    ignore_eos=True)
-                        for _ in range(plain)
-                    ]  # fmt: skip
-                    round_gaps: list[float] = []
-                    for stream in streams:
-                        _, times = stream.result()
-                        round_gaps.extend(b - a for a, b in itertools.pairwise(times))
-                    for call in evaluated_calls:
-                        texts[name].append(call.result()["choices"][0]["text"])
-                gaps[name].extend(round_gaps)
-                longest[name].append(max(round_gaps))
+
+    def evaluate(body: dict[str, Any]) -> Callable[[], str]:
+        def call() -> str:
+            answer = server.complete("Compute:", max_tokens=120, **body)
+            return str(answer["choices"][0]["text"])
+
+        return call
+
+    def stream(prompt: str) -> list[float]:
+        _, times = server.stream(prompt, max_tokens=max_tokens, ignore_eos=True)
+        return times
+
+    seen = run_rounds(
+        {name: evaluate(body) for name, body in bodies.items()},
+        stream,
+        PLAIN_PROMPTS,
+        rounds=rounds,
+        plain=plain,
+        evaluated=evaluated,
+        plain_after_s=plain_after_s,
+        daemon_pid=daemon_pid,
+    )
     return {
         "rounds": rounds,
         "plain_requests": plain,
         "plain_tokens": max_tokens,
+        "plain_after_s": plain_after_s,
         "evaluated_requests": evaluated,
         "span_deadline_ms": DEADLINE_MS,
-        "arms": summarize(gaps, longest, DEADLINE_MS),
-        "sample_texts": {name: values[:1] for name, values in texts.items()},
-        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in gaps.items()},
+        "arms": summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token),
+        "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
+        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
     }
-
-
-@contextlib.contextmanager
-def _stopped(pid: int | None) -> Iterator[None]:
-    """evald stopped (SIGSTOP) for the block, when ``pid`` is given."""
-    if pid is None:
-        yield
-        return
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain", type=int, default=4)
     parser.add_argument("--evaluated", type=int, default=4)
+    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
+    parser.add_argument(
+        "--plain-after",
+        type=float,
+        default=PLAIN_AFTER_S,
+        help="seconds between the evaluated requests and the plain ones of a round",
+    )
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument(
         "--hogs",
@@ -188,7 +193,8 @@ def main(args: argparse.Namespace) -> int:
                     with hogs(count):
                         result = measure_stall(
                             server, daemon.target, rounds=args.rounds, plain=args.plain,
-                            evaluated=args.evaluated, arms=arms, daemon_pid=daemon.pid,
+                            evaluated=args.evaluated, max_tokens=args.plain_tokens,
+                            plain_after_s=args.plain_after, arms=arms, daemon_pid=daemon.pid,
                         )  # fmt: skip
                     result["hogs"] = count
                     key = "quiet" if not count else f"{count} hogs"

@@ -400,7 +400,11 @@ def test_stall_benchmark_runs(server: VllmServer, daemon: Daemon) -> None:
     texts = result["sample_texts"]
     for late in ("spinning", "stopped", "slow"):
         assert texts[late][0].count("<result_error>deadline_exceeded</result_error>") == 2, late
+    assert texts["apart"][0].count("{deadline_exceeded}") == 2
     assert "<result>42</result>" in texts["fast"][0]
+    for name, arm in result["arms"].items():  # the first gap is the wait for the first token
+        waits = (arm["first_token_median_ms"], arm["first_token_max_ms"])
+        assert 0 < waits[0] <= waits[1] <= arm["max_gap_ms"], (name, arm)
 
 
 def test_forwards_per_result_from_the_servers_counters(
