@@ -216,10 +216,11 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
         axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
         axis.set_yscale("log")
-        ratios = ", ".join(
+        ratios = [
             f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
-        )
-        axis.set_title(f"{key}\nlongest ÷ fast: {ratios}", fontsize=7)
+        ]
+        lines = [", ".join(ratios[i : i + 2]) for i in range(0, len(ratios), 2)]
+        axis.set_title("\n".join([key, "longest ÷ fast:", *lines]), fontsize=7)
     axes[0][0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -309,6 +309,35 @@ def test_a_plain_request_keeps_pace_beside_another_tenants_late_evaluator(
     assert_under_a_deadline(answers)
 
 
+def test_result_openers_that_share_nothing_freeze_no_one(
+    server: VllmServer, daemon: Daemon, specs: Any
+) -> None:
+    """Spans whose result and error openers share no first character (``[`` / ``{``): nothing
+    of the region can be forced before the value, so the request is held out of the steps
+    until the value or the deadline, and the plain streams keep pace (the span log's
+    ``waited_ms`` stays 0: ``test_span_log_records_every_span``)."""
+    from dataclasses import replace
+
+    spin_tag(daemon, SPIN_TOKEN)  # registers the spinner
+    from engine_adapter import list_evaluators
+
+    spin = replace(
+        {s.name: s for s in list_evaluators(daemon.target, SPIN_TOKEN)}["spin"].binding(),
+        result_begin="[", result_end="]", error_begin="{", error_end="}",
+    )  # fmt: skip
+    late_body = tag_body(
+        fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."), evald_token=SPIN_TOKEN
+    )
+    fast = beside_plain(server, tag_body(calc_tag(specs), evald_token=TOKEN))
+    answers = beside_plain(server, late_body)
+    assert_calc_values(fast)
+    expected = "So <spin>x</spin>{deadline_exceeded} and <spin>y</spin>{deadline_exceeded}."
+    for answer in answers[: CONCURRENCY - 2]:
+        assert text_of(answer) == expected, text_of(answer)
+    assert_plain_kept_pace(answers, fast)
+    assert_under_a_deadline(answers)
+
+
 #: Beside the hogs, the CPU evald may take while another tenant's spans spin, as a share of
 #: what those calls ask for (two spans, each on evald's two workers for the 3 s span
 #: deadline). Measured on 2 cores: 0.10 with evald's workers and group lowered, 0.43 with its
