@@ -8,6 +8,7 @@ stream shows nothing before it."""
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import contextlib
 import itertools
@@ -30,10 +31,14 @@ __all__ = [
     "MEDIAN_RATIO_TARGET",
     "PLAIN_AFTER_S",
     "PLAIN_TOKENS",
+    "ArmTag",
     "Rounds",
+    "add_round_arguments",
+    "arm_tags",
     "hogs",
     "percentile",
     "print_arms",
+    "result_of",
     "run_rounds",
     "summarize",
     "write_report",
@@ -49,6 +54,43 @@ PLAIN_AFTER_S = 0.5
 #: Long enough that the plain streams run through both spans' deadlines (3 s each) and the
 #: evaluated requests' returns to the batch.
 PLAIN_TOKENS = 160
+
+
+@dataclass(frozen=True)
+class ArmTag:
+    """What an arm's evaluated requests send: their structural tag and their tenant's token."""
+
+    tag: dict[str, Any]
+    token: str
+
+
+def arm_tags(
+    target: str, arms: Sequence[str], tokens: Mapping[str, str], *, stopped: bool
+) -> dict[str, ArmTag]:
+    """The requests of each arm in ``arms`` (in :data:`ARMS` order): two spans per request.
+
+    ``tokens``: the tenants' tokens by arm (``fast`` and ``stopped`` share calc's tenant;
+    ``spinning`` and ``apart`` a tenant whose deadline outlasts the span's, ``slow`` one whose
+    400 ms limit ends each call). ``stopped``: whether evald can be stopped (its process is
+    known); without it the arm is left out.
+    """
+    from engine_adapter import list_evaluators
+    from engine_adapter.testing import fixed_tag
+    from evald_lab.bench._servers import apart, register_spinner
+
+    calc = {s.name: s for s in list_evaluators(target, tokens["fast"])}["calc"].binding()
+    found = {"fast": ArmTag(fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), "."),
+                            tokens["fast"])}  # fmt: skip
+    for name in ("spinning", "slow", "apart"):
+        if name in arms:
+            spin = register_spinner(target, tokens[name]).binding()
+            if name == "apart":
+                spin = apart(spin)
+            tag = fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), ".")
+            found[name] = ArmTag(tag, tokens[name])
+    if "stopped" in arms and stopped:
+        found["stopped"] = found["fast"]
+    return {name: found[name] for name in ARMS if name in found}
 
 
 @dataclass
@@ -103,6 +145,42 @@ def run_rounds(
                 seen.gaps[name].extend(round_gaps)
                 seen.longest[name].append(max(round_gaps))
     return seen
+
+
+def result_of(
+    seen: Rounds, deadline_ms: float, **settings: Any
+) -> dict[str, Any]:
+    """A run's result: ``settings`` (rounds, requests, tokens), the summary of every arm, a
+    sample text per arm and the raw gaps (for the plot; left out of the JSON report)."""
+    return {
+        **settings,
+        "span_deadline_ms": deadline_ms,
+        "arms": summarize(seen.gaps, seen.longest, deadline_ms, seen.first_token),
+        "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
+        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
+    }
+
+
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags both stall benchmarks take: rounds, requests, tokens, arms, hogs."""
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plain", type=int, default=4)
+    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
+    parser.add_argument(
+        "--plain-after",
+        type=float,
+        default=PLAIN_AFTER_S,
+        help="seconds between the evaluated requests and the plain ones of a round",
+    )
+    parser.add_argument("--evaluated", type=int, default=4)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument(
+        "--hogs",
+        nargs="+",
+        type=int,
+        default=[0, 2],
+        help="busy-looping processes beside the servers, one run per value",
+    )
 
 
 @contextlib.contextmanager

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
-from engine_adapter.testing import fixed_tag
 from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
@@ -60,15 +59,17 @@ from engine_adapter.testing.sglang import (
     sglang_python,
     start_server,
 )
-from evald_lab.bench._servers import apart, register_spinner
 from evald_lab.bench._stall import (
     ARMS,
     PLAIN_AFTER_S,
     PLAIN_TOKENS,
+    ArmTag,
+    add_round_arguments,
+    arm_tags,
     hogs,
     print_arms,
+    result_of,
     run_rounds,
-    summarize,
     write_report,
 )
 
@@ -96,27 +97,21 @@ def measure_stall(
     ``daemon_pid``: evald's process, stopped for the ``stopped`` arm's rounds (the arm is
     skipped without it).
     """
-    from engine_adapter import list_evaluators
+    tags = arm_tags(
+        target,
+        arms,
+        {"fast": TOKEN, "spinning": SPIN_TOKEN, "slow": SLOW_TOKEN, "apart": SPIN_TOKEN},
+        stopped=daemon_pid is not None,
+    )
 
-    calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
-    fast_tag = fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), ".")
-    requests: dict[str, dict[str, Any]] = {"fast": {"structural_tag": fast_tag}}
-    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN), ("apart", SPIN_TOKEN)):
-        if name in arms:
-            spin = register_spinner(target, token).binding()
-            if name == "apart":
-                spin = apart(spin)
-            requests[name] = {
-                "structural_tag": fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."),
-                "custom_params": {"evald_token": token},
-            }
-    if "stopped" in arms and daemon_pid is not None:
-        requests["stopped"] = {"structural_tag": fast_tag}
-    requests = {name: requests[name] for name in ARMS if name in requests}  # the arms' order
-
-    def evaluate(sampling: dict[str, Any]) -> Callable[[], str]:
+    def evaluate(arm: ArmTag) -> Callable[[], str]:
         def call() -> str:
-            answer = server.generate("Compute:", max_new_tokens=evaluated_tokens, **sampling)
+            answer = server.generate(
+                "Compute:",
+                max_new_tokens=evaluated_tokens,
+                structural_tag=arm.tag,
+                custom_params={"evald_token": arm.token},
+            )
             return str(answer["text"])
 
         return call
@@ -131,7 +126,7 @@ def measure_stall(
         return times
 
     seen = run_rounds(
-        {name: evaluate(sampling) for name, sampling in requests.items()},
+        {name: evaluate(arm) for name, arm in tags.items()},
         stream,
         PLAIN_PROMPTS,
         rounds=rounds,
@@ -140,43 +135,24 @@ def measure_stall(
         plain_after_s=plain_after_s,
         daemon_pid=daemon_pid,
     )
-    return {
-        "scheduler": server.scheduler,
-        "rounds": rounds,
-        "plain_requests": plain,
-        "plain_tokens": max_tokens,
-        "plain_after_s": plain_after_s,
-        "evaluated_requests": evaluated,
-        "evaluated_tokens": evaluated_tokens,
-        "span_deadline_ms": DEADLINE_MS,
-        "arms": summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token),
-        "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
-        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
-    }
+    return result_of(
+        seen,
+        DEADLINE_MS,
+        scheduler=server.scheduler,
+        rounds=rounds,
+        plain_requests=plain,
+        plain_tokens=max_tokens,
+        plain_after_s=plain_after_s,
+        evaluated_requests=evaluated,
+        evaluated_tokens=evaluated_tokens,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``engine-adapter bench sglang-stall``."""
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--plain", type=int, default=4)
-    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
-    parser.add_argument(
-        "--plain-after",
-        type=float,
-        default=PLAIN_AFTER_S,
-        help="seconds between the evaluated requests and the plain ones of a round",
-    )
-    parser.add_argument("--evaluated", type=int, default=4)
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    add_round_arguments(parser)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--modes", nargs="+", default=["jump"], choices=MODES)
-    parser.add_argument(
-        "--hogs",
-        nargs="+",
-        type=int,
-        default=[0, 2],
-        help="busy-looping processes beside the servers, one run per value",
-    )
     parser.add_argument("--isolation", choices=("cores", "none"), default="none")
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
 

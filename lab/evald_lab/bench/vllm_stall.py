@@ -43,20 +43,21 @@ from engine_adapter.testing.vllm import (
     SPIN_TOKEN,
     TOKEN,
     VllmServer,
-    fixed_tag,
     start_server,
     tag_body,
     vllm_python,
 )
-from evald_lab.bench._servers import apart, register_spinner
 from evald_lab.bench._stall import (
     ARMS,
     PLAIN_AFTER_S,
     PLAIN_TOKENS,
+    ArmTag,
+    add_round_arguments,
+    arm_tags,
     hogs,
     print_arms,
+    result_of,
     run_rounds,
-    summarize,
     write_report,
 )
 
@@ -89,26 +90,16 @@ def measure_stall(
     ``daemon_pid``: evald's process, stopped for the ``stopped`` arm's rounds (the arm is
     skipped without it).
     """
-    from engine_adapter import list_evaluators
-
-    calc = {s.name: s for s in list_evaluators(target, TOKEN)}["calc"].binding()
-    fast = tag_body(
-        fixed_tag("So ", (calc, "6 * 7"), " and ", (calc, "1 + 1"), "."), evald_token=TOKEN
+    tags = arm_tags(
+        target,
+        arms,
+        {"fast": TOKEN, "spinning": SPIN_TOKEN, "slow": SLOW_TOKEN, "apart": SPIN_TOKEN},
+        stopped=daemon_pid is not None,
     )
-    bodies: dict[str, dict[str, Any]] = {"fast": fast}
-    for name, token in (("spinning", SPIN_TOKEN), ("slow", SLOW_TOKEN), ("apart", SPIN_TOKEN)):
-        if name in arms:
-            spin = register_spinner(target, token).binding()
-            if name == "apart":
-                spin = apart(spin)
-            bodies[name] = tag_body(
-                fixed_tag("So ", (spin, "x"), " and ", (spin, "y"), "."), evald_token=token
-            )
-    if "stopped" in arms and daemon_pid is not None:
-        bodies["stopped"] = fast
-    bodies = {name: bodies[name] for name in ARMS if name in bodies}  # the arms' order
 
-    def evaluate(body: dict[str, Any]) -> Callable[[], str]:
+    def evaluate(arm: ArmTag) -> Callable[[], str]:
+        body = tag_body(arm.tag, evald_token=arm.token)
+
         def call() -> str:
             answer = server.complete("Compute:", max_tokens=120, **body)
             return str(answer["choices"][0]["text"])
@@ -120,7 +111,7 @@ def measure_stall(
         return times
 
     seen = run_rounds(
-        {name: evaluate(body) for name, body in bodies.items()},
+        {name: evaluate(arm) for name, arm in tags.items()},
         stream,
         PLAIN_PROMPTS,
         rounds=rounds,
@@ -129,39 +120,20 @@ def measure_stall(
         plain_after_s=plain_after_s,
         daemon_pid=daemon_pid,
     )
-    return {
-        "rounds": rounds,
-        "plain_requests": plain,
-        "plain_tokens": max_tokens,
-        "plain_after_s": plain_after_s,
-        "evaluated_requests": evaluated,
-        "span_deadline_ms": DEADLINE_MS,
-        "arms": summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token),
-        "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
-        "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
-    }
+    return result_of(
+        seen,
+        DEADLINE_MS,
+        rounds=rounds,
+        plain_requests=plain,
+        plain_tokens=max_tokens,
+        plain_after_s=plain_after_s,
+        evaluated_requests=evaluated,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``engine-adapter bench vllm-stall``."""
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--plain", type=int, default=4)
-    parser.add_argument("--evaluated", type=int, default=4)
-    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
-    parser.add_argument(
-        "--plain-after",
-        type=float,
-        default=PLAIN_AFTER_S,
-        help="seconds between the evaluated requests and the plain ones of a round",
-    )
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    parser.add_argument(
-        "--hogs",
-        nargs="+",
-        type=int,
-        default=[0, 2],
-        help="busy-looping processes beside the servers, one run per value",
-    )
+    add_round_arguments(parser)
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
 
 
