@@ -193,6 +193,10 @@ class Priorities:
         #: the watchdog sleeps until woken (no call ran for IDLE_AFTER_S); read without the lock
         self.idle = False
         self._lowered_in_flight = 0
+        #: evald's group stays lowered until then (time.monotonic()): GROUP_HOLD_S after the
+        #: last lowered worker, counted from when it was given back, not from the watchdog's
+        #: last look (on a loaded machine the watchdog may look late); lock held
+        self._group_until = 0.0
 
     # Worker side ----------------------------------------------------------------------------
 
@@ -287,6 +291,7 @@ class Priorities:
         """Lock held."""
         worker.lowered = False
         self._set(worker.tid, worker.base)
+        self._group_until = max(self._group_until, time.monotonic() + GROUP_HOLD_S)
 
     def _check(self, worker: WorkerPriority, now: float) -> bool:
         """One look at one worker; lock held. Returns whether it is in a call."""
@@ -318,7 +323,6 @@ class Priorities:
         clock = time.monotonic
         with self._cond:
             quiet_since = clock()
-            group_until = 0.0  # evald's group stays lowered until then
             while not self._closed:
                 now = clock()
                 running = False
@@ -330,7 +334,8 @@ class Priorities:
                 group = self.group
                 if group is not None:
                     if deadlines:
-                        group_until = now + GROUP_HOLD_S
+                        self._group_until = max(self._group_until, now + GROUP_HOLD_S)
+                    group_until = self._group_until
                     want = now < group_until
                     group.want(want, now)
                     retry = group.retry_at(want)

@@ -480,7 +480,8 @@ def test_a_daemon_in_its_own_session_lowers_its_group_while_heavy_work_runs(
         assert daemon.stop() == 0, daemon.log_path.read_text()
 
 
-#: Run in a session of its own: two heavy calls 30 ms apart, then the group's history.
+#: Run in a session of its own: two heavy calls 30 ms apart, then the group's history and how
+#: long after the first call's end the watchdog lowered the second.
 _BACK_TO_BACK = """
 import threading, time
 from evald.daemon._cpu_group import AutogroupPriority, group_reason
@@ -488,13 +489,17 @@ from evald.daemon._priority import Priorities
 assert group_reason() == "", group_reason()
 group = AutogroupPriority(19)
 priorities = Priorities(19, group)
+seen = {}
 def calls():
     worker = priorities.worker()
-    for _ in range(2):
+    for call in range(2):
         worker.begin(time.thread_time(), time.monotonic() + 30)
         began = time.thread_time()
         while time.thread_time() - began < 0.15:
-            pass
+            if call == 1 and worker.lowered and "lowered" not in seen:
+                seen["lowered"] = time.monotonic()
+        if call == 0:
+            seen["ended"] = time.monotonic()
         worker.end()
         time.sleep(0.03)
 thread = threading.Thread(target=calls)
@@ -504,7 +509,8 @@ give_up = time.monotonic() + 30
 while group.lowered and time.monotonic() < give_up:
     time.sleep(0.01)
 priorities.close()
-print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[-1])
+after = seen.get("lowered", float("inf")) - seen["ended"]
+print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[-1], after)
 """
 
 
@@ -512,7 +518,10 @@ print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[
 def test_the_group_stays_lowered_between_back_to_back_heavy_calls() -> None:
     """The kernel changes a group's nice value at most every 100 ms: a group given back in
     the 30 ms between two heavy calls would run the second at full weight until it may be
-    lowered again. It is lowered once and given back once, after the last call."""
+    lowered again. When the watchdog finds the second call heavy within the group's 0.2 s hold
+    after the first call's end (always on a quiet machine), the group is lowered once and given
+    back once, after the last call; on a loaded machine the second call may become heavy only
+    after the hold, and then the group was given back between them and lowered again."""
     run = subprocess.run(
         [sys.executable, "-c", _BACK_TO_BACK],
         capture_output=True,
@@ -522,7 +531,9 @@ def test_the_group_stays_lowered_between_back_to_back_heavy_calls() -> None:
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["2", "False", "0"]
+    changes, lowered, nice, after = run.stdout.split()
+    assert (lowered, nice) == ("False", "0")
+    assert changes == ("2" if float(after) < 0.2 else "4"), run.stdout
 
 
 @needs_autogroups
