@@ -131,6 +131,7 @@ class WorkerPriority:
         "_owner",
         "base",
         "began",
+        "began_at",
         "clock",
         "deadline",
         "held",
@@ -148,6 +149,8 @@ class WorkerPriority:
         self.clock = time.pthread_getcpuclockid(threading.get_ident())
         #: the thread's CPU time when its current call began; _NOT_RUNNING between calls
         self.began = _NOT_RUNNING
+        #: when its current call began (time.monotonic()), as its caller read the clock
+        self.began_at = 0.0
         self.item = 0  # calls begun, so the watchdog can tell one call from the next
         self.item_deadline = 0.0  # the current call's deadline (time.monotonic())
         self.lowered = False
@@ -156,11 +159,12 @@ class WorkerPriority:
         self.deadline = 0.0  # restored by the watchdog at this time while lowered
         self.spent = -1  # the call whose deadline restored it: not lowered again
 
-    def begin(self, cpu_s: float, deadline_s: float) -> None:
+    def begin(self, cpu_s: float, deadline_s: float, at_s: float) -> None:
         """The worker starts a call; ``cpu_s`` is its CPU time now (``time.thread_time()``),
-        ``deadline_s`` the call's deadline (``time.monotonic()``)."""
+        ``deadline_s`` the call's deadline and ``at_s`` the time now (``time.monotonic()``)."""
         self.item += 1
         self.item_deadline = deadline_s
+        self.began_at = at_s
         self.began = cpu_s
         if self._owner.idle:
             self._owner.wake()
@@ -336,7 +340,13 @@ class Priorities:
                     if deadlines:
                         self._group_until = max(self._group_until, now + GROUP_HOLD_S)
                     group_until = self._group_until
-                    want = now < group_until
+                    # A call that began inside the hold keeps the group until it ends or is
+                    # found heavy: on a loaded machine the watchdog may first look at it after
+                    # the hold, and a group given back then would run it at full weight.
+                    want = now < group_until or any(
+                        w.began != _NOT_RUNNING and w.began_at < group_until
+                        for w in self._workers.values()
+                    )
                     group.want(want, now)
                     retry = group.retry_at(want)
                     if retry is not None:  # the kernel refused the change for now

@@ -318,7 +318,7 @@ class Scheduler:
                     if tenant.heavy_until > now:
                         cast("Priorities", priorities).hold(deadline)
                         held = True
-                    watched.begin(used, deadline)
+                    watched.begin(used, deadline, now)
                     try:
                         response = run(work)
                     finally:

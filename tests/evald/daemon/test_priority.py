@@ -481,7 +481,7 @@ def test_a_daemon_in_its_own_session_lowers_its_group_while_heavy_work_runs(
 
 
 #: Run in a session of its own: two heavy calls 30 ms apart, then the group's history and how
-#: long after the first call's end the watchdog lowered the second.
+#: long after the first call's end the second began (as its worker recorded it).
 _BACK_TO_BACK = """
 import threading, time
 from evald.daemon._cpu_group import AutogroupPriority, group_reason
@@ -493,11 +493,12 @@ seen = {}
 def calls():
     worker = priorities.worker()
     for call in range(2):
-        worker.begin(time.thread_time(), time.monotonic() + 30)
+        worker.begin(time.thread_time(), time.monotonic() + 30, time.monotonic())
+        if call == 1:
+            seen["began"] = worker.began_at
         began = time.thread_time()
         while time.thread_time() - began < 0.15:
-            if call == 1 and worker.lowered and "lowered" not in seen:
-                seen["lowered"] = time.monotonic()
+            pass
         if call == 0:
             seen["ended"] = time.monotonic()
         worker.end()
@@ -509,7 +510,7 @@ give_up = time.monotonic() + 30
 while group.lowered and time.monotonic() < give_up:
     time.sleep(0.01)
 priorities.close()
-after = seen.get("lowered", float("inf")) - seen["ended"]
+after = seen["began"] - seen["ended"]
 print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[-1], after)
 """
 
@@ -518,10 +519,10 @@ print(group.changes, group.lowered, open("/proc/self/autogroup").read().split()[
 def test_the_group_stays_lowered_between_back_to_back_heavy_calls() -> None:
     """The kernel changes a group's nice value at most every 100 ms: a group given back in
     the 30 ms between two heavy calls would run the second at full weight until it may be
-    lowered again. When the watchdog finds the second call heavy within the group's 0.2 s hold
-    after the first call's end (always on a quiet machine), the group is lowered once and given
-    back once, after the last call; on a loaded machine the second call may become heavy only
-    after the hold, and then the group was given back between them and lowered again."""
+    lowered again. When the second call begins within the group's 0.2 s hold after the first
+    one's end (always on a quiet machine), the group is lowered once and given back once, after
+    the last call, however late the watchdog looks; a call that a loaded machine starts only
+    after the hold may find the group given back (lowered again once it is heavy)."""
     run = subprocess.run(
         [sys.executable, "-c", _BACK_TO_BACK],
         capture_output=True,
@@ -533,7 +534,7 @@ def test_the_group_stays_lowered_between_back_to_back_heavy_calls() -> None:
     assert run.returncode == 0, run.stderr
     changes, lowered, nice, after = run.stdout.split()
     assert (lowered, nice) == ("False", "0")
-    assert changes == ("2" if float(after) < 0.2 else "4"), run.stdout
+    assert changes == "2" if float(after) < 0.2 else changes in ("2", "4"), run.stdout
 
 
 @needs_autogroups
