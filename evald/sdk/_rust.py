@@ -43,6 +43,7 @@ __all__ = [
     "RUST_VERSION",
     "compile_rust",
     "find_rustc",
+    "refuse_dependencies",
 ]
 
 #: The rustc release the committed Rust port was built with (Debian 12's ``rustc``); another
@@ -126,13 +127,12 @@ def _dependencies(folder: Path) -> list[str]:
     return sorted(set(manifest.get("dependencies", {})) - {"evald-guest"})
 
 
-def compile_rust(folder: Path, toolchain: Compiler) -> bytes:
-    """Compiles ``folder/src/lib.rs`` and the guest crate to a module (no manifest yet).
+def refuse_dependencies(folder: Path) -> None:
+    """Refuses a project whose ``Cargo.toml`` names a dependency other than evald-guest,
+    before any compiler is looked for: the answer does not depend on one.
 
     Raises:
-        BuildError: rustc refused the source (its diagnostics attached).
-        EvaldError: ``INVALID_ARGUMENT`` for a dependency other than evald-guest, or a rustc
-            that cannot link for wasm32.
+        EvaldError: ``INVALID_ARGUMENT``, naming the dependencies and what to do instead.
     """
     extra = _dependencies(folder)
     if extra:
@@ -141,6 +141,17 @@ def compile_rust(folder: Path, toolchain: Compiler) -> bytes:
             "the evald-guest crate and Rust's standard library (no registry, reproducible "
             "builds): move the code you need into src/"
         )
+
+
+def compile_rust(folder: Path, toolchain: Compiler) -> bytes:
+    """Compiles ``folder/src/lib.rs`` and the guest crate to a module (no manifest yet).
+
+    Raises:
+        BuildError: rustc refused the source (its diagnostics attached).
+        EvaldError: ``INVALID_ARGUMENT`` for a dependency other than evald-guest, or a rustc
+            that cannot link for wasm32.
+    """
+    refuse_dependencies(folder)
     with tempfile.TemporaryDirectory(prefix="evald-rust-") as tmp:
         out = Path(tmp)
         guest = [

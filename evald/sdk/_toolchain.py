@@ -32,7 +32,7 @@ from evald.contract import (
 )
 from evald.sdk._assemblyscript import ASSEMBLYSCRIPT_SOURCE, compile_assemblyscript, find_asc
 from evald.sdk._compiler import BuildError
-from evald.sdk._rust import RUST_SOURCE, compile_rust, find_rustc
+from evald.sdk._rust import RUST_SOURCE, compile_rust, find_rustc, refuse_dependencies
 
 __all__ = [
     "GUEST_STACK_BYTES",
@@ -155,6 +155,7 @@ def compile_folder(folder: Path, *, cache_dir: Path | None = None) -> Compiled:
         raise BuildError(f"{folder} has no evaluator source (one of {sources})")
     source = folder / LANGUAGES[language]
     if language == "rust":
+        refuse_dependencies(folder)
         rust = find_rustc()
         wasm = compile_rust(folder, rust)
         return Compiled(wasm, language, source, rust.describe(), tuple(rust.warnings()))

@@ -46,6 +46,12 @@ def test_sighup_applies_added_removed_and_changed_tenants_without_dropping_calls
         outgoing.put(one_item("mine", b"before", "1"))
         assert next(responses).results[0].value == "before"
         viewer_stream, viewer_responses = open_stream(daemon, TOKENS["viewer"])
+        # Answered, so the daemon has accepted the stream before the reload (on a loaded
+        # machine its opening could otherwise reach the daemon after the token is gone, and
+        # be refused as a new stream instead of ended as a revoked one).
+        viewer_stream.put(one_item("calc", b"1 + 1", "1"))
+        answered = next(viewer_responses).results[0]
+        assert answered.WhichOneof("outcome") is not None, answered
 
         rotated = "alpha-second-token-0123456789"
         two_tokens = "\n".join(

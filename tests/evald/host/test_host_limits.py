@@ -283,5 +283,10 @@ def test_a_lagging_ticker_never_cuts_a_call_short(
         assert ticker.lag_ticks() >= 900
         outcome = host.evaluate(burn, arg(5_000_000), Limits(fuel=0, deadline_ms=200))
         assert (outcome.value, outcome.error) == ("ok", None)
-        assert ticker.lag_ticks() < 900  # the burst did happen
+        # The burst happened (during the call, unless a loaded machine kept the ticker thread
+        # from running until after it: the call's outcome holds either way).
+        give_up = time.monotonic() + 30
+        while ticker.lag_ticks() >= 900 and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert ticker.lag_ticks() < 900
         still_serves(host, host.load(guest("echo")))
