@@ -65,17 +65,19 @@ def test_deadline_stops_an_infinite_loop_with_fuel_metering_off(daemon: Daemon) 
     nofuel = daemon.client("nofuel")
     nofuel.register(module("loop", "deadline_loop"))
     nofuel.register(module("burn", "deadline_burn"))
-    # A request may ask for more than the tenant's 50 ms; it gets 50 ms.
-    looping = nofuel.evaluate("deadline_loop", b"", deadline_ms=60_000)
-    assert outcome(looping) == "deadline_exceeded"
-    assert 40_000 <= looping.eval_time_us < 5_000_000
-    # A short computation passes within the deadline and fails under a 1 ms one.
+    # A short computation passes within the deadline and fails under a 1 ms one. First: after
+    # the long calls below the tenant is heavy for a while (docs/daemon.md), and its calls then
+    # run lowered, so on a loaded machine a short one would yield its 50 ms to other work.
     quick = nofuel.evaluate("deadline_burn", arg(2_000_000))
     assert outcome(quick) == "ok"
     assert quick.eval_time_us < 50_000
     cut = nofuel.evaluate("deadline_burn", arg(200_000_000), deadline_ms=1)
     assert outcome(cut) == "deadline_exceeded"
     assert cut.eval_time_us < 40_000
+    # A request may ask for more than the tenant's 50 ms; it gets 50 ms.
+    looping = nofuel.evaluate("deadline_loop", b"", deadline_ms=60_000)
+    assert outcome(looping) == "deadline_exceeded"
+    assert 40_000 <= looping.eval_time_us < 5_000_000
     assert_still_serving(daemon)
 
 
