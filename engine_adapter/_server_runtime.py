@@ -32,8 +32,11 @@ __all__ = [
     "shared_client",
 ]
 
-#: How long a compile thread waits for evald to accept a new tenant's token before lowering.
+#: How long a compile thread waits for evald to accept a new tenant's token before lowering
+#: (only a compile that was not gated: see :meth:`AdapterRuntime.listing_ready`).
 ADMISSION_WAIT_S = 5.0
+#: A ListEvaluators answer, or its failure, this recent answers for the next one asked for.
+LISTING_MEMORY_S = 1.0
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -131,6 +134,8 @@ class AdapterRuntime:
         self._lock = threading.Lock()
         self._specs: list[EvaluatorSpec] | None = None
         self._specs_at = 0.0
+        self._failed: tuple[float, str] | None = None
+        self._listing: concurrent.futures.Future[None] | None = None
         self._span_log: TextIO | None = None
 
     @property
@@ -172,6 +177,7 @@ class AdapterRuntime:
         grammars built from them)."""
         with self._lock:
             self._specs, self._specs_at = list(specs), time.monotonic()
+            self._failed = None
             self.revision = int(revision)
 
     def retire(self) -> None:
@@ -232,12 +238,34 @@ class AdapterRuntime:
             self._unflushed = False
             self.client.flush()
 
-    def evaluators(self, refresh: bool = False) -> Sequence[EvaluatorSpec]:
-        """The tenant's evaluators (``ListEvaluators``), reused for ``evaluators_ttl_s`` (a
-        tenant runtime's refresher keeps them current sooner, on a revision change).
+    def listing_ready(self) -> concurrent.futures.Future[None] | None:
+        """Done once :meth:`evaluators` can answer without asking evald; ``None`` when it can
+        now (the specs are held, or the tenant is refused).
 
-        Called from SGLang's grammar-compile threads, never from the decode loop; for a tenant
-        evald has not answered for yet it waits up to :data:`ADMISSION_WAIT_S`.
+        SGLang's scheduler hook submits a grammar compile only once this is done
+        (:mod:`engine_adapter.sglang._compile_gate`), so a compile never holds one of SGLang's
+        compile threads while evald answers: a tenant evald has not accepted yet waits for its
+        admission; a runtime that holds no specs yet starts one listing in the background.
+        """
+        admission = self._admission
+        if admission is not None and not admission.done():
+            return admission
+        with self._lock:
+            if self.refusal is not None or self._specs is not None:
+                return None
+        return self._list_in_background()
+
+    def evaluators(self, refresh: bool = False) -> Sequence[EvaluatorSpec]:
+        """The tenant's evaluators (``ListEvaluators``).
+
+        Called from SGLang's grammar-compile threads, never from the decode loop. Held specs are
+        answered at once, however old: past ``evaluators_ttl_s`` a listing starts in the
+        background (a tenant runtime's refresher keeps them current sooner, on a revision
+        change), so a slow or stopped evald never holds a compile thread. Only a runtime that
+        holds no specs, or ``refresh`` (an unknown evaluator name: maybe registered since), asks
+        evald here, and a listing that failed or answered less than :data:`LISTING_MEMORY_S`
+        ago answers for it. For a tenant evald has not answered for yet it waits up to
+        :data:`ADMISSION_WAIT_S` (a compile the scheduler hook gated never does).
 
         Raises:
             EvaluatorsUnavailable: evald did not answer, or refused (the message says why).
@@ -251,12 +279,24 @@ class AdapterRuntime:
                     f"unavailable: evald did not answer for this tenant within "
                     f"{ADMISSION_WAIT_S:g} s"
                 ) from None
+        now = time.monotonic()
         with self._lock:
             if self.refusal is not None:
                 raise EvaluatorsUnavailable(f"{self.refusal[0]}: {self.refusal[1]}")
-            fresh = time.monotonic() - self._specs_at < self.config.evaluators_ttl_s
-            if self._specs is not None and fresh and not refresh:
-                return list(self._specs)
+            held, age = self._specs, now - self._specs_at
+            failed = self._failed
+        if failed is not None and now - failed[0] >= LISTING_MEMORY_S:
+            failed = None
+        if held is not None and not (refresh and age >= LISTING_MEMORY_S and failed is None):
+            if age >= self.config.evaluators_ttl_s:
+                self._list_in_background()
+            return list(held)
+        if failed is not None:
+            raise EvaluatorsUnavailable(failed[1])
+        return self._list_now()
+
+    def _list_now(self) -> list[EvaluatorSpec]:
+        """Asks evald for the tenant's evaluators (ListEvaluators) and keeps the answer."""
         try:
             specs, revision = evaluator_listing(
                 self.config.target,
@@ -266,18 +306,35 @@ class AdapterRuntime:
                 tls_key=self.config.tls_key,
             )
         except Exception as exc:  # CallError, or anything the transport raises
+            message = f"ListEvaluators at {self.config.target} failed: {exc}"
             with self._lock:
-                last = self._specs
-            if last is not None and not refresh:
-                logger.warning(
-                    "evald adapter: ListEvaluators failed (%s); using the last answer", exc
-                )
-                return list(last)
-            raise EvaluatorsUnavailable(
-                f"ListEvaluators at {self.config.target} failed: {exc}"
-            ) from None
+                self._failed = (time.monotonic(), message)
+            raise EvaluatorsUnavailable(message) from None
         self.set_listing(specs, revision)
         return list(specs)
+
+    def _list_in_background(self) -> concurrent.futures.Future[None]:
+        """One listing at a time, on a thread of its own; done when it has answered."""
+        with self._lock:
+            if self._listing is not None:
+                return self._listing
+            listing = self._listing = concurrent.futures.Future()
+        threading.Thread(
+            target=self._background_listing, args=(listing,), name="evald-listing", daemon=True
+        ).start()
+        return listing
+
+    def _background_listing(self, listing: concurrent.futures.Future[None]) -> None:
+        try:
+            self._list_now()
+        except EvaluatorsUnavailable as exc:
+            logger.warning("evald adapter: %s; the held evaluator list is kept", exc)
+        except Exception:  # the listing thread must always release what waits for it
+            logger.exception("evald adapter: listing the tenant's evaluators failed")
+        finally:
+            with self._lock:
+                self._listing = None
+            listing.set_result(None)
 
     def log_span(self, record: SpanRecord, *, forwards: int | None = None) -> None:
         """Appends one finished span to ``EVALD_SPAN_LOG`` (no-op when unset).

@@ -406,9 +406,10 @@ class TenantRuntimes:
         outcome = self._ask(runtime.config)
         if not isinstance(outcome, _Refused):
             specs, revision = outcome
-            if revision == runtime.revision and runtime.revision:
+            unchanged = revision == runtime.revision and runtime.revision
+            runtime.set_listing(specs, revision)  # the held specs are current again
+            if unchanged:
                 return False
-            runtime.set_listing(specs, revision)
             self.stats["refreshed"] += 1
             return True
         code, message = outcome.code, outcome.message

@@ -12,7 +12,9 @@ The grammar layer:
   ``TokenizerInfo`` SGLang just built, the server's own tenant).
 - AROUND ``GrammarManager.process_req_with_grammar``: takes a request's tenant options out of
   its ``custom_params``, picks its tenant's runtime and keys its grammar by tenant and spec
-  revision (:mod:`engine_adapter.sglang._tenants`).
+  revision (:mod:`engine_adapter.sglang._tenants`); a compile that needs evald's answer first
+  (a tenant not yet accepted) waits for it off SGLang's compile threads
+  (:mod:`engine_adapter.sglang._compile_gate`, installed on the backend's ``executor``).
 - AROUND ``XGrammarGrammarBackend.dispatch_structural_tag``: when the request's tag holds
   evaluated spans (``evaluated_tag`` elements, or their lowered form), compiles the lowered tag
   and wraps the grammar in an :class:`EvaluatorGrammar` bound to the request's tenant. The
@@ -107,6 +109,10 @@ _INTERNALS = {
         "result_queue",
     ),
     "sglang.srt.mem_cache.common": ("evict_from_tree_cache",),
+    "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend": (
+        "executor", "get_cached_or_future_value",
+    ),
+    "sglang.srt.constrained.grammar_manager.GrammarManager": ("grammar_backend", "grammar_queue"),
 }  # fmt: skip
 
 
@@ -322,10 +328,12 @@ def _after_backend_init(
     if config is None:
         return
     from engine_adapter._tenant_runtimes import TenantRuntimes
+    from engine_adapter.sglang._compile_gate import GatedExecutor
 
     tenants = TenantRuntimes(config, _codec(tokenizer, backend._tokenizer_info))
     setattr(backend, _RUNTIME_ATTR, tenants.default)
     setattr(backend, _TENANTS_ATTR, tenants)
+    backend.executor = GatedExecutor(backend.executor)
 
 
 def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> Any:
@@ -353,7 +361,9 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
     setattr(req, REQUEST_ATTR, keyed)  # lives as long as the request
     params.structural_tag = tag + TENANT_MARK + mark
     try:
-        return original(manager, req)
+        # A compile that would wait for evald's answer waits off SGLang's compile threads.
+        with manager.grammar_backend.executor.after(runtime.listing_ready()):
+            return original(manager, req)
     finally:
         params.structural_tag = tag
 
