@@ -191,11 +191,12 @@ def test_the_heavy_tenants_benchmark_runs(tmp_path: Path) -> None:
     from evald_lab.bench.heavy_tenants import run
 
     result = run(20, 1, tmp_path)
-    assert set(result["conditions"]) == {"quiet", "busy"}
+    assert set(result["conditions"]) == {"quiet", "busy", "service"}
     for figures in result["conditions"].values():
         for nice in ("nice_0", "nice_19"):
             assert figures[nice]["under_attack"]["p99_ms"] > 0
             assert figures[nice]["attacker_calls_per_s"] > 0
+            assert figures[nice]["daemon_cpu_share"] > 0
         assert figures["lowered_over_normal"]["p99_ms"] > 0
     saved = json.loads((tmp_path / "heavy_tenants.json").read_text())
     assert saved["benchmark"] == "heavy_tenants" and (tmp_path / "heavy_tenants.png").exists()
