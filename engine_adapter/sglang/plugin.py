@@ -112,7 +112,7 @@ _INTERNALS = {
     "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend": (
         "executor", "get_cached_or_future_value",
     ),
-    "sglang.srt.constrained.grammar_manager.GrammarManager": ("grammar_backend", "grammar_queue"),
+    "sglang.srt.constrained.grammar_manager.GrammarManager": ("grammar_backend",),
 }  # fmt: skip
 
 

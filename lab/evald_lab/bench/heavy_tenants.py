@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from evald.client import Client
-from evald.testing import DaemonProcess, named_guest, start_daemon, tenant_table
+from evald.testing import (
+    DaemonProcess,
+    named_guest,
+    process_cpu_s,
+    start_daemon,
+    tenant_table,
+)
 from evald_lab.bench._common import (
     DEFAULT_OUT_DIR,
     load_average,
@@ -156,11 +162,10 @@ def _one(root: Path, nice: int, condition: str, samples: int) -> dict[str, Any]:
 
 
 def _cpu_s(pid: int) -> float:
-    """The process's user + system CPU seconds (/proc/PID/stat)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The daemon's CPU seconds so far (it runs until the configuration ends)."""
+    used = process_cpu_s(pid)
+    assert used is not None, f"the daemon (pid {pid}) is gone"
+    return used
 
 
 def _median(runs: list[dict[str, Any]], *path: str) -> float:
