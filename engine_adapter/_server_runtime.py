@@ -253,6 +253,8 @@ class AdapterRuntime:
         with self._lock:
             if self.refusal is not None or self._specs is not None:
                 return None
+        if self._recent_failure(time.monotonic()) is not None:
+            return None  # evaluators() answers with it at once
         return self._list_in_background()
 
     def evaluators(self, refresh: bool = False) -> Sequence[EvaluatorSpec]:
@@ -284,16 +286,20 @@ class AdapterRuntime:
             if self.refusal is not None:
                 raise EvaluatorsUnavailable(f"{self.refusal[0]}: {self.refusal[1]}")
             held, age = self._specs, now - self._specs_at
-            failed = self._failed
-        if failed is not None and now - failed[0] >= LISTING_MEMORY_S:
-            failed = None
+        failed = self._recent_failure(now)
         if held is not None and not (refresh and age >= LISTING_MEMORY_S and failed is None):
-            if age >= self.config.evaluators_ttl_s:
+            if age >= self.config.evaluators_ttl_s and failed is None:
                 self._list_in_background()
             return list(held)
         if failed is not None:
             raise EvaluatorsUnavailable(failed[1])
         return self._list_now()
+
+    def _recent_failure(self, now: float) -> tuple[float, str] | None:
+        """The last listing's failure, while it answers for the next (LISTING_MEMORY_S)."""
+        with self._lock:
+            failed = self._failed
+        return failed if failed is not None and now - failed[0] < LISTING_MEMORY_S else None
 
     def _list_now(self) -> list[EvaluatorSpec]:
         """Asks evald for the tenant's evaluators (ListEvaluators) and keeps the answer."""

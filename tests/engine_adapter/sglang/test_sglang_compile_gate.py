@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -160,3 +161,26 @@ def test_held_specs_answer_at_once_while_evald_does_not(
         relisting = runtime._listing
         assert relisting is not None and not relisting.done()  # asked in the background
     relisting.result(timeout=30)
+
+
+def test_a_failed_listing_answers_for_the_next_second(silent_daemon: Daemon, backend: Any) -> None:
+    """A runtime holding no specs whose listing just failed (evald gone) gates no compile on a
+    new listing and answers the failure at once; a second later it asks again."""
+    from engine_adapter._lowered_spans import EvaluatorsUnavailable
+    from engine_adapter._server_runtime import LISTING_MEMORY_S
+
+    base: AdapterRuntime = backend._evald_runtime
+    config = AdapterConfig(**{**base.config.__dict__, "target": silent_daemon.target})
+    runtime = AdapterRuntime(config, base.codec)
+    silent_daemon.kill()
+    listing = runtime.listing_ready()
+    assert listing is not None
+    listing.result(timeout=30)
+    assert runtime.listing_ready() is None and runtime._listing is None
+    with pytest.raises(EvaluatorsUnavailable, match="ListEvaluators"):
+        runtime.evaluators()
+    assert runtime._listing is None  # nothing asked again
+    time.sleep(LISTING_MEMORY_S)
+    retry = runtime.listing_ready()
+    assert retry is not None  # past the memory: a new listing
+    retry.result(timeout=30)
