@@ -202,6 +202,48 @@ def test_the_heavy_tenants_benchmark_runs(tmp_path: Path) -> None:
     assert saved["benchmark"] == "heavy_tenants" and (tmp_path / "heavy_tenants.png").exists()
 
 
+def test_a_failed_heavy_tenants_configuration_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration that fails half way, with a daemon that then does not drain (SIGSTOPped:
+    a real daemon that cannot answer SIGTERM), still ends its two CPU hogs, its daemon and the
+    attacker's threads before the error reaches the caller; before, the daemon's stop timed out
+    and the hogs kept looping for the rest of the suite. The victim phase is replaced to fail
+    on cue (the failure itself, a call past its deadline, depends on the machine's load)."""
+    import os
+    import signal
+
+    from evald.testing import process_alive, process_descendants
+    from evald_lab.bench import heavy_tenants
+
+    class InjectedFailure(Exception):
+        pass
+
+    phases = iter([([1.0], 0), ([1.0], 0)])
+
+    def victim(client: object, samples: int) -> tuple[list[float], int]:
+        phase = next(phases, None)
+        if phase is None:  # the phase under attack: the hogs, daemon and burners are all up
+            started = process_descendants(os.getpid())
+            daemons = [pid for pid, cmd in started.items() if "serve" in cmd]
+            assert len(started) >= 3 and len(daemons) == 1
+            os.kill(daemons[0], signal.SIGSTOP)
+            raise InjectedFailure
+        return phase
+
+    monkeypatch.setattr(heavy_tenants, "_victim", victim)
+    monkeypatch.setattr(heavy_tenants, "STOP_TIMEOUT_S", 2.0)
+    before = set(process_descendants(os.getpid()))
+    with pytest.raises(InjectedFailure):
+        heavy_tenants._one(tmp_path, 19, "service", 5)
+    left = {
+        pid: cmd
+        for pid, cmd in process_descendants(os.getpid()).items()
+        if pid not in before and process_alive(pid)
+    }
+    assert not left
+
+
 def test_the_host_benchmark_compares_the_guest_languages(tmp_path: Path) -> None:
     """``evald bench host --languages-only``: one row per implementation of checksum, in the
     order the table quotes them, and the Markdown table docs/writing-evaluators.md shows."""
