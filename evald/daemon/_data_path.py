@@ -257,7 +257,7 @@ class _Connection:
         self._bound = settings.stream_unread_bytes
         self._stall_s = settings.stream_stall_s
         self._max_frame = settings.max_message_bytes
-        self._metadata: tuple[tuple[str, str], ...] = ()  # the HELLO's credential
+        self._token: str | None = None  # the HELLO's credential
         self._revoked: tuple[ErrorCode, str] | None = None
         self.thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
 
@@ -286,7 +286,7 @@ class _Connection:
             tenant_label = tenant.name
             # One call of its tenant's max_calls, and one of its share of the connections.
             leave = core.enter(tenant, "data")
-            unwatch = core.watch(tenant, self._metadata, self.revoke)
+            unwatch = core.watch_token(tenant, self._token, self.revoke)
             budget = self._budget = OutputBudget(tenant, self._bound, self.wake)
             authenticated = True
             self._writer.send(encode_frame(Kind.READY, tenant.name.encode("utf-8")))
@@ -416,9 +416,8 @@ class _Connection:
             token = payload[len(HELLO_MAGIC) :].decode("utf-8").strip()
         except UnicodeDecodeError:
             raise EvaldError(ErrorCode.PERMISSION_DENIED, "the token is not UTF-8") from None
-        metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._metadata = metadata
-        return self._core.authenticate(metadata, over_unix=True)
+        self._token = token or None
+        return self._core.authenticate_token(self._token, over_unix=True)
 
     def _unread(self) -> int:
         return self._budget.reserved if self._budget is not None else 0
