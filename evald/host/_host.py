@@ -180,10 +180,10 @@ class WasmHost:
         return self._pool.held_bytes(pool_key)
 
     def memory_cap(self, limits: Limits) -> int:
-        """The memory cap a module runs under with ``limits`` (the pool slot bounds it)."""
-        if self._pooling:
-            return min(limits.memory_bytes, self.config.pool_memory_bytes)
-        return limits.memory_bytes
+        """The memory cap a module runs under with ``limits`` (the pool slot bounds it); the
+        rule's one home is the call path's (:meth:`CallPath.memory_cap
+        <evald.host._call_path.CallPath.memory_cap>`)."""
+        return self._call.memory_cap(limits)
 
     # -- evaluation ------------------------------------------------------------------------
 

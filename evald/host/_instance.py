@@ -30,7 +30,7 @@ import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host import _fastcall as fast
-from evald.host._loaded_module import LoadedModule
+from evald.host._loaded_module import LinkedModule, LoadedModule
 from evald.host._outcome import Failure, first_line, start_trap_failure
 
 __all__ = [
@@ -86,7 +86,7 @@ class Instance:
         "view_size",
     )
 
-    def __init__(self, module: LoadedModule, store: wasmtime.Store, memory_cap: int) -> None:
+    def __init__(self, module: LinkedModule, store: wasmtime.Store, memory_cap: int) -> None:
         self.module = module
         self.store = store
         self.context = fast.RawStore(store)
@@ -187,7 +187,7 @@ def bind_function(
 
 def start_instance(
     engine: wasmtime.Engine,
-    module: LoadedModule,
+    module: LinkedModule,
     memory_cap: int,
     fuel: int,
     ticks: int,
@@ -205,11 +205,11 @@ def start_instance(
         Failure: never ``EvaldError``; a trap in the start function is mapped by
             :func:`~evald.host._outcome.start_trap_failure`.
     """
-    if module._minimum_memory_bytes > memory_cap:
+    if module.minimum_memory_bytes > memory_cap:
         raise Failure(
             ErrorCode.MEMORY_LIMIT,
             f"evaluator {module.manifest.name} needs "
-            f"{module._minimum_memory_bytes} bytes of memory at start; the "
+            f"{module.minimum_memory_bytes} bytes of memory at start; the "
             f"memory limit is {memory_cap} bytes (memory_bytes)",
         )
     store = wasmtime.Store(engine)
@@ -219,7 +219,7 @@ def start_instance(
     context.set_fuel(fuel)
     context.set_epoch_deadline(ticks)
     try:
-        wasm_instance = fast.instantiate(store, module._pre)
+        wasm_instance = fast.instantiate(store, module.pre)
     except wasmtime.Trap as trap:
         raise start_trap_failure(trap, evaluator=module.manifest.name, fuel=fuel) from None
     except wasmtime.WasmtimeError as exc:
@@ -238,10 +238,11 @@ def start_instance(
     if not isinstance(memory, wasmtime.Memory):
         raise Failure(ErrorCode.INTERNAL, "export memory vanished")
     instance.memory = fast.RawMemory(store, memory)
-    export = module._fresh_export if fresh and module._fresh_export else module._eval_export
+    export = module.fresh_export if fresh and module.fresh_export else module.eval_export
     instance.eval = bind_function(store, wasm_instance, export, 1)
-    if module._flag_export is not None:
-        flag = fast.export(store, wasm_instance, module._flag_export)
+    flag_export = module.flag_export
+    if flag_export is not None:
+        flag = fast.export(store, wasm_instance, flag_export)
         instance.flag = flag if isinstance(flag, wasmtime.Global) else None
     return instance, wasm_instance
 
@@ -266,12 +267,11 @@ def instantiate(
         Failure: as :func:`start_instance` and :meth:`Instance.place_buffers`.
     """
     instance, _ = start_instance(engine, module, memory_cap, fuel, ticks, fresh=fresh)
-    instance.place_buffers(
-        module._input_ptr, module.input_cap, module._output_ptr, module.output_cap
-    )
-    if fresh and module._fresh_export and not fast.memory_reset_unavailable():
-        if instance.view_size == module._pristine_bytes:
-            instance.resetter = fast.MemoryReset(instance.memory, module._pristine_pages)
+    trial = module.trial
+    instance.place_buffers(trial.input_ptr, trial.input_cap, trial.output_ptr, trial.output_cap)
+    if fresh and module.resettable and not fast.memory_reset_unavailable():
+        if instance.view_size == trial.pristine_bytes:
+            instance.resetter = fast.MemoryReset(instance.memory, trial.pristine_pages)
     return instance
 
 
