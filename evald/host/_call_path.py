@@ -39,12 +39,12 @@ import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host._deadline import EpochDeadlines
-from evald.host._fastcall import memory_reset_unavailable
 from evald.host._guest_output import read_output
 from evald.host._instance import Instance, instantiate
 from evald.host._instance_pool import InstancePool, ThreadInstances
 from evald.host._limits import HostConfig, Limits
 from evald.host._loaded_module import LoadedModule
+from evald.host._memory_reset import memory_reset_unavailable
 from evald.host._outcome import Failure, call_trap_failure, first_line
 
 __all__ = ["CallPath"]
@@ -80,7 +80,7 @@ class CallPath:
         self._engine = engine
         self._fresh = config.isolation == "fresh"
         #: Fresh instances are kept and reset after each call where the kernel can tell what a
-        #: call wrote (:class:`~evald.host._fastcall.MemoryReset`); else one per call.
+        #: call wrote (:class:`~evald.host._memory_reset.MemoryReset`); else one per call.
         self._resets = self._fresh and not memory_reset_unavailable()
         if self._fresh and not self._resets:
             _log.warning(

@@ -17,7 +17,7 @@ view is taken again only when the memory size changed (:meth:`Instance.refresh_v
 
 A *fresh* instance (``isolation = "fresh"``, a resettable module: :mod:`evald.host._instrument`)
 is called through the fresh wrapper, which puts the globals back before the guest runs, and
-carries a :class:`~evald.host._fastcall.MemoryReset` that puts its memory back after each
+carries a :class:`~evald.host._memory_reset.MemoryReset` that puts its memory back after each
 call (:meth:`Instance.reset`): the next call starts from a new instance's state.
 """
 
@@ -31,6 +31,7 @@ import wasmtime
 from evald.contract import ErrorCode
 from evald.host import _fastcall as fast
 from evald.host._loaded_module import LinkedModule, LoadedModule
+from evald.host._memory_reset import MemoryReset, memory_reset_unavailable
 from evald.host._outcome import Failure, first_line, start_trap_failure
 
 __all__ = [
@@ -100,7 +101,7 @@ class Instance:
         #: The memory the instance pool charged for it (its size when last counted).
         self.held_bytes = 0
         #: Puts the memory back after a call (fresh instances of resettable modules only).
-        self.resetter: fast.MemoryReset | None = None
+        self.resetter: MemoryReset | None = None
 
     def refresh_view(self) -> None:
         """Takes a new view of the memory (after instantiation, or a call that grew it)."""
@@ -160,7 +161,7 @@ class Instance:
 
     def reset(self) -> bool:
         """Puts a fresh instance back to a new instance's state after a call: its memory by
-        :class:`~evald.host._fastcall.MemoryReset` (its globals are put back by the fresh
+        :class:`~evald.host._memory_reset.MemoryReset` (its globals are put back by the fresh
         wrapper when the next call enters). Returns False when it cannot be (not a fresh
         instance, its memory grew, or the scan failed): the caller must then drop it."""
         resetter = self.resetter
@@ -261,7 +262,7 @@ def instantiate(
     A guest without imports is deterministic, so every instance has the buffers the trial saw;
     their bounds are still checked per instance (:meth:`Instance.place_buffers`). With
     ``fresh``, an instance of a resettable module gets its reset (:meth:`Instance.reset`)
-    where the kernel allows it (:func:`~evald.host._fastcall.memory_reset_unavailable`).
+    where the kernel allows it (:func:`~evald.host._memory_reset.memory_reset_unavailable`).
 
     Raises:
         Failure: as :func:`start_instance` and :meth:`Instance.place_buffers`.
@@ -269,9 +270,9 @@ def instantiate(
     instance, _ = start_instance(engine, module, memory_cap, fuel, ticks, fresh=fresh)
     trial = module.trial
     instance.place_buffers(trial.input_ptr, trial.input_cap, trial.output_ptr, trial.output_cap)
-    if fresh and module.resettable and not fast.memory_reset_unavailable():
+    if fresh and module.resettable and not memory_reset_unavailable():
         if instance.view_size == trial.pristine_bytes:
-            instance.resetter = fast.MemoryReset(instance.memory, trial.pristine_pages)
+            instance.resetter = MemoryReset(instance.memory, trial.pristine_pages)
     return instance
 
 

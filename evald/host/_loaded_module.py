@@ -37,7 +37,7 @@ class TrialImage:
         input_ptr, input_cap, output_ptr, output_cap: the guest's buffers.
         pristine_bytes: the memory size of a new instance, read before any guest function ran.
         pristine_pages: its non-zero host pages, ``(offset, bytes)``; what a reset puts back
-            (:class:`evald.host._fastcall.MemoryReset`; empty unless the module is resettable).
+            (:class:`evald.host._memory_reset.MemoryReset`; empty unless the module is resettable).
     """
 
     input_ptr: int

@@ -39,7 +39,6 @@ from evald.contract import (
     EvaldError,
     Manifest,
 )
-from evald.host import _fastcall as fast
 from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._compile_cost import check_compile_cost
 from evald.host._compiler import CompiledModule
@@ -49,6 +48,7 @@ from evald.host._instance import bind_function, start_instance
 from evald.host._instrument import FRESH_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
 from evald.host._loaded_module import LinkedModule, LoadedModule, TrialImage
+from evald.host._memory_reset import pristine_pages as _pristine_pages
 from evald.host._module_cache import ModuleCache
 from evald.host._outcome import Failure, first_line, trap_name
 
@@ -226,7 +226,7 @@ class ModuleLoader:
         )
         # what a new instance's memory holds, read before any guest function runs
         pristine_bytes = instance.memory.size()
-        pristine_pages = fast.pristine_pages(instance.memory) if module.resettable else ()
+        pristine_pages = _pristine_pages(instance.memory) if module.resettable else ()
         store = instance.store
         try:
             version = bind_function(store, wasm_instance, VERSION_EXPORT, 0).call0()
