@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from evald.contract import STANDARD_EVALUATORS
 from evald.daemon._config_table import KIB, MIB, ConfigTable
+from evald.daemon._store import is_sha256
 from evald.host import Limits
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "TenantConfig",
     "TenantLimits",
     "is_tenant_name",
-    "is_token_sha256",
     "limits_from_table",
     "parse_limits",
     "tenant_from_store",
@@ -37,7 +37,6 @@ __all__ = [
 DEFAULT_MAX_MODULES: Final = 16
 
 _TENANT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _HASH_HELP = "expected 64 hex digits (the SHA-256 of the token; make one with `evald hash-token`)"
 
 #: The one home of every per-evaluation default (``evald/host/_limits.py``); the limits below
@@ -48,11 +47,6 @@ _LIMITS = Limits()
 def is_tenant_name(name: str) -> bool:
     """Whether ``name`` is a valid tenant name (``[a-z][a-z0-9_-]{0,63}``)."""
     return _TENANT_NAME.fullmatch(name) is not None
-
-
-def is_token_sha256(text: str) -> bool:
-    """Whether ``text`` is a token hash as a tenant holds it: 64 lower-case hex digits."""
-    return _SHA256_HEX.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -178,10 +172,10 @@ def tenant_from_table(table: ConfigTable, default_limits: TenantLimits) -> Tenan
         raise table.error("name", f"expected a name matching [a-z][a-z0-9_-]{{0,63}}, got {name!r}")
     one = table.get_str("token_sha256", "").lower()
     hashes = tuple(value.lower() for value in table.get_str_list("token_sha256s", ()))
-    if one and not is_token_sha256(one):
+    if one and not is_sha256(one):
         raise table.error("token_sha256", _HASH_HELP)
     for value in hashes:
-        if not is_token_sha256(value):
+        if not is_sha256(value):
             raise table.error("token_sha256s", _HASH_HELP)
     evaluators = table.get_str_list("evaluators", ())
     for evaluator in evaluators:
