@@ -2,10 +2,9 @@
 
 This is the product's hot path. A reused instance's call takes a few microseconds of CPU, so
 every Python call, attribute lookup and allocation in :meth:`CallPath.run` shows: the common
-case (a value inside the output buffer) is written inline, finding the instance is one method
-(:meth:`CallPath._instance`, the thread's kept instance in a few lookups), and everything
-rarer — a refused input, a trap, a grown memory, an error payload, an output to check — leaves
-it for a function of its own. What the call does, in order:
+case (the thread's kept instance, a value inside the output buffer) is written inline, and
+everything rarer — a refused input, a new instance, a trap, a grown memory, an error payload, an
+output to check — leaves it for a function of its own. What the call does, in order:
 
 * checks the input against the limit and the guest's input buffer (the guest is not called);
 * takes the thread's instance for (pool key, module) (:mod:`evald.host._instance_pool`); in
@@ -117,7 +116,24 @@ class CallPath:
             raise _input_too_large(module, size, limits)
         fresh = self._fresh
         fuel = limits.fuel or _UNMETERED_FUEL
-        instance = self._instance(module, limits, fuel, pool_key)
+        memory_cap = self.memory_cap(limits)
+        # The thread's kept instance for (pool key, module), looked up inline: the common case.
+        instance: Instance | None = None
+        if not fresh or (module.resettable and self._resets):
+            try:
+                instances: ThreadInstances = self._local.instances
+            except AttributeError:
+                instances = self._pool.instances()
+            key = (pool_key, module.sha256)
+            known = instances.get(key)
+            if known is not None and known.module is module and known.memory_cap == memory_cap:
+                try:
+                    instances.move_to_end(key)
+                except KeyError:  # another thread forgot or evicted it just now; still usable
+                    pass
+                instance = known
+        if instance is None:
+            instance = self._new_instance(module, limits, memory_cap, fuel, pool_key)
         context = instance.context
         if size:
             # in bounds: in_ptr + in_cap lies inside the memory (checked at instantiation),
@@ -151,28 +167,16 @@ class CallPath:
             self._pool.discard(instance, pool_key)  # not put back (or made for this call only)
         return value, used
 
-    def _instance(self, module: LoadedModule, limits: Limits, fuel: int, pool_key: str) -> Instance:
-        """The instance this call runs in: the thread's kept one for (pool key, module) when it
-        has the memory cap of ``limits``, else one from the pool; in ``fresh`` mode for a module
-        that cannot be put back, a new one for this call alone."""
-        memory_cap = self.memory_cap(limits)
+    def _new_instance(
+        self, module: LoadedModule, limits: Limits, memory_cap: int, fuel: int, pool_key: str
+    ) -> Instance:
+        """An instance for a call the thread keeps none for: from the pool (which keeps it), or
+        in ``fresh`` mode for a module that cannot be put back, a new one for this call alone."""
         if self._fresh and (not module.resettable or not self._resets):
             # nothing to reset this module's instances with: a new one for this call only
             return instantiate(
                 self._engine, module, memory_cap, fuel, self._deadlines.ticks(limits.deadline_ms)
             )
-        try:
-            instances: ThreadInstances = self._local.instances
-        except AttributeError:
-            instances = self._pool.instances()
-        key = (pool_key, module.sha256)
-        known = instances.get(key)
-        if known is not None and known.module is module and known.memory_cap == memory_cap:
-            try:
-                instances.move_to_end(key)
-            except KeyError:  # another thread forgot or evicted it just now; still usable
-                pass
-            return known
         return self._pool.instance(
             module, memory_cap, fuel, limits.deadline_ms, pool_key, limits.instance_cache_bytes
         )
