@@ -22,12 +22,12 @@ values, call-level errors the same codes (an ERROR frame, then the connection cl
 
 Threads: one accepts (here, :class:`DataServer`); each connection has a reader thread and,
 when needed, a flusher and a writer (:mod:`evald.daemon._data_connection`, which says who
-sends what). Results go out in frames of at most ``max_message_bytes`` of values (:func:`~evald.daemon._gatekeeping.pack_responses`, as on the gRPC
-stream). Backpressure is in bytes (:class:`~evald.daemon._transport.OutputBudget`): past
-``stream_unread_bytes`` for the connection or the tenant's ``unread_bytes`` (shared with its gRPC
-streams) the reader stops reading, so a client that sends without reading stalls itself (the
-socket buffer fills) and nobody else, and one that reads nothing for ``stream_stall_s`` is cut
-off.
+sends what). Results go out in frames of at most ``max_message_bytes`` of values
+(:func:`~evald.daemon._gatekeeping.pack_responses`, as on the gRPC stream). Backpressure is in
+bytes (:class:`~evald.daemon._transport.OutputBudget`): past ``stream_unread_bytes`` for the
+connection or the tenant's ``unread_bytes`` (shared with its gRPC streams) the reader stops
+reading, so a client that sends without reading stalls itself (the socket buffer fills) and
+nobody else, and one that reads nothing for ``stream_stall_s`` is cut off.
 
 What a connection may take from others: before its HELLO it counts in the small pool of
 connections with no tenant yet (``data_unauthenticated_connections``), where each slot is paid
@@ -35,11 +35,12 @@ for by the peer process that holds it (:func:`peer_of`, from ``SO_PEERCRED``): w
 full, a new connection makes room at the expense of the peer holding the most slots, which is
 its own peer when that peer already holds as many as anyone (:func:`choose_eviction`), so a
 peer churning connections evicts only its own (:mod:`evald.daemon._data_peers`); then it is
-one call of its tenant's ``max_calls`` and one of its share of ``data_max_connections`` (:meth:`Core.enter`). Its frames
-are read by :class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within
-``frame_timeout_s`` of its header, and counts in its tenant's ``request_bytes`` from the header
-until its items are admitted (the reader waits for room before reading the payload). A
-connection with nothing in flight that sends nothing for ``idle_timeout_s`` is ended cleanly.
+one call of its tenant's ``max_calls`` and one of its share of ``data_max_connections``
+(:meth:`Core.enter`). Its frames are read by
+:class:`~evald.daemon._frame_reader.FrameReader`: each must arrive within ``frame_timeout_s`` of
+its header, and counts in its tenant's ``request_bytes`` from the header until its items are
+admitted (the reader waits for room before reading the payload). A connection with nothing in
+flight that sends nothing for ``idle_timeout_s`` is ended cleanly.
 """
 
 from __future__ import annotations
