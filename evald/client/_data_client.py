@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Final
+from typing import Any
 
 from evald.contract import (
+    CLIENT_MAX_MESSAGE_BYTES,
     HELLO_MAGIC,
     ErrorCode,
     FrameError,
@@ -25,9 +26,6 @@ from evald.contract import (
 )
 
 __all__ = ["DataCallError", "DataConnection"]
-
-#: The largest RESULTS frame a client accepts (a daemon's answers are bounded by its limits).
-DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 
 
 class DataCallError(Exception):
@@ -68,10 +66,11 @@ class DataConnection:
         token: str | None = None,
         *,
         timeout_s: float = 2.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int = CLIENT_MAX_MESSAGE_BYTES,
     ) -> DataConnection:
         """Connects to ``unix:PATH`` and authenticates with ``token`` (none: the unix socket's
-        tokenless tenant).
+        tokenless tenant). ``max_frame_bytes`` bounds a RESULTS frame; a frame carries one
+        message, so the default is the gRPC client's message limit.
 
         Raises:
             DataCallError: the daemon refused (``permission_denied``, ``unavailable`` …).

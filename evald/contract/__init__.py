@@ -13,6 +13,14 @@ Everything two sides must agree on lives here and nowhere else:
 * the standard evaluators' names (:data:`STANDARD_EVALUATORS`);
 * addresses and channels (:func:`default_target`, :func:`unix_socket_path`, :class:`Endpoint`)
   and what a bearer token may look like (:func:`check_token`, :class:`TokenError`);
+* a bearer token's wire form: the ``authorization: Bearer TOKEN`` metadata
+  (:func:`bearer_metadata`, read back by :func:`bearer_token`) and its SHA-256
+  (:func:`token_digest`, :func:`token_sha256`), used by every client and by the daemon's gRPC
+  gate, data path and config alike;
+* the environment variables, each read in one place: :data:`TARGET_ENV` (:func:`env_target`)
+  and :data:`TOKEN_ENV` (:func:`env_token`);
+* the largest message or data-path frame a client sends or accepts
+  (:data:`CLIENT_MAX_MESSAGE_BYTES`);
 * the data path's framing (:func:`encode_frame`, :func:`read_frame`, :class:`FrameWriter`).
 
 The daemon, the host and every client import these names from ``evald.contract``; none of them
@@ -32,12 +40,21 @@ from evald.contract._abi import (
 )
 from evald.contract._addresses import default_target, unix_socket_path
 from evald.contract._alphabet import check_no_angle_bracket, may_produce
+from evald.contract._bearer import (
+    AUTHORIZATION_METADATA_KEY,
+    BEARER_SCHEME,
+    bearer_metadata,
+    bearer_token,
+    token_digest,
+    token_sha256,
+)
 from evald.contract._channel import (
     CLIENT_MAX_MESSAGE_BYTES,
     Endpoint,
     RpcFailure,
     decode_rpc_error,
 )
+from evald.contract._environment import TARGET_ENV, TOKEN_ENV, env_target, env_token
 from evald.contract._errors import (
     ERROR_CODE_METADATA_KEY,
     GUEST_ERROR_CODES,
@@ -72,6 +89,8 @@ from evald.v1 import evald_pb2_grpc as pb_grpc
 
 __all__ = [
     "ABI_VERSION",
+    "AUTHORIZATION_METADATA_KEY",
+    "BEARER_SCHEME",
     "BUFFER_EXPORTS",
     "CLIENT_MAX_MESSAGE_BYTES",
     "ERROR_CODE_METADATA_KEY",
@@ -88,6 +107,8 @@ __all__ = [
     "MAX_LITERAL_RULES",
     "MAX_TOKEN_CHARS",
     "STANDARD_EVALUATORS",
+    "TARGET_ENV",
+    "TOKEN_ENV",
     "VERSION_EXPORT",
     "Endpoint",
     "ErrorCode",
@@ -100,6 +121,8 @@ __all__ = [
     "TokenError",
     "WriterStalled",
     "append_custom_section",
+    "bearer_metadata",
+    "bearer_token",
     "check_grammar_shape",
     "check_no_angle_bracket",
     "check_token",
@@ -108,12 +131,16 @@ __all__ = [
     "encode_frame",
     "encode_manifest",
     "encode_uleb128",
+    "env_target",
+    "env_token",
     "load_manifest_source",
     "may_produce",
     "parse_manifest",
     "pb",
     "pb_grpc",
     "read_frame",
+    "token_digest",
     "token_problem",
+    "token_sha256",
     "unix_socket_path",
 ]

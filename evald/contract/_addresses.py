@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from evald.contract._environment import env_target
+
 __all__ = ["default_target", "unix_socket_path"]
 
 
@@ -20,7 +22,7 @@ def default_target() -> str:
     ``$XDG_RUNTIME_DIR`` is set (a private per-user folder, so no other user can squat the path),
     else ``unix:/tmp/evald-$UID.sock``.
     """
-    env = os.environ.get("EVALD_TARGET", "").strip()
+    env = env_target()
     if env:
         return env
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "").strip()

@@ -17,6 +17,9 @@ from typing import Any, Final, NamedTuple
 import grpc
 
 from evald.contract._addresses import default_target
+from evald.contract._bearer import bearer_metadata
+from evald.contract._environment import TOKEN_ENV
+from evald.contract._environment import env_token as _env_token
 from evald.contract._errors import ERROR_CODE_METADATA_KEY, ErrorCode
 from evald.contract._tokens import check_token
 
@@ -73,8 +76,8 @@ class Endpoint:
         if token is not None:
             resolved = check_token(token, where="the token")
         else:
-            from_env = os.environ.get("EVALD_TOKEN", "") if env_token else ""
-            resolved = check_token(from_env, where="$EVALD_TOKEN") if from_env else None
+            from_env = _env_token() if env_token else None
+            resolved = check_token(from_env, where=f"${TOKEN_ENV}") if from_env else None
         return cls(
             target=target or default_target(),
             token=resolved,
@@ -86,7 +89,7 @@ class Endpoint:
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata that authenticates: ``authorization: Bearer TOKEN``, or nothing."""
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+        return bearer_metadata(self.token)
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         """TLS credentials when a CA or a client certificate is set; None for plain channels.

@@ -180,9 +180,7 @@ class FrameWriter:
                 self._credit += credit
                 credit = 0
                 if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name=self._name, daemon=True
-                    )
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
                 self._wake.notify()
         self._release(credit)

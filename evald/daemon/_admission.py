@@ -3,8 +3,10 @@
 Why one module: every transport (gRPC calls, the gRPC gatekeeper before a body is read, the data
 path's connections) must apply the same rules, and each rule must be written once. So:
 
-* :meth:`Admission.tenant_for` maps a bearer token (hashed,
-  compared in constant time with every tenant's) or a tokenless unix-socket call to its tenant;
+* :meth:`Admission.tenant_for` maps a call's ``authorization`` metadata, and
+  :meth:`Admission.tenant_for_token` a bearer token as the data path's HELLO carries it (hashed
+  by :func:`~evald.contract.token_digest`, compared in constant time with every tenant's), or a
+  tokenless unix-socket call to its tenant;
 * :class:`Tenant` holds a tenant's live quota counters: evaluations in flight and its rate
   bucket (``max_concurrency``, ``rate_per_s``), calls in flight (``max_calls``: unary calls,
   streams and data connections alike) and its unread output bytes (``unread_bytes``, shared by
@@ -22,14 +24,21 @@ Refusals cost the daemon nothing it must clean up later: a refused item is answe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import hmac
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from evald.contract import ErrorCode, EvaldError, pb
+from evald.contract import (
+    TOKEN_ENV,
+    ErrorCode,
+    EvaldError,
+    TokenError,
+    bearer_token,
+    pb,
+    token_digest,
+)
 from evald.daemon._config import Config, TenantConfig, TenantLimits
 from evald.daemon._gatekeeping import error_response
 from evald.daemon._metrics import UNKNOWN_EVALUATOR_LABEL, Metrics
@@ -46,21 +55,16 @@ __all__ = ["Admission", "Tenant", "Transport", "UnreadWaiter", "host_limits"]
 Transport = Literal["grpc", "data"]
 
 
-def _authorization(metadata: Any) -> str | None:
-    """The ``authorization`` value of a call's metadata, if any."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else bytes(value).decode("latin-1")
-    return None
+def _metadata_token(metadata: Any) -> str | None:
+    """The bearer token of a call's metadata (None: the call carries none).
 
-
-def _token_digest(metadata: Any) -> bytes | None:
-    """The SHA-256 of the bearer token in ``metadata`` (None: no token, the tokenless call)."""
-    authorization = _authorization(metadata)
-    if authorization is None:
-        return None
-    _scheme, _, token = authorization.strip().partition(" ")
-    return hashlib.sha256(token.strip().encode("utf-8")).digest()
+    Raises:
+        EvaldError: ``permission_denied``, the metadata is not ``Bearer TOKEN``.
+    """
+    try:
+        return bearer_token(metadata)
+    except TokenError as exc:
+        raise EvaldError(ErrorCode.PERMISSION_DENIED, str(exc)) from None
 
 
 def host_limits(limits: TenantLimits) -> Limits:
@@ -372,8 +376,20 @@ class Admission:
         """Remembers a long-lived call of ``tenant`` (a stream, a data-path connection) and the
         token in its ``metadata``: when that token is revoked, ``end`` is called (from the
         thread that applies the change) with the ``unauthenticated`` error. Returns the
-        call's idempotent ``unwatch``."""
-        digest = _token_digest(metadata)
+        call's idempotent ``unwatch``.
+
+        Raises:
+            EvaldError: ``permission_denied``, the metadata is not ``Bearer TOKEN`` (never for
+                metadata :meth:`tenant_for` accepted).
+        """
+        return self.watch_token(tenant, _metadata_token(metadata), end)
+
+    def watch_token(
+        self, tenant: Tenant, token: str | None, end: Callable[[EvaldError], None]
+    ) -> Callable[[], None]:
+        """:meth:`watch` for a call that presented ``token`` itself (a data-path HELLO; None:
+        the tokenless call)."""
+        digest = token_digest(token) if token else None
         with self._watch_lock:
             key = self._next_watch
             self._next_watch += 1
@@ -446,31 +462,33 @@ class Admission:
 
     def tenant_for(self, metadata: Any, *, over_unix: bool) -> Tenant:
         """The tenant a call belongs to, from its metadata alone (what an interceptor sees
-        before gRPC reads the request body).
+        before gRPC reads the request body): :meth:`tenant_for_token` of its bearer token.
 
-        A bearer token is hashed and compared in constant time with every tenant's hash; a call
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix (also for metadata that is not
+                ``Bearer TOKEN``).
+        """
+        return self.tenant_for_token(_metadata_token(metadata), over_unix=over_unix)
+
+    def tenant_for_token(self, token: str | None, *, over_unix: bool) -> Tenant:
+        """The tenant of a bearer ``token`` as a call presented it (None or empty: no token).
+
+        The token is hashed and compared in constant time with every tenant's hash; a call
         without one is the tokenless tenant's only when it arrives over the unix socket.
 
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
         """
-        authorization = _authorization(metadata)
-        if authorization is None:
+        if not token:
             if self._tokenless is not None and over_unix:
                 return self._tokenless
             where = "this unix socket" if self._listens_on_unix else "TCP"
             raise EvaldError(
                 ErrorCode.PERMISSION_DENIED,
                 f"no token: calls over {where} need `authorization: Bearer TOKEN` metadata "
-                "(evald call --token, or $EVALD_TOKEN)",
+                f"(evald call --token, or ${TOKEN_ENV})",
             )
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise EvaldError(
-                ErrorCode.PERMISSION_DENIED,
-                "malformed authorization metadata: expected `Bearer TOKEN`",
-            )
-        digest = hashlib.sha256(token.strip().encode("utf-8")).digest()
+        digest = token_digest(token)
         found: Tenant | None = None
         for expected, state in self._tokened:
             if hmac.compare_digest(digest, expected):

@@ -2,7 +2,8 @@
 obeys.
 
 Why apart from the daemon's state: these are the parts that touch the operating system and the
-deployment (socket files and their modes, TLS files, refusing clear-text TCP off loopback,
+deployment (socket files and their modes, TLS files (regular files only,
+:mod:`~evald.daemon._operator_files`), refusing clear-text TCP off loopback,
 systemd's readiness protocol, SIGTERM/SIGINT/SIGHUP), and each has its own failure a deployer
 must be able to read: an address in use, a stale socket left by ``kill -9`` (removed), a live
 daemon already on the path (refused), a path over the kernel's limit.
@@ -36,6 +37,7 @@ from evald.daemon import _sdnotify
 from evald.daemon._config import Config, ServerSettings
 from evald.daemon._gatekeeping import SERVICE_NAME, receive_limit, send_limit
 from evald.daemon._grpc_gate import Gatekeeper
+from evald.daemon._operator_files import read_regular_file
 from evald.daemon._service import ControlPlane, add_service
 from evald.daemon._transport import Core
 
@@ -146,9 +148,9 @@ def bind(server: Any, listen: str, settings: ServerSettings) -> Path | None:
     host, _, _port = listen.rpartition(":")
     if settings.tls_cert:
         try:
-            key = Path(settings.tls_key).read_bytes()
-            cert = Path(settings.tls_cert).read_bytes()
-            ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+            key = read_regular_file(settings.tls_key)
+            cert = read_regular_file(settings.tls_cert)
+            ca = read_regular_file(settings.tls_client_ca) if settings.tls_client_ca else None
         except OSError as exc:
             raise EvaldError(ErrorCode.INVALID_ARGUMENT, f"cannot read a TLS file: {exc}") from exc
         credentials = grpc.ssl_server_credentials(

@@ -152,6 +152,7 @@ class EvaldServer:
         # Core's operations that run per call and per item, bound once here: no forwarding
         # call on the evaluation path.
         self.authenticate = self.admission.tenant_for
+        self.authenticate_token = self.admission.tenant_for_token
         self.enter = self.admission.enter
         self.enter_unauthenticated = self.admission.enter_unauthenticated
         self.check_batch_size = self.admission.check_batch_size
@@ -160,6 +161,7 @@ class EvaldServer:
         self.enqueue = self.scheduler.enqueue
         self.abandon = self.scheduler.abandon
         self.watch = self.admission.watch
+        self.watch_token = self.admission.watch_token
         self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
         self._compile_queue = CompileQueue(
             capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant

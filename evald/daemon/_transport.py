@@ -77,6 +77,15 @@ class Core(Protocol):
         """
         ...
 
+    def authenticate_token(self, token: str | None, *, over_unix: bool) -> Tenant:
+        """The tenant of a bearer ``token`` a connection presented itself (the data path's
+        HELLO; None: no token, the tokenless tenant only over unix).
+
+        Raises:
+            EvaldError: ``permission_denied`` with what to fix.
+        """
+        ...
+
     def enter(self, tenant: Tenant, transport: Transport) -> Callable[[], None]:
         """Counts one call or connection of ``tenant`` (its ``max_calls``, its share of the
         transport's pool); returns its idempotent ``leave``.
@@ -133,6 +142,12 @@ class Core(Protocol):
         """Remembers a long-lived call (a stream, a data-path connection) and the token in its
         ``metadata``; when that token is revoked, ``end`` is called (from any thread) with the
         ``unauthenticated`` error to end the call with. Returns the idempotent ``unwatch``."""
+        ...
+
+    def watch_token(
+        self, tenant: Tenant, token: str | None, end: Callable[[EvaldError], None]
+    ) -> Callable[[], None]:
+        """:meth:`watch` for a connection that presented ``token`` itself (the data path)."""
         ...
 
     def untrack(self, stream: Stoppable) -> None: ...

@@ -135,7 +135,25 @@ def inspect_module(
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     engine: wasmtime.Engine | None = None,
 ) -> tuple[Manifest, ModuleInfo]:
-    """:func:`validate_module`, also returning the parsed declarations (for the host)."""
+    """:func:`validate_module`, also returning the parsed declarations (for the host).
+
+    The rules run in the order a module's author meets them, each group a function of its
+    own: the bytes (size, magic, validity), what the module may hold (no imports, bounded
+    functions and code), the ABI's exports, its memory, its manifest section.
+    """
+    _check_bytes(wasm, max_module_bytes, engine)
+    try:
+        info = parse_module(bytes(wasm))
+    except WasmFormatError as exc:
+        raise _refuse(f"cannot read the module: {exc}") from exc
+    _check_contents(info)
+    _check_exports(info)
+    _check_memory(info, max_memory_bytes)
+    return _manifest(wasm, info), info
+
+
+def _check_bytes(wasm: bytes, max_module_bytes: int, engine: wasmtime.Engine | None) -> None:
+    """Bytes, within the size cap, starting with the magic number, valid for this host."""
     if not isinstance(wasm, bytes | bytearray):
         raise _refuse("the module must be bytes")
     if len(wasm) > max_module_bytes:
@@ -156,11 +174,10 @@ def inspect_module(
         raise _refuse(
             "not valid WebAssembly for this host: " + "; ".join(line.strip() for line in detail[:3])
         ) from exc
-    try:
-        info = parse_module(bytes(wasm))
-    except WasmFormatError as exc:
-        raise _refuse(f"cannot read the module: {exc}") from exc
 
+
+def _check_contents(info: ModuleInfo) -> None:
+    """No imports; at most :data:`MAX_FUNCTIONS` functions and :data:`MAX_CODE_BYTES` of code."""
     if info.imports:
         listed = ", ".join(f"{i.module}.{i.name} ({i.kind})" for i in info.imports[:5])
         more = f" and {len(info.imports) - 5} more" if len(info.imports) > 5 else ""
@@ -184,6 +201,9 @@ def inspect_module(
             "(build with -O ReleaseSmall and strip unused code)"
         )
 
+
+def _check_exports(info: ModuleInfo) -> None:
+    """The ABI's exports, each of its type; none with the host's reserved prefix."""
     exports = {export.name: export for export in info.exports}
     reserved = sorted(name for name in exports if name.startswith(RESERVED_EXPORT_PREFIX))
     if reserved:
@@ -214,6 +234,10 @@ def inspect_module(
         raise _refuse(
             f"export memory is a {exports['memory'].kind}; it must be the module's linear memory"
         )
+
+
+def _check_memory(info: ModuleInfo, max_memory_bytes: int) -> None:
+    """Exactly one plain 32-bit memory whose declared minimum fits the memory cap."""
     if len(info.memories) != 1:
         raise _refuse(
             f"the module defines {len(info.memories)} memories; ABI v1 requires exactly one"
@@ -230,6 +254,9 @@ def inspect_module(
             "static buffers)"
         )
 
+
+def _manifest(wasm: bytes, info: ModuleInfo) -> Manifest:
+    """The manifest of the module's one manifest section."""
     sections = info.custom_sections(MANIFEST_SECTION)
     if not sections:
         raise _refuse(
@@ -241,8 +268,7 @@ def inspect_module(
             f"the module has {len(sections)} {MANIFEST_SECTION} sections; exactly one is allowed"
         )
     section = sections[0]
-    manifest = parse_manifest(bytes(wasm[section.payload_start : section.end]))
-    return manifest, info
+    return parse_manifest(bytes(wasm[section.payload_start : section.end]))
 
 
 def validate_module(

@@ -2,9 +2,9 @@
 
 This is the product's hot path. A reused instance's call takes a few microseconds of CPU, so
 every Python call, attribute lookup and allocation in :meth:`CallPath.run` shows: the common
-case (a cached instance, a value inside the output buffer) is written inline, and everything
-rarer — a new instance, a trap, an error payload, an output to check — leaves it for a
-function of its own. What the call does, in order:
+case (the thread's kept instance, a value inside the output buffer) is written inline, and
+everything rarer — a refused input, a new instance, a trap, a grown memory, an error payload, an
+output to check — leaves it for a function of its own. What the call does, in order:
 
 * checks the input against the limit and the guest's input buffer (the guest is not called);
 * takes the thread's instance for (pool key, module) (:mod:`evald.host._instance_pool`); in
@@ -38,12 +38,12 @@ import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host._deadline import EpochDeadlines
-from evald.host._fastcall import memory_reset_unavailable
 from evald.host._guest_output import read_output
-from evald.host._instance import instantiate
+from evald.host._instance import Instance, instantiate
 from evald.host._instance_pool import InstancePool, ThreadInstances
 from evald.host._limits import HostConfig, Limits
 from evald.host._loaded_module import LoadedModule
+from evald.host._memory_reset import memory_reset_unavailable
 from evald.host._outcome import Failure, call_trap_failure, first_line
 
 __all__ = ["CallPath"]
@@ -79,7 +79,7 @@ class CallPath:
         self._engine = engine
         self._fresh = config.isolation == "fresh"
         #: Fresh instances are kept and reset after each call where the kernel can tell what a
-        #: call wrote (:class:`~evald.host._fastcall.MemoryReset`); else one per call.
+        #: call wrote (:class:`~evald.host._memory_reset.MemoryReset`); else one per call.
         self._resets = self._fresh and not memory_reset_unavailable()
         if self._fresh and not self._resets:
             _log.warning(
@@ -94,37 +94,32 @@ class CallPath:
         self._pool = pool
         self._local = pool.local
 
+    def memory_cap(self, limits: Limits) -> int:
+        """The memory cap a module runs under with ``limits``: the tenant's ``memory_bytes``,
+        bounded by the pool slot with the pooling allocator (:meth:`WasmHost.memory_cap
+        <evald.host.WasmHost.memory_cap>` is this)."""
+        if self._pooling:
+            return min(limits.memory_bytes, self._pool_memory_bytes)
+        return limits.memory_bytes
+
     def run(
         self, module: LoadedModule, data: bytes, limits: Limits, pool_key: str
     ) -> tuple[str, int]:
-        """Runs ``module`` on ``data``; returns (value, fuel used).
+        """Runs ``module`` on ``data``; returns (value, fuel used). Each step is named in the
+        module docstring; the common case of each stays here, its rare cases leave.
 
         Raises:
             Failure: for every guest error, trap and limit hit.
         """
         size = len(data)
-        if size > limits.input_bytes:
-            raise Failure(
-                ErrorCode.INPUT_TOO_LARGE,
-                f"the input is {size} bytes; the limit is {limits.input_bytes} bytes (input_bytes)",
-            )
-        if size > module.input_cap:
-            raise Failure(
-                ErrorCode.INPUT_TOO_LARGE,
-                f"the input is {size} bytes; evaluator {module.manifest.name} "
-                f"accepts at most {module.input_cap} bytes",
-            )
-        memory_cap = limits.memory_bytes
-        if self._pooling and memory_cap > self._pool_memory_bytes:
-            memory_cap = self._pool_memory_bytes  # as WasmHost.memory_cap, inline
+        if size > limits.input_bytes or size > module.input_cap:
+            raise _input_too_large(module, size, limits)
         fresh = self._fresh
         fuel = limits.fuel or _UNMETERED_FUEL
-        if fresh and (module._fresh_export is None or not self._resets):
-            # nothing to reset this module's instances with: a new one for this call only
-            instance = instantiate(
-                self._engine, module, memory_cap, fuel, self._deadlines.ticks(limits.deadline_ms)
-            )
-        else:
+        memory_cap = self.memory_cap(limits)
+        # The thread's kept instance for (pool key, module), looked up inline: the common case.
+        instance: Instance | None = None
+        if not fresh or (module.resettable and self._resets):
             try:
                 instances: ThreadInstances = self._local.instances
             except AttributeError:
@@ -137,15 +132,8 @@ class CallPath:
                 except KeyError:  # another thread forgot or evicted it just now; still usable
                     pass
                 instance = known
-            else:
-                instance = self._pool.instance(
-                    module,
-                    memory_cap,
-                    fuel,
-                    limits.deadline_ms,
-                    pool_key,
-                    limits.instance_cache_bytes,
-                )
+        if instance is None:
+            instance = self._new_instance(module, limits, memory_cap, fuel, pool_key)
         context = instance.context
         if size:
             # in bounds: in_ptr + in_cap lies inside the memory (checked at instantiation),
@@ -157,29 +145,11 @@ class CallPath:
         context.set_epoch_deadline(self._deadlines.ticks(limits.deadline_ms))
         try:
             result = instance.eval.call1(size)
-        except wasmtime.Trap as trap:
-            used = fuel - context.fuel()
-            self._pool.discard(instance, pool_key)
-            raise call_trap_failure(
-                trap,
-                evaluator=module.manifest.name,
-                limits=limits,
-                fuel_used=used,
-                max_wasm_stack_bytes=self._max_wasm_stack_bytes,
-                memory_cap=instance.memory_cap,
-                grow_was_refused=instance.grow_was_refused,
-            ) from None
-        except wasmtime.WasmtimeError as exc:
-            self._pool.discard(instance, pool_key)
-            raise Failure(
-                ErrorCode.INTERNAL, f"wasmtime failed the call: {first_line(exc)}"
-            ) from None
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise self._call_failed(exc, instance, limits, fuel, pool_key) from None
         used = fuel - context.fuel()
         if instance.memory.size() != instance.view_size:
-            instance.refresh_view()  # the guest grew its memory: the old view may be stale
-            if not fresh:
-                self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
-            # (fresh: a grown memory cannot be reset; the instance goes after the read below)
+            self._grown(instance, limits, pool_key)
         value: str | None = None
         if 0 <= result <= instance.out_cap and result <= limits.output_bytes:
             # The common case, inline: a value inside the output buffer, which lies inside the
@@ -190,18 +160,87 @@ class CallPath:
             except UnicodeDecodeError:
                 value = None
         if value is None:
-            try:
-                value = read_output(instance, result, limits, used)
-            except Failure as failure:
-                if failure.code is ErrorCode.GUEST_FAULT:
-                    self._pool.discard(instance, pool_key)
-                elif not fresh:
-                    instance.clear_buffers(size, result)
-                elif not instance.reset():
-                    self._pool.discard(instance, pool_key)
-                raise
+            value = self._read_checked(instance, size, result, limits, used, pool_key)
         if not fresh:
             instance.clear_buffers(size, result)
         elif not instance.reset():
             self._pool.discard(instance, pool_key)  # not put back (or made for this call only)
         return value, used
+
+    def _new_instance(
+        self, module: LoadedModule, limits: Limits, memory_cap: int, fuel: int, pool_key: str
+    ) -> Instance:
+        """An instance for a call the thread keeps none for: from the pool (which keeps it), or
+        in ``fresh`` mode for a module that cannot be put back, a new one for this call alone."""
+        if self._fresh and (not module.resettable or not self._resets):
+            # nothing to reset this module's instances with: a new one for this call only
+            return instantiate(
+                self._engine, module, memory_cap, fuel, self._deadlines.ticks(limits.deadline_ms)
+            )
+        return self._pool.instance(
+            module, memory_cap, fuel, limits.deadline_ms, pool_key, limits.instance_cache_bytes
+        )
+
+    def _call_failed(
+        self,
+        exc: wasmtime.Trap | wasmtime.WasmtimeError,
+        instance: Instance,
+        limits: Limits,
+        fuel: int,
+        pool_key: str,
+    ) -> Failure:
+        """The failure of a guest call that trapped (or that wasmtime failed); the instance is
+        discarded either way."""
+        if not isinstance(exc, wasmtime.Trap):
+            self._pool.discard(instance, pool_key)
+            return Failure(ErrorCode.INTERNAL, f"wasmtime failed the call: {first_line(exc)}")
+        used = fuel - instance.context.fuel()
+        self._pool.discard(instance, pool_key)
+        return call_trap_failure(
+            exc,
+            evaluator=instance.module.manifest.name,
+            limits=limits,
+            fuel_used=used,
+            max_wasm_stack_bytes=self._max_wasm_stack_bytes,
+            memory_cap=instance.memory_cap,
+            grow_was_refused=instance.grow_was_refused,
+        )
+
+    def _grown(self, instance: Instance, limits: Limits, pool_key: str) -> None:
+        """The guest grew its memory: a new view (the old one may be stale), and in reuse mode
+        the growth charged to the pool key's budget (fresh: a grown memory cannot be reset; the
+        instance goes after the read)."""
+        instance.refresh_view()
+        if not self._fresh:
+            self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
+
+    def _read_checked(
+        self, instance: Instance, size: int, result: int, limits: Limits, used: int, pool_key: str
+    ) -> str:
+        """The value by :func:`~evald.host._guest_output.read_output`'s checks (an error payload,
+        an output past a bound, text that is not UTF-8); on its failure the instance is
+        discarded (a guest fault) or put back as a call's end would."""
+        try:
+            return read_output(instance, result, limits, used)
+        except Failure as failure:
+            if failure.code is ErrorCode.GUEST_FAULT:
+                self._pool.discard(instance, pool_key)
+            elif not self._fresh:
+                instance.clear_buffers(size, result)
+            elif not instance.reset():
+                self._pool.discard(instance, pool_key)
+            raise
+
+
+def _input_too_large(module: LoadedModule, size: int, limits: Limits) -> Failure:
+    """Why an input of ``size`` bytes is refused before the guest is called."""
+    if size > limits.input_bytes:
+        return Failure(
+            ErrorCode.INPUT_TOO_LARGE,
+            f"the input is {size} bytes; the limit is {limits.input_bytes} bytes (input_bytes)",
+        )
+    return Failure(
+        ErrorCode.INPUT_TOO_LARGE,
+        f"the input is {size} bytes; evaluator {module.manifest.name} "
+        f"accepts at most {module.input_cap} bytes",
+    )

@@ -11,7 +11,7 @@ exceptions.
 
 =========================  ===============================================================
 ``_module_loader.py``      validate → compile or cache → trial instantiation
-``_loaded_module.py``      what loading leaves for every call (``LoadedModule``)
+``_loaded_module.py``      what loading leaves for every call (``LoadedModule``, read-only)
 ``_instance.py``           one live store and instance, its buffers, the table caps
 ``_instance_pool.py``      the per-thread kept instances (both modes)
 ``_call_path.py``          one call: fuel, deadline, input and output buffers, the result
@@ -23,7 +23,8 @@ exceptions.
 Beneath them: ``_abi.py`` (ABI v1 validation), ``_instrument.py`` (the ``memory.grow``
 rewrite), ``_module_cache.py`` (compiled code on disk), ``_compiler.py`` (validation and
 compilation in a worker process), ``_engine.py`` (the engine configuration and the epoch
-ticker), ``_fastcall.py`` (the raw ctypes calls into wasmtime).
+ticker), ``_fastcall.py`` (the raw ctypes calls into wasmtime), ``_memory_reset.py`` (a
+linear memory put back to its initial contents, for fresh instances).
 
 How each limit is enforced (docs/design.md §5):
 
@@ -180,10 +181,10 @@ class WasmHost:
         return self._pool.held_bytes(pool_key)
 
     def memory_cap(self, limits: Limits) -> int:
-        """The memory cap a module runs under with ``limits`` (the pool slot bounds it)."""
-        if self._pooling:
-            return min(limits.memory_bytes, self.config.pool_memory_bytes)
-        return limits.memory_bytes
+        """The memory cap a module runs under with ``limits`` (the pool slot bounds it); the
+        rule's one home is the call path's (:meth:`CallPath.memory_cap
+        <evald.host._call_path.CallPath.memory_cap>`)."""
+        return self._call.memory_cap(limits)
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ view is taken again only when the memory size changed (:meth:`Instance.refresh_v
 
 A *fresh* instance (``isolation = "fresh"``, a resettable module: :mod:`evald.host._instrument`)
 is called through the fresh wrapper, which puts the globals back before the guest runs, and
-carries a :class:`~evald.host._fastcall.MemoryReset` that puts its memory back after each
+carries a :class:`~evald.host._memory_reset.MemoryReset` that puts its memory back after each
 call (:meth:`Instance.reset`): the next call starts from a new instance's state.
 """
 
@@ -30,7 +30,8 @@ import wasmtime
 
 from evald.contract import ErrorCode
 from evald.host import _fastcall as fast
-from evald.host._loaded_module import LoadedModule
+from evald.host._loaded_module import LinkedModule, LoadedModule
+from evald.host._memory_reset import MemoryReset, memory_reset_unavailable
 from evald.host._outcome import Failure, first_line, start_trap_failure
 
 __all__ = [
@@ -86,7 +87,7 @@ class Instance:
         "view_size",
     )
 
-    def __init__(self, module: LoadedModule, store: wasmtime.Store, memory_cap: int) -> None:
+    def __init__(self, module: LinkedModule, store: wasmtime.Store, memory_cap: int) -> None:
         self.module = module
         self.store = store
         self.context = fast.RawStore(store)
@@ -100,7 +101,7 @@ class Instance:
         #: The memory the instance pool charged for it (its size when last counted).
         self.held_bytes = 0
         #: Puts the memory back after a call (fresh instances of resettable modules only).
-        self.resetter: fast.MemoryReset | None = None
+        self.resetter: MemoryReset | None = None
 
     def refresh_view(self) -> None:
         """Takes a new view of the memory (after instantiation, or a call that grew it)."""
@@ -160,7 +161,7 @@ class Instance:
 
     def reset(self) -> bool:
         """Puts a fresh instance back to a new instance's state after a call: its memory by
-        :class:`~evald.host._fastcall.MemoryReset` (its globals are put back by the fresh
+        :class:`~evald.host._memory_reset.MemoryReset` (its globals are put back by the fresh
         wrapper when the next call enters). Returns False when it cannot be (not a fresh
         instance, its memory grew, or the scan failed): the caller must then drop it."""
         resetter = self.resetter
@@ -187,7 +188,7 @@ def bind_function(
 
 def start_instance(
     engine: wasmtime.Engine,
-    module: LoadedModule,
+    module: LinkedModule,
     memory_cap: int,
     fuel: int,
     ticks: int,
@@ -205,11 +206,11 @@ def start_instance(
         Failure: never ``EvaldError``; a trap in the start function is mapped by
             :func:`~evald.host._outcome.start_trap_failure`.
     """
-    if module._minimum_memory_bytes > memory_cap:
+    if module.minimum_memory_bytes > memory_cap:
         raise Failure(
             ErrorCode.MEMORY_LIMIT,
             f"evaluator {module.manifest.name} needs "
-            f"{module._minimum_memory_bytes} bytes of memory at start; the "
+            f"{module.minimum_memory_bytes} bytes of memory at start; the "
             f"memory limit is {memory_cap} bytes (memory_bytes)",
         )
     store = wasmtime.Store(engine)
@@ -219,7 +220,7 @@ def start_instance(
     context.set_fuel(fuel)
     context.set_epoch_deadline(ticks)
     try:
-        wasm_instance = fast.instantiate(store, module._pre)
+        wasm_instance = fast.instantiate(store, module.pre)
     except wasmtime.Trap as trap:
         raise start_trap_failure(trap, evaluator=module.manifest.name, fuel=fuel) from None
     except wasmtime.WasmtimeError as exc:
@@ -238,10 +239,11 @@ def start_instance(
     if not isinstance(memory, wasmtime.Memory):
         raise Failure(ErrorCode.INTERNAL, "export memory vanished")
     instance.memory = fast.RawMemory(store, memory)
-    export = module._fresh_export if fresh and module._fresh_export else module._eval_export
+    export = module.fresh_export if fresh and module.fresh_export else module.eval_export
     instance.eval = bind_function(store, wasm_instance, export, 1)
-    if module._flag_export is not None:
-        flag = fast.export(store, wasm_instance, module._flag_export)
+    flag_export = module.flag_export
+    if flag_export is not None:
+        flag = fast.export(store, wasm_instance, flag_export)
         instance.flag = flag if isinstance(flag, wasmtime.Global) else None
     return instance, wasm_instance
 
@@ -260,18 +262,17 @@ def instantiate(
     A guest without imports is deterministic, so every instance has the buffers the trial saw;
     their bounds are still checked per instance (:meth:`Instance.place_buffers`). With
     ``fresh``, an instance of a resettable module gets its reset (:meth:`Instance.reset`)
-    where the kernel allows it (:func:`~evald.host._fastcall.memory_reset_unavailable`).
+    where the kernel allows it (:func:`~evald.host._memory_reset.memory_reset_unavailable`).
 
     Raises:
         Failure: as :func:`start_instance` and :meth:`Instance.place_buffers`.
     """
     instance, _ = start_instance(engine, module, memory_cap, fuel, ticks, fresh=fresh)
-    instance.place_buffers(
-        module._input_ptr, module.input_cap, module._output_ptr, module.output_cap
-    )
-    if fresh and module._fresh_export and not fast.memory_reset_unavailable():
-        if instance.view_size == module._pristine_bytes:
-            instance.resetter = fast.MemoryReset(instance.memory, module._pristine_pages)
+    trial = module.trial
+    instance.place_buffers(trial.input_ptr, trial.input_cap, trial.output_ptr, trial.output_cap)
+    if fresh and module.resettable and not memory_reset_unavailable():
+        if instance.view_size == trial.pristine_bytes:
+            instance.resetter = MemoryReset(instance.memory, trial.pristine_pages)
     return instance
 
 

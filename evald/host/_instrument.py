@@ -13,7 +13,7 @@ and adds a wrapper around ``evald_eval`` that clears the global first:
   and its globals (:func:`reset_blocker` finds none of the rest): sets every mutable global
   back to its initial value (its own constant expression, copied), then does what
   ``__evald_eval`` does. With the linear memory put back to its image by the host
-  (:class:`evald.host._fastcall.MemoryReset`), a call through it starts from exactly the state
+  (:class:`evald.host._memory_reset.MemoryReset`), a call through it starts from exactly the state
   a new instance would have: ``isolation = "fresh"`` then keeps the instance (docs/design.md
   §5, "Fresh instances").
 
@@ -172,13 +172,31 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
     except WasmFormatError:
         return None
     type_index = len(info.types)
-    hook_index = len(info.function_types)
-    wrapper_index = hook_index + 1
-    fresh_index = hook_index + 2
-    flag_index = info.global_count
+    hook_index = len(info.function_types)  # then the wrapper, then the fresh wrapper
+    flag = encode_uleb128(info.global_count)
+    bodies = _added_bodies(flag, eval_function, hook_index + 1, mutable, resettable)
+    additions = {
+        1: [bytes([0x60, 1, _I32, 1, _I32])],
+        3: [encode_uleb128(type_index)] * len(bodies),
+        6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
+        7: _added_exports(flag, hook_index + 1, hook_index + 2, resettable),
+    }
     hook_call = b"\x10" + encode_uleb128(hook_index)
-    flag = encode_uleb128(flag_index)
+    try:
+        return _assemble(wasm, info, additions, hook_call, bodies)
+    except WasmFormatError:
+        return None
 
+
+def _added_bodies(
+    flag: bytes,
+    eval_function: int,
+    wrapper_index: int,
+    mutable: list[tuple[int, bytes]],
+    resettable: bool,
+) -> list[bytes]:
+    """The added functions' bodies, each with its size: the grow hook, the wrapper, and (for a
+    resettable module) the fresh wrapper."""
     hook_body = (
         b"\x01\x01\x7f"  # one i32 local (index 1)
         b"\x20\x00\x40\x00\x22\x01"  # local.get 0; memory.grow 0; local.tee 1
@@ -193,15 +211,23 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
         + encode_uleb128(eval_function)
         + b"\x0b"
     )
-    # the fresh wrapper: every mutable global to its initial value, then the plain wrapper
-    fresh_body = (
-        b"\x00"
-        + b"".join(expr + bytes([_GLOBAL_SET]) + encode_uleb128(i) for i, expr in mutable)
-        + b"\x20\x00\x10"
-        + encode_uleb128(wrapper_index)
-        + b"\x0b"
-    )
-    functions = [encode_uleb128(type_index)] * (3 if resettable else 2)
+    bodies = [hook_body, wrapper_body]
+    if resettable:
+        # the fresh wrapper: every mutable global to its initial value, then the plain wrapper
+        bodies.append(
+            b"\x00"
+            + b"".join(expr + bytes([_GLOBAL_SET]) + encode_uleb128(i) for i, expr in mutable)
+            + b"\x20\x00\x10"
+            + encode_uleb128(wrapper_index)
+            + b"\x0b"
+        )
+    return [encode_uleb128(len(body)) + body for body in bodies]
+
+
+def _added_exports(
+    flag: bytes, wrapper_index: int, fresh_index: int, resettable: bool
+) -> list[bytes]:
+    """The added exports: the wrapper, the grow flag, and (resettable) the fresh wrapper."""
     exports = [
         encode_uleb128(len(EVAL_WRAPPER_EXPORT))
         + EVAL_WRAPPER_EXPORT.encode()
@@ -216,56 +242,63 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
             + b"\x00"
             + encode_uleb128(fresh_index)
         )
-    additions = {
-        1: [bytes([0x60, 1, _I32, 1, _I32])],
-        3: functions,
-        6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
-        7: exports,
-    }
+    return exports
 
+
+def _assemble(
+    wasm: bytes,
+    info: ModuleInfo,
+    additions: dict[int, list[bytes]],
+    hook_call: bytes,
+    added_bodies: list[bytes],
+) -> bytes | None:
+    """The module with ``additions`` appended to their sections (a section the module lacks is
+    created in its place in the order) and every body rewritten, ``added_bodies`` last.
+
+    Raises:
+        WasmFormatError: a body this reader cannot decode.
+    """
     out = bytearray(wasm[:8])
     pending = dict(additions)
-    try:
-        code_section = None
-        for section in info.sections:
-            rank = SECTION_ORDER.get(section.id)
-            if rank is not None:
-                # sections we add that the module lacks go before the first later section
-                for missing in sorted(pending, key=SECTION_ORDER.__getitem__):
-                    if SECTION_ORDER[missing] < rank and info.section(missing) is None:
-                        out += _section(missing, _vector(pending.pop(missing)))
-            if section.id in pending:
-                content = _append_to_vector(
-                    wasm, section.content_start, section.end, pending.pop(section.id)
-                )
-                out += _section(section.id, content)
-            elif section.id == 10:
-                code_section = section
-                reader = Reader(wasm, section.content_start, section.end)
-                bodies = []
-                for _ in range(reader.uleb()):
-                    size = reader.uleb()
-                    body_start = reader.pos
-                    body_end = body_start + size
-                    body = Reader(wasm, body_start, body_end)
-                    for _ in range(body.uleb()):
-                        body.uleb()
-                        body.byte()
-                    expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call)
-                    new_body = wasm[body_start : body.pos] + expr
-                    bodies.append(encode_uleb128(len(new_body)) + new_body)
-                    reader.pos = body_end
-                bodies += [
-                    encode_uleb128(len(hook_body)) + hook_body,
-                    encode_uleb128(len(wrapper_body)) + wrapper_body,
-                ]
-                if resettable:
-                    bodies.append(encode_uleb128(len(fresh_body)) + fresh_body)
-                out += _section(10, _vector(bodies))
-            else:
-                out += wasm[section.start : section.end]
-    except WasmFormatError:
-        return None
+    code_section = None
+    for section in info.sections:
+        rank = SECTION_ORDER.get(section.id)
+        if rank is not None:
+            # sections we add that the module lacks go before the first later section
+            for missing in sorted(pending, key=SECTION_ORDER.__getitem__):
+                if SECTION_ORDER[missing] < rank and info.section(missing) is None:
+                    out += _section(missing, _vector(pending.pop(missing)))
+        if section.id in pending:
+            content = _append_to_vector(
+                wasm, section.content_start, section.end, pending.pop(section.id)
+            )
+            out += _section(section.id, content)
+        elif section.id == 10:
+            code_section = section
+            bodies = _rewrite_bodies(wasm, section.content_start, section.end, hook_call)
+            out += _section(10, _vector(bodies + added_bodies))
+        else:
+            out += wasm[section.start : section.end]
     if code_section is None or pending:
         return None  # a module without code exports no functions; the validator refuses it
     return bytes(out)
+
+
+def _rewrite_bodies(wasm: bytes, start: int, end: int, hook_call: bytes) -> list[bytes]:
+    """Every body of the code section at ``start:end``, each ``memory.grow`` a call of the hook,
+    each with its new size."""
+    reader = Reader(wasm, start, end)
+    bodies = []
+    for _ in range(reader.uleb()):
+        size = reader.uleb()
+        body_start = reader.pos
+        body_end = body_start + size
+        body = Reader(wasm, body_start, body_end)
+        for _ in range(body.uleb()):
+            body.uleb()
+            body.byte()
+        expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call)
+        new_body = wasm[body_start : body.pos] + expr
+        bodies.append(encode_uleb128(len(new_body)) + new_body)
+        reader.pos = body_end
+    return bodies

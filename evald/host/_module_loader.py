@@ -39,7 +39,6 @@ from evald.contract import (
     EvaldError,
     Manifest,
 )
-from evald.host import _fastcall as fast
 from evald.host._abi import WASM_PAGE_BYTES, inspect_module
 from evald.host._compile_cost import check_compile_cost
 from evald.host._compiler import CompiledModule
@@ -48,7 +47,8 @@ from evald.host._engine import engine_fingerprint
 from evald.host._instance import bind_function, start_instance
 from evald.host._instrument import FRESH_WRAPPER_EXPORT, GROW_FLAG_EXPORT, instrument_memory_grow
 from evald.host._limits import HostConfig
-from evald.host._loaded_module import LoadedModule
+from evald.host._loaded_module import LinkedModule, LoadedModule, TrialImage
+from evald.host._memory_reset import pristine_pages as _pristine_pages
 from evald.host._module_cache import ModuleCache
 from evald.host._outcome import Failure, first_line, trap_name
 
@@ -155,7 +155,7 @@ class ModuleLoader:
 
     def store_compiled(self, module: LoadedModule) -> None:
         """Writes ``module``'s compiled code to the disk cache."""
-        self.cache.store(module.sha256, module._module)
+        self.cache.store(module.sha256, module.code)
 
     def forget(self, sha256: str) -> None:
         """Drops the compiled code kept in memory for ``sha256`` (the disk cache keeps it)."""
@@ -186,32 +186,30 @@ class ModuleLoader:
             raise EvaldError(
                 ErrorCode.INVALID_MODULE, f"the module does not link: {first_line(exc)}"
             ) from exc
-        loaded = LoadedModule(
+        linked = LinkedModule(
             manifest=manifest,
             sha256=sha256,
             size_bytes=size_bytes,
-            module=compiled,
+            code=compiled,
             pre=pre,
             grow_observed=grow_observed,
             resettable=resettable,
             minimum_memory_bytes=minimum_memory_bytes,
-            input_cap=0,
-            output_cap=0,
             from_cache=from_cache,
         )
         try:
-            in_ptr, in_cap, out_ptr, out_cap = self._trial_buffers(loaded, memory_cap)
+            trial = self._trial(linked, memory_cap)
         except Failure as failure:
             raise EvaldError(
                 ErrorCode.INVALID_MODULE, f"trial instantiation failed: {failure.message}"
             ) from None
-        loaded.input_cap, loaded.output_cap = in_cap, out_cap
-        loaded._input_ptr, loaded._output_ptr = in_ptr, out_ptr
-        return loaded
+        return LoadedModule(linked, trial)
 
-    def _trial_buffers(self, module: LoadedModule, memory_cap: int) -> tuple[int, int, int, int]:
+    def _trial(self, module: LinkedModule, memory_cap: int) -> TrialImage:
         """Instantiates ``module`` under the load budget, checks its ABI version and returns
-        its buffers (input pointer and capacity, output pointer and capacity), placed.
+        what every later instance will have: a new instance's memory, read before any guest
+        function runs, and its buffers (input pointer and capacity, output pointer and
+        capacity), placed.
 
         The buffer functions run once per module, here: a guest without imports is
         deterministic, so every later instance has the same buffers.
@@ -227,9 +225,8 @@ class ModuleLoader:
             self._deadlines.ticks(self._config.load_deadline_ms),
         )
         # what a new instance's memory holds, read before any guest function runs
-        module._pristine_bytes = instance.memory.size()
-        if module.resettable:
-            module._pristine_pages = fast.pristine_pages(instance.memory)
+        pristine_bytes = instance.memory.size()
+        pristine_pages = _pristine_pages(instance.memory) if module.resettable else ()
         store = instance.store
         try:
             version = bind_function(store, wasm_instance, VERSION_EXPORT, 0).call0()
@@ -248,7 +245,7 @@ class ModuleLoader:
                 f"a buffer function of evaluator {module.manifest.name} trapped: {trap_name(trap)}",
             ) from None
         instance.place_buffers(in_ptr, in_cap, out_ptr, out_cap)
-        return in_ptr, in_cap, out_ptr, out_cap
+        return TrialImage(in_ptr, in_cap, out_ptr, out_cap, pristine_bytes, pristine_pages)
 
 
 def _resettable(compiled: wasmtime.Module) -> bool:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import wasmtime
 
@@ -79,204 +80,302 @@ def _wat_bytes(data: bytes) -> str:
     return "".join(f"\\{b:02x}" for b in data)
 
 
-def _behaviour(kind: str, out_ptr: int, param: Any) -> tuple[str, str, str]:
+#: ``(locals, body, extra module fields)`` of ``evald_eval`` for one behaviour.
+_Fragments = tuple[str, str, str]
+
+
+def _ok(out_ptr: int) -> str:
+    """Writes "ok" to the output buffer and returns its length."""
+    return f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (i32.const 2)"
+
+
+def _echo(out_ptr: int, param: Any) -> _Fragments:
+    """The input, as is."""
+    return (
+        "",
+        (f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (local.get 0)) (local.get 0)"),
+        "",
+    )
+
+
+def _loop(out_ptr: int, param: Any) -> _Fragments:
+    """Never returns (only the deadline or fuel stops it)."""
+    return "", "(loop $forever (br $forever)) (i32.const 0)", ""
+
+
+def _burn(out_ptr: int, param: Any) -> _Fragments:
+    """N loop iterations, then "ok"."""
+    return (
+        "(local $i i32)",
+        (
+            "(block $done (loop $next "
+            f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
+            "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + _ok(out_ptr)
+        ),
+        "",
+    )
+
+
+def _grow(out_ptr: int, param: Any) -> _Fragments:
+    """Grow by N pages, trap when refused (an allocator that panics)."""
+    return (
+        "",
+        (f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then (unreachable))) " + _ok(out_ptr)),
+        "",
+    )
+
+
+def _grow_soft(out_ptr: int, param: Any) -> _Fragments:
+    """Grow by N pages, a guest error when refused."""
+    payload = b"too_large:out of memory"
+    return (
+        "",
+        (
+            f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then "
+            f"(return (i32.const -{len(payload)})))) " + _ok(out_ptr)
+        ),
+        (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
+    )
+
+
+def _fill(out_ptr: int, param: Any) -> _Fragments:
+    """Memory of N pages in all, each new byte written (resident), "ok"."""
+    return (
+        "(local $have i32)",
+        (
+            "(local.set $have (memory.size)) "
+            f"(if (i32.lt_u (local.get $have) {_n()}) (then "
+            f"(if (i32.eq (memory.grow (i32.sub {_n()} (local.get $have))) (i32.const -1)) "
+            "(then (unreachable))) "
+            "(memory.fill (i32.mul (local.get $have) (i32.const 65536)) (i32.const 1) "
+            f"(i32.mul (i32.sub {_n()} (local.get $have)) (i32.const 65536))))) " + _ok(out_ptr)
+        ),
+        "",
+    )
+
+
+def _grow_pages(out_ptr: int, param: Any) -> _Fragments:
+    """Grow by 1 page N times, trap on the first refusal."""
+    return (
+        "(local $i i32)",
+        (
+            "(block $done (loop $next "
+            f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
+            "(if (i32.eq (memory.grow (i32.const 1)) (i32.const -1)) (then (unreachable))) "
+            "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + _ok(out_ptr)
+        ),
+        "",
+    )
+
+
+def _recurse(out_ptr: int, param: Any) -> _Fragments:
+    """Recursion N deep, then "ok"."""
+    return (
+        "",
+        f"(drop (call $down {_n()})) " + _ok(out_ptr),
+        (
+            "(func $down (param i32) (result i32) "
+            "(if (result i32) (i32.eqz (local.get 0)) (then (i32.const 0)) "
+            "(else (i32.add (call $down (i32.sub (local.get 0) (i32.const 1))) "
+            "(i32.const 1)))))"
+        ),
+    )
+
+
+def _output(out_ptr: int, param: Any) -> _Fragments:
+    """A value of N bytes "x"."""
+    return "", (f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) {_n()}) {_n()}"), ""
+
+
+def _payload(out_ptr: int, param: Any) -> _Fragments:
+    """Returns the given bytes; negative length when error=True."""
+    data, is_error = param
+    length = -len(data) if is_error else len(data)
+    return "", f"(i32.const {length})", f'(data (i32.const {out_ptr}) "{_wat_bytes(data)}")'
+
+
+def _return(out_ptr: int, param: Any) -> _Fragments:
+    """Returns a fixed number."""
+    return "", f"(i32.const {param})", ""
+
+
+def _dump_input(out_ptr: int, param: Any) -> _Fragments:
+    """Returns the first K bytes of the input buffer, whatever len is."""
+    return (
+        "",
+        (
+            f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) "
+            f"(i32.const {param})) (i32.const {param})"
+        ),
+        "",
+    )
+
+
+def _count(out_ptr: int, param: Any) -> _Fragments:
+    """Calls on this instance so far, as one digit; an empty input traps."""
+    return (
+        "",
+        (
+            "(if (i32.eqz (local.get 0)) (then (unreachable))) "
+            "(global.set $count (i32.add (global.get $count) (i32.const 1))) "
+            f"(i32.store8 (i32.const {out_ptr}) (i32.add (i32.const 48) "
+            "(i32.rem_u (global.get $count) (i32.const 10)))) (i32.const 1)"
+        ),
+        ("(global $count (mut i32) (i32.const 0))"),
+    )
+
+
+def _stale_output(out_ptr: int, param: Any) -> _Fragments:
+    """Writes len bytes "x"; an empty input returns param bytes as is."""
+    return (
+        "",
+        (
+            f"(if (i32.eqz (local.get 0)) (then (return (i32.const {param})))) "
+            f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) (local.get 0)) (local.get 0)"
+        ),
+        "",
+    )
+
+
+def _grow_or_trap(out_ptr: int, param: Any) -> _Fragments:
+    """Input "g": a refused huge grow, then "ok"; otherwise a trap."""
+    return (
+        "",
+        (
+            f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x67)) (then "
+            "(drop (memory.grow (i32.const 60000))) "
+            f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (return (i32.const 2)))) "
+            "(unreachable)"
+        ),
+        "",
+    )
+
+
+def _dump_or_error(out_ptr: int, param: Any) -> _Fragments:
+    """Input starting with "e": a syntax error; else dump_input."""
+    spare = out_ptr + 2048
+    return (
+        "",
+        (
+            f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x65)) (then "
+            f"(memory.copy (i32.const {out_ptr}) (i32.const {spare}) (i32.const 6)) "
+            "(return (i32.const -6)))) "
+            f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (i32.const {param})) "
+            f"(i32.const {param})"
+        ),
+        f'(data (i32.const {spare}) "syntax")',
+    )
+
+
+def _table_grow(out_ptr: int, param: Any) -> _Fragments:
+    """Grow a table by N elements: "ok" when granted, "no" when refused."""
+    no = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6f6e)) (i32.const 2)"
+    return (
+        "",
+        (
+            f"(if (i32.eq (table.grow $t (ref.null func) {_n()}) (i32.const -1)) "
+            f"(then (return {no}))) " + _ok(out_ptr)
+        ),
+        "(table $t 1 funcref)",
+    )
+
+
+def _table_fill(out_ptr: int, param: Any) -> _Fragments:
+    """A table of param elements, filled on every call."""
+    return (
+        "",
+        f"(table.fill $t (i32.const 0) (ref.func $eval) (i32.const {param})) " + _ok(out_ptr),
+        f"(table $t {param} funcref) (elem declare func $eval)",
+    )
+
+
+def _memory_probe(out_ptr: int, param: Any) -> _Fragments:
+    """Grow one page at a time until refused; the page count, decimal."""
+    return (
+        "(local $pages i32) (local $digits i32) (local $at i32)",
+        (
+            "(block $full (loop $grow "
+            "(br_if $full (i32.eq (memory.grow (i32.const 1)) (i32.const -1))) (br $grow))) "
+            f"(local.set $pages (memory.size)) (local.set $at (i32.const {out_ptr + 16})) "
+            "(loop $digit "
+            "(local.set $at (i32.sub (local.get $at) (i32.const 1))) "
+            "(i32.store8 (local.get $at) (i32.add (i32.const 48) "
+            "(i32.rem_u (local.get $pages) (i32.const 10)))) "
+            "(local.set $pages (i32.div_u (local.get $pages) (i32.const 10))) "
+            "(local.set $digits (i32.add (local.get $digits) (i32.const 1))) "
+            "(br_if $digit (local.get $pages))) "
+            f"(memory.copy (i32.const {out_ptr}) (local.get $at) (local.get $digits)) "
+            "(local.get $digits)"
+        ),
+        "",
+    )
+
+
+def _remember(out_ptr: int, param: Any) -> _Fragments:
+    """What the previous call left in a global and the heap, then keeps this one's."""
+    heap = REMEMBER_HEAP
+    return (
+        "(local $n i32)",
+        (
+            f"(i32.store8 (i32.const {out_ptr}) (i32.const 0x47)) "  # G
+            f"(i32.store (i32.const {out_ptr + 1}) (global.get $seen)) "
+            f"(i32.store8 (i32.const {out_ptr + 5}) (i32.const 0x48)) "  # H
+            f"(local.set $n (i32.load (i32.const {heap}))) "
+            f"(memory.copy (i32.const {out_ptr + 6}) (i32.const {heap + 4}) (local.get $n)) "
+            f"(global.set $seen (i32.load (i32.const {IN_PTR}))) "
+            f"(i32.store (i32.const {heap}) (local.get 0)) "
+            f"(memory.copy (i32.const {heap + 4}) (i32.const {IN_PTR}) (local.get 0)) "
+            # an input starting with "!" traps once it is kept
+            f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x21)) "
+            "(then (unreachable))) "
+            "(i32.add (i32.const 6) (local.get $n))"
+        ),
+        "(global $seen (mut i32) (i32.const 0))",
+    )
+
+
+def _trap(out_ptr: int, param: Any) -> _Fragments:
+    """Traps (``unreachable``)."""
+    return "", "(unreachable)", ""
+
+
+def _oob(out_ptr: int, param: Any) -> _Fragments:
+    """Loads out of bounds (a trap)."""
+    return "", "(i32.load (i32.const -16))", ""
+
+
+_BEHAVIOURS: Final[dict[str, Callable[[int, Any], _Fragments]]] = {
+    "echo": _echo,
+    "loop": _loop,
+    "burn": _burn,
+    "grow": _grow,
+    "grow_soft": _grow_soft,
+    "fill": _fill,
+    "grow_pages": _grow_pages,
+    "recurse": _recurse,
+    "output": _output,
+    "payload": _payload,
+    "return": _return,
+    "dump_input": _dump_input,
+    "count": _count,
+    "stale_output": _stale_output,
+    "grow_or_trap": _grow_or_trap,
+    "dump_or_error": _dump_or_error,
+    "table_grow": _table_grow,
+    "table_fill": _table_fill,
+    "memory_probe": _memory_probe,
+    "remember": _remember,
+    "trap": _trap,
+    "oob": _oob,
+}
+
+
+def _behaviour(kind: str, out_ptr: int, param: Any) -> _Fragments:
     """(locals, body, extra module fields) of ``evald_eval`` for one behaviour."""
-    ok = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (i32.const 2)"  # "ok"
-    if kind == "echo":
-        return (
-            "",
-            (
-                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (local.get 0)) "
-                "(local.get 0)"
-            ),
-            "",
-        )
-    if kind == "loop":
-        return "", "(loop $forever (br $forever)) (i32.const 0)", ""
-    if kind == "burn":  # N loop iterations, then "ok"
-        return (
-            "(local $i i32)",
-            (
-                "(block $done (loop $next "
-                f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
-                "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + ok
-            ),
-            "",
-        )
-    if kind == "grow":  # grow by N pages, trap when refused (an allocator that panics)
-        return (
-            "",
-            (f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then (unreachable))) " + ok),
-            "",
-        )
-    if kind == "grow_soft":  # grow by N pages, a guest error when refused
-        payload = b"too_large:out of memory"
-        return (
-            "",
-            (
-                f"(if (i32.eq (memory.grow {_n()}) (i32.const -1)) (then "
-                f"(return (i32.const -{len(payload)})))) " + ok
-            ),
-            (f'(data (i32.const {out_ptr}) "{_wat_bytes(payload)}")'),
-        )
-    if kind == "fill":  # memory of N pages in all, each new byte written (resident), "ok"
-        return (
-            "(local $have i32)",
-            (
-                "(local.set $have (memory.size)) "
-                f"(if (i32.lt_u (local.get $have) {_n()}) (then "
-                f"(if (i32.eq (memory.grow (i32.sub {_n()} (local.get $have))) (i32.const -1)) "
-                "(then (unreachable))) "
-                "(memory.fill (i32.mul (local.get $have) (i32.const 65536)) (i32.const 1) "
-                f"(i32.mul (i32.sub {_n()} (local.get $have)) (i32.const 65536))))) " + ok
-            ),
-            "",
-        )
-    if kind == "grow_pages":  # grow by 1 page N times, trap on the first refusal
-        return (
-            "(local $i i32)",
-            (
-                "(block $done (loop $next "
-                f"(br_if $done (i32.ge_u (local.get $i) {_n()})) "
-                "(if (i32.eq (memory.grow (i32.const 1)) (i32.const -1)) (then (unreachable))) "
-                "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next))) " + ok
-            ),
-            "",
-        )
-    if kind == "recurse":  # recursion N deep, then "ok"
-        return (
-            "",
-            f"(drop (call $down {_n()})) " + ok,
-            (
-                "(func $down (param i32) (result i32) "
-                "(if (result i32) (i32.eqz (local.get 0)) (then (i32.const 0)) "
-                "(else (i32.add (call $down (i32.sub (local.get 0) (i32.const 1))) "
-                "(i32.const 1)))))"
-            ),
-        )
-    if kind == "output":  # a value of N bytes "x"
-        return "", (f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) {_n()}) {_n()}"), ""
-    if kind == "payload":  # returns the given bytes; negative length when error=True
-        data, is_error = param
-        length = -len(data) if is_error else len(data)
-        return "", f"(i32.const {length})", f'(data (i32.const {out_ptr}) "{_wat_bytes(data)}")'
-    if kind == "return":  # returns a fixed number
-        return "", f"(i32.const {param})", ""
-    if kind == "dump_input":  # returns the first K bytes of the input buffer, whatever len is
-        return (
-            "",
-            (
-                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) "
-                f"(i32.const {param})) (i32.const {param})"
-            ),
-            "",
-        )
-    if kind == "count":  # calls on this instance so far, as one digit; an empty input traps
-        return (
-            "",
-            (
-                "(if (i32.eqz (local.get 0)) (then (unreachable))) "
-                "(global.set $count (i32.add (global.get $count) (i32.const 1))) "
-                f"(i32.store8 (i32.const {out_ptr}) (i32.add (i32.const 48) "
-                "(i32.rem_u (global.get $count) (i32.const 10)))) (i32.const 1)"
-            ),
-            ("(global $count (mut i32) (i32.const 0))"),
-        )
-    if kind == "stale_output":  # writes len bytes "x"; an empty input returns param bytes as is
-        return (
-            "",
-            (
-                f"(if (i32.eqz (local.get 0)) (then (return (i32.const {param})))) "
-                f"(memory.fill (i32.const {out_ptr}) (i32.const 0x78) (local.get 0)) (local.get 0)"
-            ),
-            "",
-        )
-    if kind == "grow_or_trap":  # input "g": a refused huge grow, then "ok"; otherwise a trap
-        return (
-            "",
-            (
-                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x67)) (then "
-                "(drop (memory.grow (i32.const 60000))) "
-                f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6b6f)) (return (i32.const 2)))) "
-                "(unreachable)"
-            ),
-            "",
-        )
-    if kind == "dump_or_error":  # input starting with "e": a syntax error; else dump_input
-        spare = out_ptr + 2048
-        return (
-            "",
-            (
-                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x65)) (then "
-                f"(memory.copy (i32.const {out_ptr}) (i32.const {spare}) (i32.const 6)) "
-                "(return (i32.const -6)))) "
-                f"(memory.copy (i32.const {out_ptr}) (i32.const {IN_PTR}) (i32.const {param})) "
-                f"(i32.const {param})"
-            ),
-            f'(data (i32.const {spare}) "syntax")',
-        )
-    if kind == "table_grow":  # grow a table by N elements: "ok" when granted, "no" when refused
-        no = f"(i32.store16 (i32.const {out_ptr}) (i32.const 0x6f6e)) (i32.const 2)"
-        return (
-            "",
-            (
-                f"(if (i32.eq (table.grow $t (ref.null func) {_n()}) (i32.const -1)) "
-                f"(then (return {no}))) " + ok
-            ),
-            "(table $t 1 funcref)",
-        )
-    if kind == "table_fill":  # a table of param elements, filled on every call
-        return (
-            "",
-            f"(table.fill $t (i32.const 0) (ref.func $eval) (i32.const {param})) " + ok,
-            f"(table $t {param} funcref) (elem declare func $eval)",
-        )
-    if kind == "memory_probe":  # grow one page at a time until refused; the page count, decimal
-        return (
-            "(local $pages i32) (local $digits i32) (local $at i32)",
-            (
-                "(block $full (loop $grow "
-                "(br_if $full (i32.eq (memory.grow (i32.const 1)) (i32.const -1))) (br $grow))) "
-                f"(local.set $pages (memory.size)) (local.set $at (i32.const {out_ptr + 16})) "
-                "(loop $digit "
-                "(local.set $at (i32.sub (local.get $at) (i32.const 1))) "
-                "(i32.store8 (local.get $at) (i32.add (i32.const 48) "
-                "(i32.rem_u (local.get $pages) (i32.const 10)))) "
-                "(local.set $pages (i32.div_u (local.get $pages) (i32.const 10))) "
-                "(local.set $digits (i32.add (local.get $digits) (i32.const 1))) "
-                "(br_if $digit (local.get $pages))) "
-                f"(memory.copy (i32.const {out_ptr}) (local.get $at) (local.get $digits)) "
-                "(local.get $digits)"
-            ),
-            "",
-        )
-    if (
-        kind == "remember"
-    ):  # what the previous call left in a global and the heap, then keeps this one's
-        heap = REMEMBER_HEAP
-        return (
-            "(local $n i32)",
-            (
-                f"(i32.store8 (i32.const {out_ptr}) (i32.const 0x47)) "  # G
-                f"(i32.store (i32.const {out_ptr + 1}) (global.get $seen)) "
-                f"(i32.store8 (i32.const {out_ptr + 5}) (i32.const 0x48)) "  # H
-                f"(local.set $n (i32.load (i32.const {heap}))) "
-                f"(memory.copy (i32.const {out_ptr + 6}) (i32.const {heap + 4}) (local.get $n)) "
-                f"(global.set $seen (i32.load (i32.const {IN_PTR}))) "
-                f"(i32.store (i32.const {heap}) (local.get 0)) "
-                f"(memory.copy (i32.const {heap + 4}) (i32.const {IN_PTR}) (local.get 0)) "
-                # an input starting with "!" traps once it is kept
-                f"(if (i32.eq (i32.load8_u (i32.const {IN_PTR})) (i32.const 0x21)) "
-                "(then (unreachable))) "
-                "(i32.add (i32.const 6) (local.get $n))"
-            ),
-            "(global $seen (mut i32) (i32.const 0))",
-        )
-    if kind == "trap":
-        return "", "(unreachable)", ""
-    if kind == "oob":
-        return "", "(i32.load (i32.const -16))", ""
-    raise ValueError(f"unknown behaviour {kind}")
+    build = _BEHAVIOURS.get(kind)
+    if build is None:
+        raise ValueError(f"unknown behaviour {kind}")
+    return build(out_ptr, param)
 
 
 def wat_text(

@@ -169,7 +169,7 @@ def fresh_breakdown(calls: int = 3000, evaluator: str = "calc") -> dict[str, Any
         module = host.load(wasm_path(evaluator).read_bytes())
         engine, ticks = host._engine, host._deadlines.ticks(limits.deadline_ms)
         cap = host.memory_cap(limits)
-        linked: Any = getattr(module, "_pre", None) or module._module
+        linked = module.pre
         parts: dict[str, list[int]] = collections.defaultdict(list)
         faults = _minor_faults()
         for index in range(calls):
@@ -191,12 +191,13 @@ def fresh_breakdown(calls: int = 3000, evaluator: str = "calc") -> dict[str, Any
             memory = fast.export(store, wasm_instance, "memory")
             assert isinstance(memory, wasmtime.Memory)
             instance.memory = fast.RawMemory(store, memory)
-            instance.eval = _instance.bind_function(store, wasm_instance, module._eval_export, 1)
-            if module._flag_export is not None:
-                fast.export(store, wasm_instance, module._flag_export)
+            instance.eval = _instance.bind_function(store, wasm_instance, module.eval_export, 1)
+            if module.flag_export is not None:
+                fast.export(store, wasm_instance, module.flag_export)
             t3 = clock()
+            trial = module.trial
             instance.place_buffers(
-                module._input_ptr, module.input_cap, module._output_ptr, module.output_cap
+                trial.input_ptr, trial.input_cap, trial.output_ptr, trial.output_cap
             )
             t4 = clock()
             view, in_ptr = instance.view, instance.in_ptr

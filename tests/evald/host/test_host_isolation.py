@@ -224,10 +224,10 @@ def test_a_module_that_cannot_be_put_back_gets_a_new_instance_per_call() -> None
 def test_without_the_kernels_scan_fresh_instantiates_per_call(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from evald.host import _fastcall
+    from evald.host import _memory_reset
 
-    monkeypatch.setattr(_fastcall._PAGEMAP, "_probed", True)
-    monkeypatch.setattr(_fastcall._PAGEMAP, "error", "no PAGEMAP_SCAN (test)")
+    monkeypatch.setattr(_memory_reset._PAGEMAP, "_probed", True)
+    monkeypatch.setattr(_memory_reset._PAGEMAP, "error", "no PAGEMAP_SCAN (test)")
     with (
         caplog.at_level("WARNING", logger="evald.host"),
         WasmHost(HostConfig(isolation="fresh")) as host,

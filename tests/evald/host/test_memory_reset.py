@@ -11,10 +11,12 @@ import wasmtime
 
 from evald.host import HostConfig
 from evald.host import _fastcall as fast
+from evald.host import _memory_reset as page_reset
 from evald.host._engine import make_engine_config
 
 pytestmark = pytest.mark.skipif(
-    bool(fast.memory_reset_unavailable()), reason=fast.memory_reset_unavailable() or "available"
+    bool(page_reset.memory_reset_unavailable()),
+    reason=page_reset.memory_reset_unavailable() or "available",
 )
 
 PAGES = 40  # wasm pages: 2.5 MiB, 640 host pages
@@ -72,15 +74,17 @@ class Guest:
 
 @pytest.fixture(params=["native", "python"])
 def native(request: pytest.FixtureRequest) -> bool:
-    if request.param == "native" and fast._NATIVE_RESET is None:
+    if request.param == "native" and page_reset._NATIVE_RESET is None:
         pytest.skip("evald.host._reset is not built")
     return bool(request.param == "native")
 
 
-def _reset_for(guest: Guest, native: bool) -> fast.MemoryReset:
+def _reset_for(guest: Guest, native: bool) -> page_reset.MemoryReset:
     """A reset of ``guest``'s memory to what a new instance (a probe) has."""
     probe = Guest(guest.engine, guest.pre)
-    return fast.MemoryReset(guest.memory, fast.pristine_pages(probe.memory), native=native)
+    return page_reset.MemoryReset(
+        guest.memory, page_reset.pristine_pages(probe.memory), native=native
+    )
 
 
 @pytest.fixture
@@ -94,8 +98,8 @@ def pristine(engine: wasmtime.Engine, pre: wasmtime.InstancePre) -> bytes:
 
 
 def test_pristine_pages_are_exactly_the_non_zero_pages(guest: Guest, pristine: bytes) -> None:
-    pages = fast.pristine_pages(guest.memory)
-    page = fast.HOST_PAGE_BYTES
+    pages = page_reset.pristine_pages(guest.memory)
+    page = page_reset.HOST_PAGE_BYTES
     assert [offset for offset, _ in pages] == [0, page, 2 * page, 1048576]
     rebuilt = bytearray(len(pristine))
     for offset, data in pages:
@@ -128,7 +132,7 @@ def test_more_regions_than_one_scan_returns_are_all_reset(
     guest: Guest, pristine: bytes, native: bool
 ) -> None:
     reset = _reset_for(guest, native)
-    page = fast.HOST_PAGE_BYTES
+    page = page_reset.HOST_PAGE_BYTES
     for index in range(0, 600, 2):  # 300 separate written pages: ten scans of 32 regions
         guest.poke(index * page + 7, 1)
     reset.reset()
@@ -147,18 +151,18 @@ def test_a_reset_page_stays_resident_and_is_reset_again(
     reset = _reset_for(guest, native)
     guest.poke(300_000, 9)
     first = reset.reset()
-    assert first >= fast.HOST_PAGE_BYTES  # the written page was found
+    assert first >= page_reset.HOST_PAGE_BYTES  # the written page was found
     guest.poke(300_000, 9)
     assert reset.reset() >= first  # still found (resident), and written back
     assert guest.contents() == pristine
 
 
 def test_pristine_pages_must_be_sorted_aligned_and_inside(guest: Guest) -> None:
-    page = fast.HOST_PAGE_BYTES
+    page = page_reset.HOST_PAGE_BYTES
     data = bytes(page)
     for bad in ([(page, data), (0, data)], [(10, data)], [(PAGES * 65536, data)]):
         with pytest.raises(ValueError):
-            fast.MemoryReset(guest.memory, bad)
+            page_reset.MemoryReset(guest.memory, bad)
 
 
 def test_a_forked_child_resets_with_its_own_page_tables(
