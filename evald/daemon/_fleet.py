@@ -139,7 +139,7 @@ class FleetStore:
             compile=compile,
             database=self.database,
             committed=lambda: self.sync(full=False),
-            stale=self.status.stale,
+            status=self.status,
         )
         return self._registry
 

@@ -16,10 +16,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable
+from time import monotonic
 from typing import Any
 
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon._config import TenantConfig
+from evald.daemon._fleet_status import FleetStatus
 from evald.daemon._postgres import Database
 from evald.daemon._registry import Evaluator, Registry, check_not_reserved
 from evald.daemon._state_files import StateFileError
@@ -45,12 +47,12 @@ class FleetRegistry(Registry):
         compile: Callable[[bytes, int], CompiledModule],
         database: Database,
         committed: Callable[[], None],
-        stale: Callable[[], str | None],
+        status: FleetStatus,
     ) -> None:
         super().__init__(host, cache, tenants, compile=compile)
         self._database = database
         self._committed = committed
-        self._stale = stale
+        self._status = status
         self.compile_upload = compile
 
     def resolve(self, tenant: str, name_or_tag: str) -> Evaluator:
@@ -59,12 +61,12 @@ class FleetRegistry(Registry):
         Raises:
             EvaldError: ``unavailable`` (stale: the message says so), or the registry's.
         """
-        refusal = self._stale()
-        if refusal is not None:
+        if monotonic() > self._status.fresh_until:  # the one cost on the evaluation path
             config = self._tenants.get(tenant)
-            if config is not None and config.source == "store":
+            refusal = self._status.stale()
+            if refusal is not None and config is not None and config.source == "store":
                 raise EvaldError(ErrorCode.UNAVAILABLE, refusal)
-        return super().resolve(tenant, name_or_tag)
+        return Registry.resolve(self, tenant, name_or_tag)
 
     def register(
         self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool

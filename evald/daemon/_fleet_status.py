@@ -56,6 +56,9 @@ class FleetStatus:
         self._published: str | None = None
         self.max_stale_s = max_stale_s
         self._confirmed: float | None = None  # monotonic time of the last confirmation
+        #: Store tenants are served while ``time.monotonic()`` is at most this (one float
+        #: compare on the evaluation path; inf: no bound).
+        self.fresh_until = math.inf if max_stale_s <= 0 else -math.inf
         age = Gauge(
             "evald_store_revision_age_seconds",
             "Seconds since the daemon last confirmed that the revision it serves is the fleet "
@@ -101,6 +104,8 @@ class FleetStatus:
         with self._lock:
             if self._confirmed is None or at > self._confirmed:
                 self._confirmed = at
+                if self.max_stale_s > 0:
+                    self.fresh_until = at + self.max_stale_s
 
     def confirmed_ago(self, seconds: float) -> None:
         """A restart from the local cache: what it holds was confirmed ``seconds`` ago."""
@@ -112,12 +117,9 @@ class FleetStatus:
         return math.inf if confirmed is None else max(0.0, time.monotonic() - confirmed)
 
     def stale(self) -> str | None:
-        """Why store tenants are refused now (None: they are served). Cheap: read per call."""
+        """Why store tenants are refused now (None: they are served)."""
         bound = self.max_stale_s
-        if bound <= 0:
-            return None
-        confirmed = self._confirmed
-        if confirmed is not None and time.monotonic() - confirmed <= bound:
+        if time.monotonic() <= self.fresh_until:
             return None
         age = self.age()
         said = "never" if math.isinf(age) else f"{age:.0f} s ago"

@@ -15,6 +15,7 @@ import hashlib
 import os
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -36,6 +37,8 @@ from evald.client import CallError
 from evald.daemon import STORE_HEALTH_SERVICE, hash_token
 
 METRICS = ['metrics_listen = "127.0.0.1:{metrics_port}"']
+#: The test cluster's superuser, the store's owner (as in fleet_harness).
+OWNER = "evald_admin"
 
 
 def _metric(daemon: Daemon, name: str) -> float:
@@ -253,3 +256,51 @@ def test_a_store_tenant_cannot_take_over_a_config_tenants_token(fleet: Fleet) ->
         sql.SQL("SELECT name FROM evald.tenants ORDER BY name"), database=fleet.name
     )
     assert rows == [("honest",), ("thief",)]
+
+
+def test_store_init_upgrades_a_version_1_store_in_place(fleet: Fleet) -> None:
+    token = f"old-token-{os.urandom(4).hex()}"
+    kept = module("echo", "kept")
+    kept_sha = hashlib.sha256(kept).hexdigest()
+    with _as_owner(fleet) as conn:  # the store as the first release left it, with its rows
+        conn.execute(b"DROP SCHEMA evald CASCADE")
+        conn.execute((Path(__file__).parent / "fleet_schema_v1.sql").read_bytes())
+        conn.execute(b"UPDATE evald.head SET revision = 2")
+        conn.execute(
+            b"INSERT INTO evald.tenants (name, token_sha256s, evaluators, may_register,"
+            b" revision) VALUES ('old', ARRAY[%s], '{*}', true, 1)",
+            (hash_token(token),),
+        )
+        conn.execute(
+            b"INSERT INTO evald.modules (sha256, bytes, size) VALUES (%s, %s, %s)",
+            (kept_sha, kept, len(kept)),
+        )
+        conn.execute(
+            b"INSERT INTO evald.evaluators (tenant, name, sha256, tag, manifest, revision)"
+            b" VALUES ('old', 'kept', %s, 'kept', '{}', 2)",
+            (kept_sha,),
+        )
+        conn.execute(
+            b"INSERT INTO evald.changes (revision, actor, action, tenant) VALUES"
+            b" (1, 'alice', 'tenant.add', 'old'), (2, 'old', 'evaluator.register', 'old')"
+        )
+    with _as(fleet, DAEMON_LOGIN) as conn:  # what version 1 let every pod do
+        conn.execute(b"UPDATE evald.head SET revision = revision")
+
+    upgraded = fleet.cli("store", "init", user=OWNER)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "upgraded from schema version 1" in upgraded.stdout, upgraded.stdout
+    with _as(fleet, DAEMON_LOGIN) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(b"UPDATE evald.head SET revision = revision")
+    assert fleet.server.execute(
+        sql.SQL("SELECT tenant, sha256 FROM evald.uploads"), database=fleet.name
+    ) == [("old", kept_sha)]
+    (daemon,) = fleet.start(1)
+    assert client(daemon, token).evaluate("kept", b"still").value == "still"
+    client(daemon, token).register(module("echo", "new"))
+    assert head(fleet) == 3
+    assert fleet.operator.audit(1)[0]["role"] == DAEMON_LOGIN
+    again = fleet.cli("store", "init", user=OWNER)
+    assert again.returncode == 0 and "upgraded" not in again.stdout, again.stdout
+    assert head(fleet) == 3
+    assert client(daemon, token).evaluate("new", b"both").value == "both"
