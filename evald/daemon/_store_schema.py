@@ -360,9 +360,10 @@ def init_schema(settings: StoreSettings) -> int:
             f"the store's owner must run this: {describe_error(exc, password)}",
         ) from None
     except psycopg.Error as exc:
+        retry = ", retry when it is back" if isinstance(exc, psycopg.OperationalError) else ""
         raise EvaldError(
             ErrorCode.UNAVAILABLE,
             f"the fleet store could not be set up: {describe_error(exc, password)}; nothing "
-            "was changed, retry when it is back",
+            f"was changed{retry}",
         ) from None
     return before if 0 < before < SCHEMA_VERSION else 0
