@@ -97,6 +97,29 @@ def _parse_limit(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _add_tenant_options(sub: argparse.ArgumentParser) -> None:
+    """What ``tenants add`` and ``tenants limits`` set."""
+    sub.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [tenants.limits] key, for example deadline_ms=50 or memory_bytes=16MiB (repeat)",
+    )
+    sub.add_argument(
+        "--evaluators",
+        metavar="LIST",
+        help='the standard evaluators it may call: "*" or calc,date,…',
+    )
+    sub.add_argument(
+        "--may-register",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether it may register its own modules",
+    )
+    sub.add_argument("--max-modules", type=int, metavar="N", help="its module count cap")
+
+
 @command("tenants", "Add, rotate, revoke, limit and list tenants (operators).", order=70)
 def _tenants(parser: argparse.ArgumentParser) -> Runner:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
@@ -127,26 +150,7 @@ def _tenants(parser: argparse.ArgumentParser) -> Runner:
     listing = verbs.add_parser("list", help="the tenants, their tokens (hash prefixes), limits")
     listing.add_argument("--json", action="store_true", help="one JSON document")
     for sub in (add, limits):
-        sub.add_argument(
-            "--limit",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a [tenants.limits] key, for example deadline_ms=50 or "
-            "memory_bytes=16MiB (repeat)",
-        )
-        sub.add_argument(
-            "--evaluators",
-            metavar="LIST",
-            help='the standard evaluators it may call: "*" or calc,date,…',
-        )
-        sub.add_argument(
-            "--may-register",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="whether it may register its own modules",
-        )
-        sub.add_argument("--max-modules", type=int, metavar="N", help="its module count cap")
+        _add_tenant_options(sub)
     add.add_argument(
         "--token-sha256", metavar="HEX", help="use this token hash instead of making a token"
     )
