@@ -116,7 +116,8 @@ INSERT INTO evald.uploads (tenant, sha256)
     SELECT DISTINCT tenant, sha256 FROM evald.evaluators WHERE sha256 IS NOT NULL
     ON CONFLICT DO NOTHING;
 DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'evaluators_module_uploaded') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'evaluators_module_uploaded'
+                   AND conrelid = 'evald.evaluators'::regclass) THEN
         ALTER TABLE evald.evaluators ADD CONSTRAINT evaluators_module_uploaded
             FOREIGN KEY (tenant, sha256) REFERENCES evald.uploads (tenant, sha256);
     END IF;
