@@ -82,10 +82,6 @@ _WAKE_S: Final = 0.25
 _MIN_READ_INTERVAL_S: Final = 0.05
 
 
-class _Stop(Exception):
-    """The follower was told to stop (:meth:`FleetStore.close`): the one way it ends."""
-
-
 class FleetStore:
     """The fleet store for one daemon: the database, the follower thread and the local cache.
 
@@ -205,11 +201,12 @@ class FleetStore:
                 try:
                     self._listen_and_follow()
                     backoff = 0.1
-                except _Stop:
-                    return
                 except EvaldError as exc:
-                    self._unreachable(exc.message)
+                    if not self._stop.is_set():
+                        self._unreachable(exc.message)
                 except Exception as exc:  # psycopg's on a broken connection, or a fault
+                    if self._stop.is_set():  # the stop is the event, whatever was raised
+                        return
                     if not _is_connection_error(exc):
                         _log.exception("fleet store follower failed; retrying")
                     self._unreachable(_unexpected(exc, self.database.password))
@@ -257,15 +254,10 @@ class FleetStore:
         return min(poll_s, bound / 3) if bound > 0 else poll_s
 
     def _on_control(self, function: Callable[[], None]) -> None:
-        if self._stop.is_set():
-            raise _Stop
-        try:
-            future = self._control.submit(function)
-        except RuntimeError:  # only submit's: the control thread is shut down
-            if self._stop.is_set():
-                raise _Stop from None
-            raise
-        future.result()
+        """Runs ``function`` on the control thread; nothing once told to stop (the loops
+        then see the event and end)."""
+        if not self._stop.is_set():
+            self._control.submit(function).result()
 
     def _unreachable(self, reason: str) -> None:
         if not self.status.holds(UNREACHABLE):
