@@ -90,9 +90,34 @@ def _parse_limit(text: str) -> tuple[str, Any]:
     value: Any
     try:
         value = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"--limit {key.strip()}: the value is nested too deep") from None
     except ValueError:
         value = raw  # a size such as 64MiB
     return key.strip(), value
+
+
+def _add_tenant_options(sub: argparse.ArgumentParser) -> None:
+    """What ``tenants add`` and ``tenants limits`` set."""
+    sub.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [tenants.limits] key, for example deadline_ms=50 or memory_bytes=16MiB (repeat)",
+    )
+    sub.add_argument(
+        "--evaluators",
+        metavar="LIST",
+        help='the standard evaluators it may call: "*" or calc,date,…',
+    )
+    sub.add_argument(
+        "--may-register",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether it may register its own modules",
+    )
+    sub.add_argument("--max-modules", type=int, metavar="N", help="its module count cap")
 
 
 @command("tenants", "Add, rotate, revoke, limit and list tenants (operators).", order=70)
@@ -125,26 +150,7 @@ def _tenants(parser: argparse.ArgumentParser) -> Runner:
     listing = verbs.add_parser("list", help="the tenants, their tokens (hash prefixes), limits")
     listing.add_argument("--json", action="store_true", help="one JSON document")
     for sub in (add, limits):
-        sub.add_argument(
-            "--limit",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a [tenants.limits] key, for example deadline_ms=50 or "
-            "memory_bytes=16MiB (repeat)",
-        )
-        sub.add_argument(
-            "--evaluators",
-            metavar="LIST",
-            help='the standard evaluators it may call: "*" or calc,date,…',
-        )
-        sub.add_argument(
-            "--may-register",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="whether it may register its own modules",
-        )
-        sub.add_argument("--max-modules", type=int, metavar="N", help="its module count cap")
+        _add_tenant_options(sub)
     add.add_argument(
         "--token-sha256", metavar="HEX", help="use this token hash instead of making a token"
     )
@@ -230,6 +236,17 @@ def _new_token(args: argparse.Namespace) -> tuple[str | None, str]:
     return token, hash_token(token)
 
 
+def _check_not_a_config_token(digest: str, config: Any) -> None:
+    """Refuses a store token that a tenant of the config already holds: every daemon of that
+    config would refuse the store tenant (and keep the token the config's)."""
+    for tenant in config.tenants:
+        if digest in tenant.token_sha256s:
+            raise ValueError(
+                f"--token-sha256: that token belongs to tenant {tenant.name!r} of the daemons' "
+                f"config ({config.source}); a store tenant may not take it over"
+            )
+
+
 def _checked_limits(args: argparse.Namespace, base: dict[str, Any], config: Any) -> dict[str, Any]:
     from evald.daemon import parse_limits
 
@@ -275,6 +292,7 @@ def _fleet(args: argparse.Namespace, settings: Any, config: Any) -> int:
         try:
             if args.verb == "add":
                 token, digest = _new_token(args)
+                _check_not_a_config_token(digest, config)
                 revision = database.add_tenant(
                     actor,
                     args.name,
@@ -288,6 +306,7 @@ def _fleet(args: argparse.Namespace, settings: Any, config: Any) -> int:
                 print(f"added tenant {args.name} (revision {revision})")
             elif args.verb == "rotate":
                 token, digest = _new_token(args)
+                _check_not_a_config_token(digest, config)
                 revision = database.add_token(actor, args.name, digest)
                 _print_token(token, digest)
                 print(
@@ -312,7 +331,8 @@ def _fleet(args: argparse.Namespace, settings: Any, config: Any) -> int:
                 current = next(
                     (row for row in database.tenants() if row["name"] == args.name), None
                 )
-                base = dict(current["limits"]) if current else {}
+                limits = current["limits"] if current else {}
+                base = dict(limits) if isinstance(limits, dict) else {}  # unreadable: replaced
                 revision = database.update_tenant(
                     actor,
                     args.name,
@@ -359,8 +379,12 @@ def _store(parser: argparse.ArgumentParser) -> Runner:
             if not settings.fleet:
                 return _fail("invalid_argument", "no fleet store: pass --store postgresql://…")
             if args.verb == "init":
-                init_store(settings)
-                print("the fleet store is ready (schema evald, roles evald_daemon, evald_operator)")
+                before = init_store(settings)
+                upgraded = f"; upgraded from schema version {before}" if before else ""
+                print(
+                    "the fleet store is ready (schema evald, roles evald_daemon, evald_operator"
+                    f"{upgraded})"
+                )
                 return EXIT_OK
             database = store_database(settings, application="evald-store")
             try:

@@ -59,11 +59,12 @@ def store_database(settings: StoreSettings, *, application: str = "evald") -> Da
     return Database(settings, application=application)
 
 
-def init_store(settings: StoreSettings) -> None:
-    """Creates the fleet store's schema, roles and grants (``evald store init``)."""
-    from evald.daemon._postgres import init_schema
+def init_store(settings: StoreSettings) -> int:
+    """Creates or upgrades the fleet store's schema, roles and grants (``evald store init``);
+    returns the schema version it upgraded from (0: it was new, or current)."""
+    from evald.daemon._store_schema import init_schema
 
-    init_schema(settings)
+    return init_schema(settings)
 
 
 __all__ = [

@@ -4,9 +4,9 @@ Two stores sit behind it: the embedded store (:mod:`evald.daemon._embedded`: the
 tenants, modules in the state folder; one machine, nothing beside the daemon) and the fleet
 store (:mod:`evald.daemon._fleet`: PostgreSQL, followed by every daemon of a fleet). The daemon
 sees either as a :class:`ControlStore`, and each store sees the daemon as a
-:class:`StoreDaemon`: the three things a store does to it. Both stay off the evaluation path:
-a call resolves its evaluator and its tenant from tables the store swaps in whole, so the hot
-path costs the same with either store.
+:class:`StoreDaemon`: what a store does to it (and the metrics it may add to). Both stay off
+the evaluation path: a call resolves its evaluator and its tenant from tables the store swaps
+in whole, so the hot path costs the same with either store.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from evald.daemon._config import Config, TenantConfig
+from evald.daemon._metrics import Metrics
 from evald.daemon._registry import Registry
 from evald.host import CompiledModule, Limits, WasmHost
 
@@ -34,6 +35,11 @@ class StoreDaemon(Protocol):
 
     def store_health(self, problem: str | None) -> None:
         """The store became unreachable (``problem`` says why) or reachable again (None)."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """The daemon's metrics (the fleet store adds its freshness to their registry)."""
         ...
 
 

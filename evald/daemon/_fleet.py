@@ -5,9 +5,11 @@ Why this shape: every daemon of a fleet must serve the same tenants, tokens, lim
 change for change, without a restart, and keep serving when the store is away. So:
 
 * the store's revision is the truth and ``LISTEN/NOTIFY`` only the prompt. A follower thread
-  listens on :data:`~evald.daemon._postgres.CHANNEL`; on a notification, and every ``poll_s``
-  besides, the daemon reads what changed since the revision it applied
-  (:meth:`~evald.daemon._postgres.Database.changes`, one snapshot) and applies it. After any
+  listens on :data:`~evald.daemon._store_schema.CHANNEL`; on a notification (a burst of them
+  is one read, at most one per :data:`_MIN_READ_INTERVAL_S`: any login of the database can
+  notify, and payloads are ignored), and every ``poll_s`` besides, the daemon reads what
+  changed since the revision it applied (:meth:`~evald.daemon._postgres.Database.changes`, one
+  snapshot) and applies it. After any
   reconnect it listens first, then reads a full copy and applies the difference, so no change
   is missed, a change already served is not applied again (same module hash: nothing to do),
   and what it serves is always the store's state at one revision, in order;
@@ -19,6 +21,14 @@ change for change, without a restart, and keep serving when the store is away. S
   tenants and every tenant's evaluators), read back with the same checked reading code
   (:mod:`evald.daemon._state_files`). A daemon started while the store is down serves from it;
   a cached module that fails its hash is refused and fetched again once the store is back.
+
+The store's revision only grows: a read that finds it below the revision applied is an alarm
+(logged, store health NOT_SERVING), never followed backwards. A tenant row that does not
+convert, or that would take over a config tenant's token, costs only its own tenant
+(:mod:`evald.daemon._fleet_tenants`). The follower stops only when told to (:meth:`close`);
+anything else it meets is logged and retried, and should it end anyway the store's health says
+so. Each successful read confirms that the daemon is current; its age bounds how long a
+revoked token can outlive an outage (:mod:`evald.daemon._fleet_status`).
 
 Everything that changes what the daemon serves runs on the daemon's one control thread
 (registrations too), so the follower and a registration never apply at the same time. While the
@@ -35,18 +45,25 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Final
 
+import psycopg
+import psycopg_pool
+
 from evald.contract import ErrorCode, EvaldError
-from evald.daemon._config import Config, ConfigError, TenantConfig, tenant_from_store
+from evald.daemon._config import Config, TenantConfig
 from evald.daemon._control_store import StoreDaemon
+from evald.daemon._fleet_registry import FleetRegistry
+from evald.daemon._fleet_status import REWOUND, STOPPED, UNREACHABLE, FleetStatus
+from evald.daemon._fleet_tenants import Refusal, log_refusals, store_tenants
 from evald.daemon._postgres import ChangeSet, Database, EvaluatorRow
-from evald.daemon._registry import Evaluator, Registry, check_not_reserved
+from evald.daemon._registry import Evaluator
 from evald.daemon._state_files import StateFileError, atomic_write, read_json
 from evald.daemon._store import ModuleStore, is_sha256
-from evald.host import CompiledModule, Limits, WasmHost, peek_manifest_section
+from evald.daemon._store_schema import describe_error
+from evald.host import CompiledModule, Limits, WasmHost
 
 __all__ = ["CACHE_FILE", "FleetRegistry", "FleetStore"]
 
@@ -61,149 +78,8 @@ _MAX_CACHE_DEPTH: Final = 8
 _BACKOFF_MAX_S: Final = 2.0
 #: How often the follower looks up from waiting for a notification (to notice a stop).
 _WAKE_S: Final = 0.25
-
-
-class FleetRegistry(Registry):
-    """The registry of a fleet daemon: what it serves follows the store; a registration or a
-    deletion is a transaction in the store (where the rules are checked again, so of two
-    daemons registering one name at once one wins), served here once committed."""
-
-    def __init__(
-        self,
-        host: WasmHost,
-        cache: ModuleStore,
-        tenants: Iterable[TenantConfig],
-        *,
-        compile: Callable[[bytes, int], CompiledModule],
-        database: Database,
-        committed: Callable[[], None],
-    ) -> None:
-        super().__init__(host, cache, tenants, compile=compile)
-        self._database = database
-        self._committed = committed
-        self.compile_upload = compile
-
-    def register(
-        self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool
-    ) -> Evaluator:
-        evaluator = super().register(tenant, wasm, limits, replace)
-        self._committed()  # catch up to the revision that carries it (and any before it)
-        return evaluator
-
-    def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
-        evaluator = super().delete(tenant, name)
-        self._committed()
-        return evaluator
-
-    def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
-        if tenant.source != "store":
-            raise EvaldError(
-                ErrorCode.PERMISSION_DENIED,
-                f"tenant {tenant.name!r} is defined in this daemon's config, not in the fleet "
-                "store: register with a fleet tenant's token (`evald tenants add`)",
-            )
-        payload = peek_manifest_section(wasm)
-        manifest: Any = json.loads(payload) if payload is not None else {}
-        self._database.register(
-            tenant.name,
-            name,
-            str(manifest.get("tag", "")),
-            hashlib.sha256(wasm).hexdigest(),
-            wasm,
-            manifest,
-            replace=replace,
-        )
-        try:
-            self._store.put_module(wasm)  # the local cache: a restart without the store
-        except StateFileError as exc:
-            _log.warning("module not cached locally", extra={"fields": {"error": exc.message}})
-
-    def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
-        if tenant.source != "store":
-            raise EvaldError(
-                ErrorCode.PERMISSION_DENIED,
-                f"tenant {tenant.name!r} is defined in this daemon's config, not in the "
-                "fleet store",
-            )
-        self._database.delete(tenant.name, name)
-
-    def _changed(self) -> None:
-        """The revision is the store's: the follower sets it when it applies one."""
-
-    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
-        """Drops compiled code nobody here serves any more (the cache keeps the file until
-        the next revision's clean-up)."""
-        if evaluator is None or self.serves(sha256):
-            return
-        self._host.forget(evaluator.module)
-
-    def serves(self, sha256: str) -> bool:
-        return any(
-            ev.module.sha256 == sha256 for owned in self._owned.values() for ev in owned.values()
-        )
-
-    def set_tenants(self, tenants: Iterable[TenantConfig], limits_for: dict[str, Limits]) -> None:
-        """As the registry's, but a new tenant's modules come from the store, not an index."""
-        with self._write_lock:
-            configs = {tenant.name: tenant for tenant in tenants}
-            for name in list(self._owned):
-                if name not in configs:
-                    del self._owned[name]
-            for name in configs:
-                self._owned.setdefault(name, {})
-            self._tenants = configs
-            self._rebuild()
-
-    def apply_evaluators(
-        self,
-        wanted: dict[str, dict[str, str]],
-        tenants: Iterable[str],
-        load: Callable[[TenantConfig, str, str], Evaluator],
-    ) -> None:
-        """Serves, for each of ``tenants``, exactly the evaluators ``wanted`` names (name ->
-        module hash): one whose hash is already served is kept as it is, a new or changed one is
-        loaded with ``load`` (one that does not load is not served; ``load`` logs it), one no
-        longer wanted stops being served."""
-        with self._write_lock:
-            for tenant in tenants:
-                config = self._tenants.get(tenant)
-                if config is None or config.source != "store":
-                    continue
-                current = self._owned.get(tenant, {})
-                owned: dict[str, Evaluator] = {}
-                for name, sha256 in sorted(wanted.get(tenant, {}).items()):
-                    served = current.get(name)
-                    if served is not None and served.module.sha256 == sha256:
-                        owned[name] = served
-                        continue
-                    try:
-                        owned[name] = load(config, name, sha256)
-                    except EvaldError:
-                        continue
-                self._owned[tenant] = owned
-                for name, served in current.items():
-                    if owned.get(name) is not served and not self.serves(served.module.sha256):
-                        self._host.forget(served.module)
-            self._rebuild()
-
-    def owners(self) -> list[str]:
-        """Tenants that have modules served now."""
-        return [tenant for tenant, owned in self._owned.items() if owned]
-
-    def check_loaded(self, tenant: TenantConfig, name: str, evaluator: Evaluator) -> None:
-        """The rules a module from the store is held to here too: its name is not reserved and
-        its manifest names it.
-
-        Raises:
-            EvaldError: ``invalid_argument`` naming the rule.
-        """
-        check_not_reserved(name, evaluator.tag, self._reserved)
-        if evaluator.module.manifest.name != name:
-            raise EvaldError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"the store names the module {evaluator.module.sha256[:12]} {name!r}, but its "
-                f"manifest names it {evaluator.module.manifest.name!r}",
-            )
+#: Notifications coalesce: at most one read per this many seconds however many arrive.
+_MIN_READ_INTERVAL_S: Final = 0.05
 
 
 class FleetStore:
@@ -226,6 +102,9 @@ class FleetStore:
         self._control = control
         # Named by pid, so an operator (or a test) can tell each daemon's sessions apart.
         self.database = Database(config.store, application=f"evald-{os.getpid()}")
+        self.status = FleetStatus(
+            daemon.store_health, daemon.metrics.registry, config.store.max_stale_s
+        )
         self._registry: FleetRegistry | None = None
         self._host: WasmHost | None = None
         self.applied = 0  # the store revision this daemon serves
@@ -235,8 +114,13 @@ class FleetStore:
         self._local = {tenant.name: tenant for tenant in config.tenants}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.problem: str | None = None
-        self._shadowed_logged: set[str] = set()
+        self._refusals_logged: set[Refusal] = set()
+        self._cache_current = False  # fleet.json holds the applied revision
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store's health is NOT_SERVING (None: it is SERVING)."""
+        return self.status.problem
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -251,6 +135,7 @@ class FleetStore:
             compile=compile,
             database=self.database,
             committed=lambda: self.sync(full=False),
+            status=self.status,
         )
         return self._registry
 
@@ -259,20 +144,24 @@ class FleetStore:
         follower starts. Blocking: run on the control thread. The daemon always starts."""
         try:
             self.sync(full=True)
-        except EvaldError as exc:
-            self._unreachable(exc.message)
+        except Exception as exc:  # unreachable, or anything else: the cache, then the follower
+            reason = exc.message if isinstance(exc, EvaldError) else _unexpected(exc)
+            if not isinstance(exc, EvaldError):
+                _log.exception("fleet store not read at start")
+            self._unreachable(reason)
             cached = self._read_cache()
             if cached is not None:
                 _log.warning(
                     "fleet store unreachable at start: serving the local cache",
-                    extra={"fields": {"revision": cached.head, "error": exc.message}},
+                    extra={"fields": {"revision": cached.head, "error": reason}},
                 )
                 self._apply(cached, fetch=False)
+                self.status.confirmed_ago(self._cache_age())
             else:
                 _log.warning(
                     "fleet store unreachable at start and no local cache: serving the "
                     "config's tenants only",
-                    extra={"fields": {"error": exc.message}},
+                    extra={"fields": {"error": reason}},
                 )
         self._thread = threading.Thread(target=self._follow, name="evald-store", daemon=True)
         self._thread.start()
@@ -304,67 +193,121 @@ class FleetStore:
 
     def _follow(self) -> None:
         """The follower thread: listen, read what changed, apply it on the control thread;
-        after a lost connection, reconnect with backoff and read everything."""
+        after a lost connection or any failure, retry with backoff and read everything. It
+        ends only when told to; should it end otherwise, the store's health says so."""
         backoff = 0.1
-        poll_s = self._config.store.poll_s
-        while not self._stop.is_set():
-            conn = None
-            try:
-                conn = self.database.listen()  # listening first: nothing committed after is missed
-                self._on_control(lambda: self.sync(full=True))
-                self._reachable()
-                backoff = 0.1
-                next_poll = time.monotonic() + poll_s
-                while not self._stop.is_set():
-                    notified = False
-                    for _notice in conn.notifies(timeout=_WAKE_S, stop_after=1):
-                        notified = True
-                    if notified or time.monotonic() >= next_poll:
-                        self._on_control(lambda: self.sync(full=False))
-                        next_poll = time.monotonic() + poll_s
-            except EvaldError as exc:
-                self._unreachable(exc.message)
-            except RuntimeError:  # the control thread is gone: the daemon stops
-                return
-            except Exception as exc:  # psycopg's errors on a broken connection
-                from evald.daemon._postgres import describe_error
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._listen_and_follow()
+                    backoff = 0.1
+                except EvaldError as exc:
+                    if not self._stop.is_set():
+                        self._unreachable(exc.message)
+                except Exception as exc:  # psycopg's on a broken connection, or a fault
+                    if self._stop.is_set():  # the stop is the event, whatever was raised
+                        return
+                    if not _is_connection_error(exc):
+                        _log.exception("fleet store follower failed; retrying")
+                    self._unreachable(_unexpected(exc, self.database.password))
+                self._stop.wait(backoff)
+                backoff = min(_BACKOFF_MAX_S, backoff * 2)
+        finally:
+            if not self._stop.is_set():
+                _log.error("fleet store follower stopped: changes are no longer applied")
+                self.status.set(
+                    STOPPED, "the fleet store's follower stopped: changes are no longer applied"
+                )
 
-                self._unreachable(describe_error(exc, self.database.password))
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:
+    def _listen_and_follow(self) -> None:
+        """One connection's life: listen, read everything, then each burst of notifications
+        (coalesced) and every poll interval, until the connection fails or a stop."""
+        conn = self.database.listen()  # listening first: nothing committed after is missed
+        try:
+            self._on_control(lambda: self.sync(full=True))
+            self._reachable()
+            poll_s = self._poll_interval()
+            next_poll = time.monotonic() + poll_s
+            last_read = 0.0
+            while not self._stop.is_set():
+                notified = any(True for _ in conn.notifies(timeout=_WAKE_S, stop_after=1))
+                if notified:  # the rest of the burst, without waiting: one read for all
+                    pause = last_read + _MIN_READ_INTERVAL_S - time.monotonic()
+                    if pause > 0:
+                        self._stop.wait(pause)
+                    for _ in conn.notifies(timeout=0.001):
                         pass
-            self._stop.wait(backoff)
-            backoff = min(_BACKOFF_MAX_S, backoff * 2)
+                if notified or time.monotonic() >= next_poll:
+                    last_read = time.monotonic()
+                    self._on_control(lambda: self.sync(full=False))
+                    next_poll = time.monotonic() + poll_s
+        finally:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def _poll_interval(self) -> float:
+        """``poll_s``, or less where ``max_stale_s`` needs the daemon to confirm more often."""
+        poll_s = self._config.store.poll_s
+        bound = self._config.store.max_stale_s
+        return min(poll_s, bound / 3) if bound > 0 else poll_s
 
     def _on_control(self, function: Callable[[], None]) -> None:
-        self._control.submit(function).result()
+        """Runs ``function`` on the control thread; nothing once told to stop (the loops
+        then see the event and end)."""
+        if not self._stop.is_set():
+            self._control.submit(function).result()
 
     def _unreachable(self, reason: str) -> None:
-        if self.problem is None:
+        if not self.status.holds(UNREACHABLE):
             _log.warning("fleet store unreachable", extra={"fields": {"error": reason}})
-        self.problem = f"the fleet store is unreachable: {reason}"
-        self._daemon.store_health(self.problem)
+        self.status.set(UNREACHABLE, f"the fleet store is unreachable: {reason}")
 
     def _reachable(self) -> None:
-        if self.problem is not None:
+        if self.status.holds(UNREACHABLE):
             _log.info("fleet store reachable again", extra={"fields": {"revision": self.applied}})
-        self.problem = None
-        self._daemon.store_health(None)
+        self.status.set(UNREACHABLE, None)
+        self.status.set(STOPPED, None)
 
     def sync(self, *, full: bool) -> None:
         """Reads what changed since the applied revision (everything when ``full``) and
-        applies it. Run on the control thread.
+        applies it. Run on the control thread. A store whose revision is below the applied
+        one is an alarm: nothing is applied, and the daemon stays unconfirmed.
 
         Raises:
             EvaldError: ``unavailable`` (the store is unreachable).
         """
+        started = time.monotonic()
+        self.status.reads.inc()
         changes = self.database.changes(self.applied, full=full)
-        if not full and changes.head <= self.applied:
+        if changes.head < self.applied:
+            self._rewound(changes.head)
             return
-        self._apply(changes, fetch=True)
+        if self.status.holds(REWOUND):
+            _log.warning(
+                "fleet store revision caught up again", extra={"fields": {"head": changes.head}}
+            )
+            self.status.set(REWOUND, None)
+        if full or changes.head > self.applied:
+            self._apply(changes, fetch=True)
+        self.status.confirm(started)
+        self._touch_cache()
+
+    def _rewound(self, head: int) -> None:
+        message = (
+            f"the fleet store's revision {head} is below the revision {self.applied} this "
+            "daemon applied: the store was rewound (restored from a backup, or written outside "
+            "evald); this daemon keeps serving revision "
+            f"{self.applied} and applies nothing older (if the store was restored on purpose, "
+            f"restart the daemons with their state folder's {CACHE_FILE} removed)"
+        )
+        if not self.status.holds(REWOUND):
+            _log.error(
+                "fleet store revision went back",
+                extra={"fields": {"head": head, "applied": self.applied}},
+            )
+        self.status.set(REWOUND, message)
 
     # Applying -------------------------------------------------------------------------------
 
@@ -375,6 +318,9 @@ class FleetStore:
             self._wanted = {}
         for row in changes.tenants:
             self._store_tenants[str(row["name"])] = row
+        for name, reason in changes.refused:
+            self._store_tenants.pop(name, None)
+            log_refusals([Refusal(name, reason)], self._refusals_logged)
         self._apply_tenants()
         touched: set[str] = set(self._wanted) if changes.full else set()
         for evaluator in changes.evaluators:
@@ -393,7 +339,7 @@ class FleetStore:
 
         registry.apply_evaluators(self._wanted, sorted(touched), load)
         previous = self.applied
-        self.applied = max(self.applied, changes.head) if not changes.full else changes.head
+        self.applied = changes.head
         registry.revision = self.applied
         if fetch:
             self._write_cache()
@@ -412,25 +358,15 @@ class FleetStore:
             )
 
     def _apply_tenants(self) -> None:
-        """The config's own tenants and the store's, to the daemon (a store tenant with a
-        config tenant's name is not served: logged once)."""
-        configs = dict(self._local)
-        defaults = self._config.default_limits
-        for name, row in sorted(self._store_tenants.items()):
-            if name in configs:
-                if name not in self._shadowed_logged:
-                    self._shadowed_logged.add(name)
-                    _log.warning(
-                        "a fleet store tenant has the name of a tenant of this daemon's config: "
-                        "the config's is served",
-                        extra={"fields": {"tenant": name}},
-                    )
-                continue
-            try:
-                configs[name] = tenant_from_store(row, defaults, f"fleet store tenant {name!r}")
-            except ConfigError as exc:
-                _log.error("fleet store tenant not served", extra={"fields": {"error": str(exc)}})
-        self._daemon.apply_tenants(list(configs.values()))
+        """The config's own tenants and the store's that may be served beside them, to the
+        daemon; a refused store row is dropped (logged once: :mod:`_fleet_tenants`)."""
+        result = store_tenants(
+            self._local.values(), self._store_tenants, self._config.default_limits
+        )
+        for refusal in result.refused:  # a full read (each reload) brings it back to judge
+            self._store_tenants.pop(refusal.tenant, None)
+        log_refusals(result.refused, self._refusals_logged)
+        self._daemon.apply_tenants(list(result.served.values()))
 
     def _load(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
         """One evaluator of the store: its bytes from the local cache (checked against the
@@ -503,6 +439,7 @@ class FleetStore:
     # The local cache ------------------------------------------------------------------------
 
     def _write_cache(self) -> None:
+        self._cache_current = False
         document = {
             "version": _CACHE_VERSION,
             "revision": self.applied,
@@ -514,10 +451,26 @@ class FleetStore:
                 self._cache.state_dir / CACHE_FILE,
                 (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"),
             )
+            self._cache_current = True
             referenced = {sha for names in self._wanted.values() for sha in names.values()}
             self._cache.collect_garbage(referenced)
         except StateFileError as exc:
             _log.warning("local cache not written", extra={"fields": {"error": exc.message}})
+
+    def _touch_cache(self) -> None:
+        """The cache's time says when what it holds was last confirmed current (a restart
+        from it starts that old: ``max_stale_s`` counts from then)."""
+        if self._cache_current:
+            try:
+                os.utime(self._cache.state_dir / CACHE_FILE)
+            except OSError:
+                self._cache_current = False
+
+    def _cache_age(self) -> float:
+        try:
+            return time.time() - (self._cache.state_dir / CACHE_FILE).stat().st_mtime
+        except OSError:
+            return float("inf")
 
     def _read_cache(self) -> ChangeSet | None:
         path = self._cache.state_dir / CACHE_FILE
@@ -547,3 +500,16 @@ class FleetStore:
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(json.dumps(row, default=str))
     return document
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error | psycopg_pool.PoolTimeout)
+
+
+def _unexpected(exc: BaseException, password: str | None = None) -> str:
+    """An exception in one line for the log and the health message."""
+    if _is_connection_error(exc):
+        return describe_error(exc, password)
+    if isinstance(exc, RecursionError):
+        return "RecursionError: a value nested too deep"
+    return f"{type(exc).__name__}: {describe_error(exc, password)}"

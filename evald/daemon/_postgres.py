@@ -1,23 +1,21 @@
-"""The fleet store in PostgreSQL: its schema, its roles, and every statement the daemons and the
-operators run against it.
+"""The fleet store in PostgreSQL: every statement the daemons and the operators run against it
+(the schema, the roles and what each may do: :mod:`evald.daemon._store_schema`).
 
 Why PostgreSQL and this shape: the fleet needs one durable source of truth that every daemon
 follows, with changes in a total order. One row, ``evald.head``, holds the store's revision;
 every change (a registration, a deletion, a tenant added, a token rotated or revoked, new
-limits) is one transaction that first increments it (``UPDATE … RETURNING``: the row lock
-serializes writers, so revisions commit in the order they are handed out and none is skipped),
-stamps the rows it touches with it, appends one row to the audit log ``evald.changes`` (who,
-what, when) and sends ``NOTIFY evald_changes`` (delivered at commit). A daemon reads what changed
-since the revision it applied, in one ``REPEATABLE READ`` snapshot; the notification only tells
-it when to look (:mod:`evald.daemon._fleet`).
+limits) is one transaction that first moves it forward by one (``evald.begin_change()``: the
+row lock serializes writers, so revisions commit in the order they are handed out and none is
+skipped), stamps the rows it touches with it, appends one row to the audit log
+``evald.changes`` (who, what, when) and sends ``NOTIFY evald_changes`` (delivered at commit). A
+daemon reads what changed since the revision it applied, in one ``REPEATABLE READ`` snapshot;
+the notification only tells it when to look (:mod:`evald.daemon._fleet`).
 
-Tables (schema ``evald``): ``head`` (the revision), ``tenants`` (name, token SHA-256s, limits
-that differ from the daemons' defaults, allowed standard evaluators, may-register, max
-modules), ``modules`` (bytes content-addressed by SHA-256), ``evaluators`` (a tenant's name ->
-module hash, tag and manifest; a deleted one keeps its row with no hash, so a follower sees the
-deletion) and ``changes``. Roles: ``evald_daemon`` reads everything it serves and may write only
-registrations (``modules``, ``evaluators``), the audit log and the revision; ``evald_operator``
-changes tenants. A login role joins one of them (docs/operations.md, "A fleet").
+A daemon writes only through ``evald.register_evaluator`` and ``evald.delete_evaluator``, which
+check the tenant's rules inside the change; an operator writes tenant rows and records the
+change with ``evald.record_change``. A tenant row is read with its ``limits`` as text and
+decoded here, one row at a time: a row that does not decode is that row's failure
+(:attr:`ChangeSet.refused`), never the whole read's.
 
 Every value is a query parameter: names, manifests and tokens that look like SQL are stored as
 data. The password is passed apart from the URL and scrubbed from every message
@@ -30,7 +28,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -39,100 +37,28 @@ from psycopg.types.json import Jsonb
 
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon._config import StoreSettings
+from evald.daemon._store_schema import CHANNEL, SQLSTATE_CODES, describe_error
 
-__all__ = [
-    "CHANNEL",
-    "DAEMON_ROLE",
-    "OPERATOR_ROLE",
-    "ChangeSet",
-    "Database",
-    "EvaluatorRow",
-    "describe_error",
-    "init_schema",
-]
+__all__ = ["ChangeSet", "Database", "EvaluatorRow", "decode_tenant_row"]
 
-#: The ``LISTEN``/``NOTIFY`` channel; the payload is the new revision.
-CHANNEL: Final = "evald_changes"
-DAEMON_ROLE: Final = "evald_daemon"
-OPERATOR_ROLE: Final = "evald_operator"
-
-_SCHEMA: Final = """
-CREATE SCHEMA IF NOT EXISTS evald;
-CREATE TABLE IF NOT EXISTS evald.head (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    revision bigint NOT NULL CHECK (revision >= 0)
-);
-INSERT INTO evald.head (singleton, revision) VALUES (true, 0) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS evald.tenants (
-    name text PRIMARY KEY CHECK (name ~ '^[a-z][a-z0-9_-]{0,63}$'),
-    token_sha256s text[] NOT NULL DEFAULT '{}',
-    limits jsonb NOT NULL DEFAULT '{}',
-    evaluators text[] NOT NULL DEFAULT '{}',
-    may_register boolean NOT NULL DEFAULT false,
-    max_modules integer NOT NULL DEFAULT 16 CHECK (max_modules >= 0),
-    revision bigint NOT NULL
-);
-CREATE TABLE IF NOT EXISTS evald.modules (
-    sha256 text PRIMARY KEY CHECK (sha256 ~ '^[0-9a-f]{64}$'),
-    bytes bytea NOT NULL,
-    size integer NOT NULL,
-    stored_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS evald.evaluators (
-    tenant text NOT NULL REFERENCES evald.tenants (name),
-    name text NOT NULL,
-    sha256 text REFERENCES evald.modules (sha256),
-    tag text,
-    manifest jsonb,
-    revision bigint NOT NULL,
-    PRIMARY KEY (tenant, name)
-);
-CREATE INDEX IF NOT EXISTS evaluators_by_revision ON evald.evaluators (revision);
-CREATE INDEX IF NOT EXISTS tenants_by_revision ON evald.tenants (revision);
-CREATE TABLE IF NOT EXISTS evald.changes (
-    revision bigint PRIMARY KEY,
-    at timestamptz NOT NULL DEFAULT now(),
-    role text NOT NULL DEFAULT current_user,
-    actor text NOT NULL,
-    action text NOT NULL,
-    tenant text NOT NULL,
-    name text,
-    sha256 text,
-    detail jsonb NOT NULL DEFAULT '{}'
-);
-"""
-
-# What each role may do, and nothing more (docs/operations.md, "A fleet": least privilege).
-_GRANTS: Final = f"""
-REVOKE ALL ON SCHEMA evald FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA evald FROM {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT USAGE ON SCHEMA evald TO {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT SELECT ON evald.head, evald.tenants, evald.modules, evald.evaluators, evald.changes
-    TO {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT UPDATE (revision) ON evald.head TO {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT INSERT ON evald.changes TO {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT INSERT ON evald.modules TO {DAEMON_ROLE};
-GRANT INSERT ON evald.evaluators TO {DAEMON_ROLE};
-GRANT UPDATE (sha256, tag, manifest, revision) ON evald.evaluators TO {DAEMON_ROLE};
-GRANT INSERT ON evald.tenants TO {OPERATOR_ROLE};
-GRANT UPDATE (token_sha256s, limits, evaluators, may_register, max_modules, revision)
-    ON evald.tenants TO {OPERATOR_ROLE};
-"""
-
-
-def describe_error(exc: BaseException, password: str | None = None) -> str:
-    """A database error in one line an operator can act on, with the password scrubbed."""
-    if isinstance(exc, psycopg_pool.PoolTimeout):
-        text = "the fleet store did not answer in time (PostgreSQL down or unreachable)"
-    else:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        text = lines[0] if lines else type(exc).__name__
-    if password:
-        text = text.replace(password, "***")
-    return text[:300]
+_TENANT_COLUMNS = (
+    "name, token_sha256s, limits::text AS limits, evaluators, may_register, max_modules, revision"
+)
 
 
 def _unavailable(exc: BaseException, password: str | None, doing: str) -> EvaldError:
+    sqlstate = getattr(exc, "sqlstate", None)
+    code = SQLSTATE_CODES.get(sqlstate or "")
+    if code is not None:  # a rule the store's own functions checked
+        diag = getattr(exc, "diag", None)
+        message = getattr(diag, "message_primary", None) or describe_error(exc, password)
+        return EvaldError(code, str(message)[:500])
+    if isinstance(exc, psycopg.errors.UndefinedFunction):
+        return EvaldError(
+            ErrorCode.UNAVAILABLE,
+            f"the fleet store's schema is older than this evald, so it could not {doing}: the "
+            "store's owner runs `evald store init` once to upgrade it (nothing was changed)",
+        )
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return EvaldError(
             ErrorCode.PERMISSION_DENIED,
@@ -162,7 +88,8 @@ class ChangeSet:
 
     ``full`` is a complete copy (every tenant and every evaluator), read after a reconnect;
     otherwise only rows whose revision is past ``since``. ``revisions`` are the changes it
-    carries, in order (the audit log's rows).
+    carries, in order (the audit log's rows). ``refused`` names the tenant rows that did not
+    decode (name, why): each costs only its own tenant.
     """
 
     head: int
@@ -171,6 +98,39 @@ class ChangeSet:
     tenants: tuple[dict[str, Any], ...]
     evaluators: tuple[EvaluatorRow, ...]
     revisions: tuple[int, ...]
+    refused: tuple[tuple[str, str], ...] = ()
+
+
+def decode_tenant_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A tenant row read with ``limits`` as text, with its limits decoded.
+
+    Raises:
+        ValueError: the limits are not a JSON object this daemon can read (any failure of
+            the decoder, a ``RecursionError`` on deep nesting included, is this row's).
+    """
+    document = dict(row)
+    raw = document.get("limits")
+    try:
+        limits = json.loads(raw) if isinstance(raw, str) else raw
+    except Exception as exc:  # RecursionError too: the row's failure, never the reader's
+        raise ValueError(f"its limits do not decode: {type(exc).__name__}") from None
+    if not isinstance(limits, dict):
+        raise ValueError("its limits are not a JSON object")
+    document["limits"] = limits
+    return document
+
+
+def _decoded(
+    rows: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    good: list[dict[str, Any]] = []
+    bad: list[tuple[str, str]] = []
+    for row in rows:
+        try:
+            good.append(decode_tenant_row(row))
+        except ValueError as exc:
+            bad.append((str(row.get("name", "?"))[:64], str(exc)))
+    return good, bad
 
 
 class Database:
@@ -245,8 +205,7 @@ class Database:
                 head = int(first["revision"])
                 after = -1 if full else since
                 tenants = cur.execute(
-                    "SELECT name, token_sha256s, limits, evaluators, may_register,"
-                    " max_modules, revision FROM evald.tenants WHERE revision > %s"
+                    f"SELECT {_TENANT_COLUMNS} FROM evald.tenants WHERE revision > %s"
                     " ORDER BY revision, name",
                     (after,),
                 ).fetchall()
@@ -260,11 +219,13 @@ class Database:
                     " AND revision <= %s ORDER BY revision",
                     (since, head),
                 ).fetchall()
+        good, refused = _decoded(tenants)
         return ChangeSet(
             head=head,
             since=since,
             full=full,
-            tenants=tuple(dict(row) for row in tenants),
+            tenants=tuple(good),
+            refused=tuple(refused),
             evaluators=tuple(
                 EvaluatorRow(row["tenant"], row["name"], row["sha256"], int(row["revision"]))
                 for row in evaluators
@@ -288,23 +249,30 @@ class Database:
         """Every tenant row with how many evaluators it has (``evald tenants list``)."""
         with self._connection("be read") as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(
-                "SELECT t.name, t.token_sha256s, t.limits, t.evaluators, t.may_register,"
+                "SELECT t.name, t.token_sha256s, t.limits::text AS limits, t.evaluators,"
+                " t.may_register,"
                 " t.max_modules, t.revision,"
                 " (SELECT count(*) FROM evald.evaluators e WHERE e.tenant = t.name"
                 "  AND e.sha256 IS NOT NULL) AS modules"
                 " FROM evald.tenants t ORDER BY t.name"
             ).fetchall()
-        return [dict(row) for row in rows]
+        listed = []
+        for row in rows:
+            try:
+                listed.append(decode_tenant_row(row))
+            except ValueError as exc:
+                listed.append({**row, "limits": f"unreadable: {exc}"})
+        return listed
 
     def audit(self, limit: int) -> list[dict[str, Any]]:
         """The latest ``limit`` rows of the audit log, newest first."""
         with self._connection("be read") as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(
-                "SELECT revision, at, role, actor, action, tenant, name, sha256, detail"
-                " FROM evald.changes ORDER BY revision DESC LIMIT %s",
+                "SELECT revision, at, role, actor, action, tenant, name, sha256,"
+                " detail::text AS detail FROM evald.changes ORDER BY revision DESC LIMIT %s",
                 (limit,),
             ).fetchall()
-        return [dict(row) for row in rows]
+        return [{**row, "detail": _lenient_json(row["detail"])} for row in rows]
 
     def head(self) -> int:
         with self._connection("be read") as conn:
@@ -314,23 +282,26 @@ class Database:
     # Writing: one change per transaction -----------------------------------------------------
 
     @contextmanager
-    def _change(self, doing: str) -> Iterator[tuple[psycopg.Cursor[Any], int]]:
-        """One change: a transaction holding the next revision (the head row stays locked
-        until commit, so revisions commit in order), notified at commit."""
+    def _transaction(self, doing: str) -> Iterator[psycopg.Cursor[Any]]:
+        """One transaction; a refusal of the store's own functions becomes its typed error."""
         with self._connection(doing) as conn:
             try:
                 with conn.transaction(), conn.cursor() as cur:
-                    row = cur.execute(
-                        "UPDATE evald.head SET revision = revision + 1 RETURNING revision"
-                    ).fetchone()
-                    assert row is not None, "evald.head has its one row (evald store init)"
-                    revision = int(row[0])
-                    yield cur, revision
-                    cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(revision)))
+                    yield cur
             except EvaldError:
                 raise
             except psycopg.Error as exc:
                 raise _unavailable(exc, self._password, doing) from None
+
+    @contextmanager
+    def _change(self, doing: str) -> Iterator[tuple[psycopg.Cursor[Any], int]]:
+        """One operator's change: a transaction holding the next revision (the head row stays
+        locked until commit, so revisions commit in order); :meth:`_audit` records it and
+        notifies at commit."""
+        with self._transaction(doing) as cur:
+            row = cur.execute("SELECT evald.begin_change()").fetchone()
+            assert row is not None, "evald.begin_change() returns the revision"
+            yield cur, int(row[0])
 
     @staticmethod
     def _audit(
@@ -344,10 +315,10 @@ class Database:
         sha256: str | None = None,
         detail: Mapping[str, Any] | None = None,
     ) -> None:
+        """The change's audit row (the store stamps its revision and the login's role)."""
         cur.execute(
-            "INSERT INTO evald.changes (revision, actor, action, tenant, name, sha256, detail)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (revision, actor, action, tenant, name, sha256, Jsonb(dict(detail or {}))),
+            "SELECT evald.record_change(%s, %s, %s, %s, %s, %s)",
+            (actor, action, tenant, name, sha256, Jsonb(dict(detail or {}))),
         )
 
     def register(
@@ -361,75 +332,23 @@ class Database:
         *,
         replace: bool,
     ) -> int:
-        """Stores one registration of ``tenant``'s and returns its revision. The rules are
-        checked again inside the transaction, against the store (another daemon may have
-        registered the same name a moment ago: one of the two wins).
+        """Stores one registration of ``tenant``'s and returns its revision. The store's
+        ``evald.register_evaluator`` checks the rules again inside the change, against the
+        store (another daemon may have registered the same name a moment ago: one of the two
+        wins), and writes only ``tenant``'s row.
 
         Raises:
             EvaldError: ``permission_denied`` (not a store tenant, or it may not register),
                 ``invalid_argument`` (the name is taken and ``replace`` is off, a tag clash,
                 ``max_modules``), ``unavailable`` (the store is unreachable: nothing stored).
         """
-        with self._change("store the registration") as (cur, revision):
+        with self._transaction("store the registration") as cur:
             row = cur.execute(
-                "SELECT may_register, max_modules FROM evald.tenants WHERE name = %s",
-                (tenant,),
+                "SELECT evald.register_evaluator(%s, %s, %s, %s, %s, %s, %s)",
+                (tenant, name, tag, sha256, wasm, Jsonb(dict(manifest)), replace),
             ).fetchone()
-            if row is None or not row[0]:
-                raise EvaldError(
-                    ErrorCode.PERMISSION_DENIED,
-                    f"tenant {tenant!r} may not register evaluators in the fleet store "
-                    "(an operator runs `evald tenants limits " + tenant + " --may-register`)",
-                )
-            max_modules = int(row[1])
-            others = cur.execute(
-                "SELECT name, tag FROM evald.evaluators WHERE tenant = %s AND sha256 IS NOT NULL",
-                (tenant,),
-            ).fetchall()
-            names = {other_name for other_name, _ in others}
-            for other_name, other_tag in others:
-                if other_name != name and (tag in (other_name, other_tag) or name == other_tag):
-                    raise EvaldError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        f"the manifest's name {name!r} or tag {tag!r} clashes with your "
-                        f"evaluator {other_name!r} (tag {other_tag!r})",
-                    )
-            if name in names and not replace:
-                raise EvaldError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"you already have an evaluator {name!r}; register with replace to update "
-                    "it (`evald register --replace`)",
-                )
-            if name not in names and len(names) >= max_modules:
-                raise EvaldError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"tenant {tenant!r} already has {len(names)} evaluators, its maximum (an "
-                    "operator raises it with `evald tenants limits --max-modules`)",
-                )
-            cur.execute(
-                "INSERT INTO evald.modules (sha256, bytes, size) VALUES (%s, %s, %s)"
-                " ON CONFLICT (sha256) DO NOTHING",
-                (sha256, wasm, len(wasm)),
-            )
-            cur.execute(
-                "INSERT INTO evald.evaluators (tenant, name, sha256, tag, manifest, revision)"
-                " VALUES (%s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (tenant, name) DO UPDATE SET sha256 = EXCLUDED.sha256,"
-                " tag = EXCLUDED.tag, manifest = EXCLUDED.manifest, revision = EXCLUDED.revision",
-                (tenant, name, sha256, tag, Jsonb(dict(manifest)), revision),
-            )
-            action = "evaluator.replace" if name in names else "evaluator.register"
-            self._audit(
-                cur,
-                revision,
-                actor=tenant,
-                action=action,
-                tenant=tenant,
-                name=name,
-                sha256=sha256,
-                detail={"bytes": len(wasm)},
-            )
-        return revision
+        assert row is not None
+        return int(row[0])
 
     def delete(self, tenant: str, name: str) -> int:
         """Deletes one of ``tenant``'s evaluators and returns the revision.
@@ -437,22 +356,10 @@ class Database:
         Raises:
             EvaldError: ``unknown_evaluator`` (it has none by that name), ``unavailable``.
         """
-        with self._change("store the deletion") as (cur, revision):
-            row = cur.execute(
-                "UPDATE evald.evaluators SET sha256 = NULL, tag = NULL, manifest = NULL,"
-                " revision = %s WHERE tenant = %s AND name = %s AND sha256 IS NOT NULL"
-                " RETURNING name",
-                (revision, tenant, name),
-            ).fetchone()
-            if row is None:
-                raise EvaldError(
-                    ErrorCode.UNKNOWN_EVALUATOR,
-                    f"tenant {tenant!r} has no registered evaluator {name!r}",
-                )
-            self._audit(
-                cur, revision, actor=tenant, action="evaluator.delete", tenant=tenant, name=name
-            )
-        return revision
+        with self._transaction("store the deletion") as cur:
+            row = cur.execute("SELECT evald.delete_evaluator(%s, %s)", (tenant, name)).fetchone()
+        assert row is not None
+        return int(row[0])
 
     # Operators' writes -----------------------------------------------------------------------
 
@@ -513,8 +420,8 @@ class Database:
 
     def _locked_tenant(self, cur: psycopg.Cursor[Any], name: str) -> dict[str, Any]:
         row = cur.execute(
-            "SELECT token_sha256s, limits, evaluators, may_register, max_modules"
-            " FROM evald.tenants WHERE name = %s",
+            "SELECT token_sha256s, limits::text, evaluators, may_register, max_modules"
+            " FROM evald.tenants WHERE name = %s FOR UPDATE",
             (name,),
         ).fetchone()
         if row is None:
@@ -523,7 +430,12 @@ class Database:
                 f"no tenant {name!r} in the fleet store (`evald tenants list`)",
             )
         keys = ("token_sha256s", "limits", "evaluators", "may_register", "max_modules")
-        return dict(zip(keys, row, strict=True))
+        document = dict(zip(keys, row, strict=True))
+        try:
+            return decode_tenant_row(document)
+        except ValueError:
+            document["limits"] = None  # unreadable: `evald tenants limits` may replace them
+            return document
 
     def add_token(self, actor: str, name: str, token_sha256: str) -> int:
         """Adds a token to a tenant, keeping its others (``evald tenants rotate``)."""
@@ -581,7 +493,7 @@ class Database:
         with self._change("change the tenant") as (cur, revision):
             current = self._locked_tenant(cur, name)
             new = {
-                "limits": dict(current["limits"]) if limits is None else dict(limits),
+                "limits": _current_limits(name, current) if limits is None else dict(limits),
                 "evaluators": list(current["evaluators"] if evaluators is None else evaluators),
                 "may_register": current["may_register"] if may_register is None else may_register,
                 "max_modules": current["max_modules"] if max_modules is None else max_modules,
@@ -610,31 +522,20 @@ class Database:
         return revision
 
 
-def init_schema(settings: StoreSettings) -> None:
-    """Creates the schema, the two group roles (when missing; a login role then joins one) and
-    their grants. Run once, by the database's owner (``evald store init``); running it again
-    changes nothing but the grants.
-
-    Raises:
-        EvaldError: ``unavailable`` (unreachable), ``permission_denied`` (the role may not
-            create the schema or the roles).
-    """
-    password = settings.password()
-    kwargs: dict[str, Any] = {"connect_timeout": max(1, round(settings.connect_timeout_s))}
-    if password is not None:
-        kwargs["password"] = password
-    try:
-        with psycopg.connect(settings.url, **kwargs) as conn, conn.transaction():
-            for role in (DAEMON_ROLE, OPERATOR_ROLE):
-                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
-                if exists.fetchone() is None:
-                    conn.execute(f"CREATE ROLE {role} NOLOGIN")
-            conn.execute(_SCHEMA)
-            conn.execute(_GRANTS)
-    except psycopg.errors.InsufficientPrivilege as exc:
+def _current_limits(name: str, current: Mapping[str, Any]) -> dict[str, Any]:
+    limits = current["limits"]
+    if limits is None:
         raise EvaldError(
-            ErrorCode.PERMISSION_DENIED,
-            f"the store's owner must run this: {describe_error(exc, password)}",
-        ) from None
-    except psycopg.Error as exc:
-        raise _unavailable(exc, password, "be set up") from None
+            ErrorCode.INVALID_ARGUMENT,
+            f"tenant {name!r}'s limits in the store are unreadable: set them whole with "
+            "`evald tenants limits " + name + " --limit KEY=VALUE`",
+        )
+    return dict(limits)
+
+
+def _lenient_json(text: Any) -> Any:
+    """An audit row's detail, decoded when it can be (shown as text when it cannot)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except Exception:  # RecursionError included: shown, never fatal
+        return text[:200]

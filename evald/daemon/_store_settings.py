@@ -29,7 +29,9 @@ class StoreSettings:
     store is down. The password is never part of the URL: ``password_file`` names a file that
     holds it, ``password_env`` an environment variable (libpq's own ``PGPASSWORD`` and
     ``PGPASSFILE`` work too). ``poll_s`` is how often a daemon checks the store's revision
-    besides its notifications; ``connect_timeout_s`` bounds one attempt to reach it.
+    besides its notifications; ``connect_timeout_s`` bounds one attempt to reach it;
+    ``max_stale_s`` is how long a daemon that cannot confirm it is current keeps serving the
+    store's tenants (0: for ever; docs/operations.md, "A fleet", says why 300).
     """
 
     url: str = ""
@@ -37,6 +39,7 @@ class StoreSettings:
     password_env: str = ""
     poll_s: float = 5.0
     connect_timeout_s: float = 3.0
+    max_stale_s: float = 300.0
 
     @property
     def fleet(self) -> bool:
@@ -108,6 +111,7 @@ def store_from_table(table: ConfigTable) -> StoreSettings:
         password_env=table.get_str("password_env", base.password_env),
         poll_s=table.get_float("poll_s", base.poll_s, minimum=0.1),
         connect_timeout_s=table.get_float("connect_timeout_s", base.connect_timeout_s, minimum=0.1),
+        max_stale_s=table.get_float("max_stale_s", base.max_stale_s, minimum=0.0),
     )
     if (settings.password_file or settings.password_env) and not url:
         raise table.error("password_file", "a password needs store.url (the fleet store)")

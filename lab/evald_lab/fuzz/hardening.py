@@ -62,4 +62,23 @@ HARDENING = (
     "each tenant now holds at most compile_queue_per_tenant of it, served round-robin.",
     "Adding \"calc\" to a tenant's index file and restarting made that tenant's calc run its own "
     "module; index entries are now held to the registration rules at load.",
+    "Every pod's evald_daemon login could set evald.head to 0 or 2^63-1, point any tenant's "
+    "evaluator at another's module and write audit rows in an operator's name; it now writes "
+    "only through the store's SECURITY DEFINER functions (the head moves forward by one, rules "
+    "checked in the store, audit rows stamped with session_user), and a daemon that finds the "
+    "head below its revision raises an alarm instead of rewinding.",
+    "A tenant row whose limits were nested 3,000 deep raised RecursionError in every daemon's "
+    "follower, which took it for its own shutdown: changes stopped while store health said "
+    "SERVING; rows are now decoded one at a time (a bad row costs its tenant), the follower "
+    "stops only when told, and a stopped follower turns store health NOT_SERVING.",
+    "Any login of the cluster could connect to the store's database and flood NOTIFY "
+    "evald_changes (3,000 notifications cost a daemon 617 store reads); evald store init now "
+    "revokes PUBLIC's CONNECT and TEMP, and a daemon reads once per burst (14 reads).",
+    "A daemon cut off from the store served a revoked token for as long as the outage lasted, "
+    "and one restarted from its cache accepted a token revoked meanwhile; store tenants are "
+    "now refused unavailable past [store] max_stale_s (300 s) without a confirmed read, and "
+    "evald_store_revision_age_seconds exports the age.",
+    "evald tenants add X --token-sha256 <a config tenant's hash> made that tenant's calls run "
+    "as X, silently; the CLI refuses it, and a daemon refuses such a store tenant (logged, "
+    "naming both) and keeps the token the config's.",
 )
