@@ -265,11 +265,9 @@ def _generate(args: argparse.Namespace) -> int:
     except (EngineError, BackendError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if args.instructions:
-        from engine_adapter._instructions import render_instructions
+        from engine_adapter.spans import render_instructions
 
-        text = render_instructions(
-            engine.evaluators, style="system" if engine.chat else "few-shot"
-        )
+        text = render_instructions(engine.evaluators, style="system" if engine.chat else "few-shot")
         engine.system_prompt = f"{args.system}\n\n{text}" if args.system else text
         if args.timings:
             print(f"instructions:\n{text}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from engine_adapter._injector import Injector, SpanRecord
+    from engine_adapter.evaluation import Injector, SpanRecord
 
 __all__ = ["Constraint", "SpanConstraint"]
 

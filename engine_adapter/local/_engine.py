@@ -15,24 +15,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter._grammar import (
-    EvaluatorSpec,
-    Mode,
-    SpanGrammar,
-    build_structural_tag,
-    special_token_texts,
-)
-from engine_adapter._injector import Injector, TokenCodec
+from engine_adapter.evaluation import Injector, TokenCodec
 from engine_adapter.local._constraint import Constraint, SpanConstraint
 from engine_adapter.local._decode_loop import DecodeLoop
 from engine_adapter.local._errors import EngineError
 from engine_adapter.local._result import GenerationResult, TextCallback
 from engine_adapter.local._sampling import Sampler
 from engine_adapter.local._timing import GenerationClock
+from engine_adapter.spans import (
+    EvaluatorSpec,
+    Mode,
+    SpanGrammar,
+    build_structural_tag,
+    special_token_texts,
+)
 
 if TYPE_CHECKING:
-    from engine_adapter._types import SpanEvaluator
     from engine_adapter.local._backend import Backend
+    from engine_adapter.spans import SpanEvaluator
 
 __all__ = ["LocalEngine"]
 
@@ -122,7 +122,7 @@ class LocalEngine:
         """The chat-templated prompt, ending with the assistant turn's opening; for a base
         model, BOS + system text + the question in the ``Question:``/``Answer:`` form."""
         if not self.chat:
-            from engine_adapter._instructions import base_prompt
+            from engine_adapter.spans import base_prompt
 
             text = base_prompt(prompt, self.system_prompt or "")
             ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
@@ -355,8 +355,7 @@ class LocalEngine:
         """Refuses a prompt and prefix that leave no room for one sampled token."""
         if n_tokens + 1 > self.backend.n_ctx:
             raise EngineError(
-                f"the prompt takes {n_tokens} tokens; the context window holds "
-                f"{self.backend.n_ctx}"
+                f"the prompt takes {n_tokens} tokens; the context window holds {self.backend.n_ctx}"
             )
 
 

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from engine_adapter.local._errors import EngineError
 
 if TYPE_CHECKING:
-    from engine_adapter._grammar import EvaluatorSpec
-    from engine_adapter._types import SpanEvaluator
+    from engine_adapter.spans import EvaluatorSpec, SpanEvaluator
 
 __all__ = ["EVALUATOR_MODES", "EvaluatorSetup", "open_evaluator"]
 
@@ -62,9 +61,13 @@ def open_evaluator(
         EngineError: unknown ``kind``, a requested name that is not offered, or a token that
             is named but empty, blank or malformed (``permission_denied``; never read as none).
     """
-    from engine_adapter._client import EvaluatorClient, list_evaluators
-    from engine_adapter._grammar import standard_evaluators
-    from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+    from engine_adapter.evaluation import (
+        EvaluatorClient,
+        InProcessWasmEvaluator,
+        ReferenceEvaluator,
+        list_evaluators,
+    )
+    from engine_adapter.spans import standard_evaluators
 
     warning = None
     evaluator: Any

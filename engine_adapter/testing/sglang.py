@@ -138,9 +138,7 @@ class SglangServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def generate(
-        self, text: str, timeout_s: float = 300.0, **sampling: Any
-    ) -> dict[str, Any]:
+    def generate(self, text: str, timeout_s: float = 300.0, **sampling: Any) -> dict[str, Any]:
         """``POST /generate`` (greedy unless told); ``sampling`` are its sampling params, with
         ``custom_params`` and ``structural_tag`` (a dict, sent as JSON text) among them."""
         params = {"temperature": 0, **sampling}

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_adapter._injector import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import EvalResult
+from engine_adapter.evaluation import TokenCodec
+from engine_adapter.serving import AdapterConfig
+from engine_adapter.spans import EvalResult
 from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
-from engine_adapter.vllm._tracker import SpanTracker
+from engine_adapter.vllm import SpanTracker
 from evald.daemon import hash_token
 
 __all__ = [

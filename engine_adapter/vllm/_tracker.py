@@ -46,13 +46,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._bitmask import allow_only, allows
-from engine_adapter._injector import Injector, TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
-from engine_adapter._step_wait import StepWaits
-from engine_adapter._tenant_runtimes import Tenancy, TenantRuntimes
-from engine_adapter._types import EvalResult
+from engine_adapter.evaluation import Injector, TokenCodec
+from engine_adapter.serving import (
+    AdapterConfig,
+    AdapterRuntime,
+    StepWaits,
+    Tenancy,
+    TenantRuntimes,
+    allow_only,
+    allows,
+)
+from engine_adapter.spans import EvalResult
 from engine_adapter.vllm._options import evaluated_spans
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
@@ -118,7 +122,7 @@ class SpanTracker:
             (``plugin.random_verify_is_broken``).
         runtime_factory: builds the server's own tenant's runtime (client, span log); the
             default shares one evald stream per process. Other tenants' runtimes come from
-            :class:`~engine_adapter._tenant_runtimes.TenantRuntimes`.
+            :class:`~engine_adapter.serving.TenantRuntimes`.
     """
 
     def __init__(
@@ -141,7 +145,7 @@ class SpanTracker:
         self.stats = TrackerStats()
         self.step_waits = StepWaits()
         """The budget of a row scheduled while its value is pending (a hold that could not
-        apply): ``engine_adapter._step_wait``."""
+        apply): ``engine_adapter.serving._step_wait``."""
         # vLLM requests arrive with their spans lowered: no evaluator specs to refresh.
         self.tenants = TenantRuntimes(
             config, codec, refresh_s=None, runtime_factory=runtime_factory

@@ -40,8 +40,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from engine_adapter._grammar import ERROR_CODE_REGEX, check_bindings, common_prefix
-from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
+from engine_adapter.spans import (
+    ERROR_CODE_REGEX,
+    EvalResult,
+    SpanBinding,
+    SpanEvaluator,
+    check_bindings,
+    common_prefix,
+)
 from evald.contract import ErrorCode
 
 __all__ = ["Injector", "SpanRecord", "TokenCodec"]
@@ -131,9 +137,7 @@ class TokenCodec:
             ids: Sequence[int] = tokenizer.encode(text, add_special_tokens=False)
             return ids
 
-        return cls(
-            tokenizer_info.decoded_vocab, encode, special_ids=special, special_texts=texts
-        )
+        return cls(tokenizer_info.decoded_vocab, encode, special_ids=special, special_texts=texts)
 
     @classmethod
     def shared(cls, tokenizer: Any) -> TokenCodec:
@@ -516,8 +520,8 @@ class Injector:
     def give_up(self, message: str) -> None:
         """Ends the pending span now with ``deadline_exceeded`` (``message`` says why): for an
         engine that cannot wait any longer for the value without holding other sequences
-        (``engine_adapter._step_wait``). An answer that comes later is ignored. No-op when no
-        span waits for its value."""
+        (``engine_adapter.serving._step_wait``). An answer that comes later is ignored. No-op
+        when no span waits for its value."""
         state = self._refresh()
         if state.phase is not _Phase.RESULT:
             return

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine_adapter._injector import Injector
+from engine_adapter.evaluation import Injector
 
 __all__ = ["STEP_WAIT_BUDGET_S", "StepWaits"]
 
