@@ -4,8 +4,12 @@ The :class:`Injector` follows one request's tokens, detects each closed span, su
 says which tokens to force; the :class:`TokenCodec` is the tokenizer's bytes, shared by an
 engine's requests. The evaluators: the evald daemon through the streaming
 :class:`EvaluatorClient` (and :func:`list_evaluators` for its manifests), or in process
-(:class:`InProcessWasmEvaluator`, :class:`ReferenceEvaluator`). Engine-independent: no engine,
-no server; below it only :mod:`engine_adapter.spans` and evald's client and contract.
+(:class:`InProcessWasmEvaluator`, :class:`ReferenceEvaluator`). What an engine provides and
+calls is written down as two interfaces: :class:`EngineRuntime` (shared by an engine's
+requests) and :class:`SpanState` (one request's spans), opened with :func:`open_span_state`.
+
+Engine-independent: no engine, no server; below it only :mod:`engine_adapter.spans` and
+evald's client and contract.
 """
 
 from engine_adapter.evaluation._client import (
@@ -14,17 +18,23 @@ from engine_adapter.evaluation._client import (
     evaluator_listing,
     list_evaluators,
 )
-from engine_adapter.evaluation._injector import Injector, SpanRecord, TokenCodec
+from engine_adapter.evaluation._engine_interface import EngineRuntime, SpanState, open_span_state
+from engine_adapter.evaluation._injector import Injector
 from engine_adapter.evaluation._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+from engine_adapter.evaluation._span_record import SpanRecord
+from engine_adapter.evaluation._token_codec import TokenCodec
 
 __all__ = [
     "ClientStats",
+    "EngineRuntime",
     "EvaluatorClient",
     "InProcessWasmEvaluator",
     "Injector",
     "ReferenceEvaluator",
     "SpanRecord",
+    "SpanState",
     "TokenCodec",
     "evaluator_listing",
     "list_evaluators",
+    "open_span_state",
 ]

@@ -152,6 +152,12 @@ class AdapterRuntime:
         return client
 
     @property
+    def deadline_ms(self) -> int:
+        """Per span (``EVALD_DEADLINE_MS``): with the codec and :meth:`flush`, what makes the
+        runtime an ``engine_adapter.evaluation.EngineRuntime``."""
+        return self.config.deadline_ms
+
+    @property
     def admitted(self) -> bool:
         """Whether evald has answered for this tenant (accepted, or refused: see refusal)."""
         return self._admission is None or self._admission.done()

@@ -36,7 +36,7 @@ import torch
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
-from engine_adapter.evaluation import Injector, SpanRecord
+from engine_adapter.evaluation import SpanRecord, SpanState, open_span_state
 from engine_adapter.serving import AdapterRuntime, StepWaits, allows
 from engine_adapter.spans import SpanBinding
 
@@ -65,13 +65,9 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         self.grammar_stats = getattr(grammar, "grammar_stats", None)
         self._bindings = tuple(bindings)
         self._runtime = runtime
-        self._injector = Injector(
-            runtime.codec,
-            self._bindings,
-            runtime,
-            deadline_ms=runtime.config.deadline_ms,
-            auto_flush=False,
-        )
+        # The runtime is the engine-level runtime (codec, deadline, flush once per step) and,
+        # for this tenant, where the spans go.
+        self._injector = open_span_state(runtime, self._bindings, runtime, auto_flush=False)
         self._unfed_tail = 0
         """Tokens accepted after the grammar terminated (the matcher ignores them too)."""
         # A matcher terminates only by accepting one of its stop tokens, so the per-token path
@@ -257,7 +253,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         return self._runtime
 
     @property
-    def injector(self) -> Injector:
+    def injector(self) -> SpanState:
         """The request's span state (text, spans, queue); for diagnostics and tests."""
         return self._injector
 

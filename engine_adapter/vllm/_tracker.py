@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter.evaluation import Injector, TokenCodec
+from engine_adapter.evaluation import SpanState, TokenCodec, open_span_state
 from engine_adapter.serving import (
     AdapterConfig,
     AdapterRuntime,
@@ -75,7 +75,7 @@ class TrackedRequest:
     """One evaluated request: its injector and how far it has read the request's tokens."""
 
     request_id: str
-    injector: Injector
+    injector: SpanState
     output: Sequence[int]
     """The request's live ``output_token_ids``."""
     runtime: AdapterRuntime
@@ -219,12 +219,7 @@ class SpanTracker:
             self._forget(request_id)
         if not pending:
             return
-        flushed: set[int] = set()
-        for state in pending:  # a span that closed this step belongs to a pending request
-            runtime = state.runtime
-            if id(runtime) not in flushed:
-                flushed.add(id(runtime))
-                runtime.flush()
+        self.flush()
         self._hold(scheduler, pending)
         manager = getattr(scheduler, "structured_output_manager", None)
         for state in pending:
@@ -298,6 +293,22 @@ class SpanTracker:
             self._forget(request_id)
         self.tenants.close()
 
+    @property
+    def deadline_ms(self) -> int:
+        """Per span (``EVALD_DEADLINE_MS``): the tracker is the scheduler's
+        ``engine_adapter.evaluation.EngineRuntime``."""
+        return self.config.deadline_ms
+
+    def flush(self) -> None:
+        """Sends the spans submitted this step, once per tenant runtime: a span that closed
+        this step belongs to a pending request (called from ``before_schedule``)."""
+        flushed: set[int] = set()
+        for state in self._pending:
+            runtime = state.runtime
+            if id(runtime) not in flushed:
+                flushed.add(id(runtime))
+                runtime.flush()
+
     # ------------------------------------------------------------------ introspection
 
     @property
@@ -308,13 +319,7 @@ class SpanTracker:
 
     def _new_state(self, request: Any, tenancy: Tenancy) -> TrackedRequest:
         runtime = tenancy.runtime
-        injector = Injector(
-            self.codec,
-            tenancy.bindings,
-            runtime,
-            deadline_ms=self.config.deadline_ms,
-            auto_flush=False,
-        )
+        injector = open_span_state(self, tenancy.bindings, runtime, auto_flush=False)
         return TrackedRequest(
             request_id=str(request.request_id),
             injector=injector,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter.evaluation._injector import TokenCodec
+from engine_adapter.evaluation._token_codec import TokenCodec
 from engine_adapter.local import load_tokenizer
 from engine_adapter.testing.vllm import FakeRequest, FakeScheduler, GrammarOutput, tracker_rows
 
