@@ -1,10 +1,15 @@
 """Engine adapter: span grammar, injector, evaluator clients and engines.
 
-The engine-independent part (this package's core) turns evaluator manifests into an XGrammar
-structural tag (:func:`build_structural_tag`, :func:`lower_evaluated_tags`), follows each request's
-tokens to detect closed spans and force their results (:class:`Injector`), and evaluates spans
-through the evald daemon (:class:`EvaluatorClient`) or in process (:class:`InProcessWasmEvaluator`,
-:class:`ReferenceEvaluator`).
+The engine-independent part turns evaluator manifests into an XGrammar structural tag
+(:func:`build_structural_tag`, :func:`lower_evaluated_tags`), follows each request's tokens to
+detect closed spans and force their results (:class:`Injector`), and evaluates spans through the
+evald daemon (:class:`EvaluatorClient`) or in process (:class:`InProcessWasmEvaluator`,
+:class:`ReferenceEvaluator`). This module only re-exports the names users import; the code lives
+in subpackages, each used through its ``__init__``: :mod:`engine_adapter.spans` (the span and
+grammar language, no I/O), :mod:`engine_adapter.evaluation` (the injector, the interfaces an
+engine provides and calls, the evaluators), :mod:`engine_adapter.serving` (what the server
+plugins share, and the one request builder), then the engines (``sglang``, ``vllm``,
+``local``), the real-server harness (``testing``) and the CLI (docs/design.md §8).
 """
 
 from engine_adapter.evaluation import (
