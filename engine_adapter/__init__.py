@@ -1,39 +1,51 @@
 """Engine adapter: span grammar, injector, evaluator clients and engines.
 
-The engine-independent part (this package's core) turns evaluator manifests into an XGrammar
-structural tag (:func:`build_structural_tag`, :func:`lower_evaluated_tags`), follows each request's
-tokens to detect closed spans and force their results (:class:`Injector`), and evaluates spans
-through the evald daemon (:class:`EvaluatorClient`) or in process (:class:`InProcessWasmEvaluator`,
-:class:`ReferenceEvaluator`).
+The engine-independent part turns evaluator manifests into an XGrammar structural tag
+(:func:`build_structural_tag`, :func:`lower_evaluated_tags`), follows each request's tokens to
+detect closed spans and force their results (:class:`Injector`), and evaluates spans through the
+evald daemon (:class:`EvaluatorClient`) or in process (:class:`InProcessWasmEvaluator`,
+:class:`ReferenceEvaluator`). This module only re-exports the names users import; the code lives
+in subpackages, each used through its ``__init__``: :mod:`engine_adapter.spans` (the span and
+grammar language, no I/O), :mod:`engine_adapter.evaluation` (the injector, the interfaces an
+engine provides and calls, the evaluators), :mod:`engine_adapter.serving` (what the server
+plugins share, and the one request builder), then the engines (``sglang``, ``vllm``,
+``local``), the real-server harness (``testing``) and the CLI (docs/design.md §8).
 """
 
-from engine_adapter._client import ClientStats, EvaluatorClient, list_evaluators
-from engine_adapter._evaluated_tag import (
-    EvaluatedTagError,
-    contains_evaluated_tag,
-    lower_evaluated_tags,
+from engine_adapter.evaluation import (
+    ClientStats,
+    EvaluatorClient,
+    Injector,
+    InProcessWasmEvaluator,
+    ReferenceEvaluator,
+    SpanRecord,
+    TokenCodec,
+    list_evaluators,
 )
-from engine_adapter._grammar import (
+from engine_adapter.spans import (
+    BASE_PROMPT_FORMAT,
     ERROR_CODE_REGEX,
+    INSTRUCTION_STYLES,
+    EvalResult,
+    EvaluatedTagError,
     EvaluatorExample,
+    EvaluatorOperands,
     EvaluatorSpec,
     Mode,
+    OperandNarrowing,
+    SpanBinding,
+    SpanEvaluator,
     SpanGrammar,
+    base_prompt,
     build_structural_tag,
+    contains_evaluated_tag,
+    literals_in_text,
+    lower_evaluated_tags,
     narrow_to_operands,
+    render_instructions,
     special_token_texts,
     standard_evaluators,
 )
-from engine_adapter._injector import Injector, SpanRecord, TokenCodec
-from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
-from engine_adapter._instructions import (
-    BASE_PROMPT_FORMAT,
-    INSTRUCTION_STYLES,
-    base_prompt,
-    render_instructions,
-)
-from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, literals_in_text
-from engine_adapter._types import EvalResult, SpanBinding, SpanEvaluator
 
 __all__ = [
     "BASE_PROMPT_FORMAT",

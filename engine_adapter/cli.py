@@ -54,7 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_generate(sub)
+    _discover_plugins(sub)
+    return parser
 
+
+def _add_generate(sub: Any) -> None:
+    """The ``generate`` subcommand: the local engine's options, then the request's own."""
     gen = sub.add_parser(
         "generate",
         help="Generate one answer and print it (injected results included) on stdout.",
@@ -92,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=None, metavar="T")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P")
     gen.add_argument("--system", default=None, metavar="TEXT", help="system message")
+    _add_request_options(gen)
+
+
+def _add_request_options(gen: argparse.ArgumentParser) -> None:
+    """What ``generate`` adds to the prompt: instructions, operands, and what it prints."""
     gen.add_argument(
         "--instructions",
         action="store_true",
@@ -127,9 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the full result (spans, per-step timings) as JSON ('-': stderr)",
     )
-
-    _discover_plugins(sub)
-    return parser
 
 
 def add_engine_options(
@@ -265,11 +273,9 @@ def _generate(args: argparse.Namespace) -> int:
     except (EngineError, BackendError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if args.instructions:
-        from engine_adapter._instructions import render_instructions
+        from engine_adapter.spans import render_instructions
 
-        text = render_instructions(
-            engine.evaluators, style="system" if engine.chat else "few-shot"
-        )
+        text = render_instructions(engine.evaluators, style="system" if engine.chat else "few-shot")
         engine.system_prompt = f"{args.system}\n\n{text}" if args.system else text
         if args.timings:
             print(f"instructions:\n{text}", file=sys.stderr)

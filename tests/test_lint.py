@@ -39,21 +39,36 @@ def test_import_contracts_hold() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_adapter_core_contract_names_every_private_module() -> None:
-    """import-linter names modules, not patterns like ``_*``: the contract that keeps the adapter's
-    core private must list each of its private modules, including any added later."""
+def test_every_private_module_of_the_adapter_is_protected() -> None:
+    """import-linter names modules, not patterns like ``_*`` (``pkg.*`` is a package's
+    children): each private module of the adapter — its subpackages' and its engines' — must be
+    protected by a contract that lets only its own package import it, including any added
+    later."""
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
         "contracts"
     ]
-    (core,) = [c for c in contracts if c.get("allowed_importers") == ["engine_adapter"]]
+    covered: set[str] = set()
+    for contract in contracts:
+        if contract["type"] != "protected":
+            continue
+        for name in contract["protected_modules"]:
+            package = name[: -len(".*")] if name.endswith(".*") else name.rpartition(".")[0]
+            if contract["allowed_importers"] == [package]:
+                covered.add(name)
     private = {
-        f"engine_adapter.{path.stem}"
-        for path in (ROOT / "engine_adapter").glob("_*.py")
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in (ROOT / "engine_adapter").rglob("_*.py")
         if path.name != "__init__.py"
     }
-    assert set(core["protected_modules"]) == private
+    assert private, "no private modules found: the adapter moved?"
+    unprotected = sorted(
+        name
+        for name in private
+        if name not in covered and f"{name.rpartition('.')[0]}.*" not in covered
+    )
+    assert not unprotected, f"private modules no protected contract covers: {unprotected}"
 
 
 def test_cycle_contracts_count_type_checking_imports() -> None:

@@ -72,7 +72,7 @@ def test_the_wheel_ships_the_runtime_and_the_guests(wheel_files: set[str]) -> No
         "evald/sdk/guest/assemblyscript/evald-guest/abi.ts",
         "evald/testing/__init__.py",
         "engine_adapter/testing/sglang.py",
-        "engine_adapter/_inprocess.py",
+        "engine_adapter/evaluation/_inprocess.py",
     ):
         assert path in wheel_files, path
 

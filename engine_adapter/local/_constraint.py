@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from engine_adapter._injector import Injector, SpanRecord
+    from engine_adapter.evaluation import SpanRecord, SpanState
 
 __all__ = ["Constraint", "SpanConstraint"]
 
@@ -71,7 +71,7 @@ class SpanConstraint(Constraint):
             request (the engine runs one at a time).
     """
 
-    def __init__(self, matcher: Any, injector: Injector, bitmask: Any) -> None:
+    def __init__(self, matcher: Any, injector: SpanState, bitmask: Any) -> None:
         import xgrammar as xgr
 
         self._matcher = matcher

@@ -15,24 +15,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter._grammar import (
-    EvaluatorSpec,
-    Mode,
-    SpanGrammar,
-    build_structural_tag,
-    special_token_texts,
-)
-from engine_adapter._injector import Injector, TokenCodec
+from engine_adapter.evaluation import TokenCodec, open_span_state
 from engine_adapter.local._constraint import Constraint, SpanConstraint
 from engine_adapter.local._decode_loop import DecodeLoop
 from engine_adapter.local._errors import EngineError
 from engine_adapter.local._result import GenerationResult, TextCallback
 from engine_adapter.local._sampling import Sampler
 from engine_adapter.local._timing import GenerationClock
+from engine_adapter.spans import (
+    EvaluatorSpec,
+    Mode,
+    SpanGrammar,
+    build_structural_tag,
+    special_token_texts,
+)
 
 if TYPE_CHECKING:
-    from engine_adapter._types import SpanEvaluator
     from engine_adapter.local._backend import Backend
+    from engine_adapter.spans import SpanEvaluator
 
 __all__ = ["LocalEngine"]
 
@@ -111,6 +111,19 @@ class LocalEngine:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- the engine-level runtime (engine_adapter.evaluation.EngineRuntime) ----------------
+
+    @property
+    def codec(self) -> TokenCodec:
+        """The tokenizer's bytes, shared by every request of this engine."""
+        return self._codec
+
+    def flush(self) -> None:
+        """Sends the engine's evaluator's submitted spans. The local engine decodes one request
+        at a time, so its span states flush on each submission and nothing waits here."""
+        if self.evaluator is not None:
+            self.evaluator.flush()
+
     # -- request preparation --------------------------------------------------------------
 
     @property
@@ -122,7 +135,7 @@ class LocalEngine:
         """The chat-templated prompt, ending with the assistant turn's opening; for a base
         model, BOS + system text + the question in the ``Question:``/``Answer:`` form."""
         if not self.chat:
-            from engine_adapter._instructions import base_prompt
+            from engine_adapter.spans import base_prompt
 
             text = base_prompt(prompt, self.system_prompt or "")
             ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
@@ -249,35 +262,19 @@ class LocalEngine:
                 and ``operands_from`` (a given grammar is used as it is).
         """
         mode = _parse_mode(mode)
-        if max_new_tokens < 0:
-            raise EngineError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise EngineError("temperature must be >= 0 and top_p in (0, 1]")
+        _check_sampling(max_new_tokens, temperature, top_p)
         evaluator = evaluator if evaluator is not None else self.evaluator
         if mode is Mode.GRAMMAR_EVAL and evaluator is None:
             raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
-        operands_text = prompt if operands_from is True else operands_from or None
-        if grammar is not None and operands_text is not None:
-            raise EngineError(
-                "operands_from narrows the engine's span grammar; pass it to span_grammar() "
-                "when you give a grammar of your own"
-            )
+        ops = _operands_text(prompt, operands_from, grammar)
         clock = GenerationClock()
-        constraint, span_grammar = self._constraint(
-            mode, prefix, grammar, evaluator, clock, operands_text
-        )
+        constraint, span_grammar = self._constraint(mode, prefix, grammar, evaluator, clock, ops)
         prompt_ids = self.prompt_ids(prompt)
         prefix_ids = self._prefix_ids(prefix)
         self._force_prefix(constraint, prefix, prefix_ids, mode)
         self._check_context(len(prompt_ids) + len(prefix_ids))
-        loop = DecodeLoop(
-            self.backend,
-            self.tokenizer,
-            constraint,
-            Sampler(temperature, top_p, seed),
-            clock,
-            on_text,
-        )
+        sampler = Sampler(temperature, top_p, seed)
+        loop = DecodeLoop(self.backend, self.tokenizer, constraint, sampler, clock, on_text)
         reused = loop.prefill(prompt_ids, prefix_ids)
         decoded = loop.run(max_new_tokens, stop)
         result = GenerationResult(
@@ -291,11 +288,7 @@ class LocalEngine:
             n_forced=len(prefix_ids) + decoded.n_forced,
             stop_reason=decoded.stop_reason,
             spans=decoded.spans,
-            operands=(
-                span_grammar.operands.to_dict()
-                if span_grammar is not None and span_grammar.operands is not None
-                else None
-            ),
+            operands=_operands_record(span_grammar),
         )
         clock.finish(result)
         return result
@@ -321,13 +314,9 @@ class LocalEngine:
             )
             compiled = self.compile(span_grammar)
         matcher = self._xgr.GrammarMatcher(compiled)
-        # Without an evaluator the injector only records the spans the model writes.
-        injector = Injector(
-            self._codec,
-            span_grammar.bindings,
-            evaluator if mode is Mode.GRAMMAR_EVAL else None,
-            deadline_ms=self.deadline_ms,
-        )
+        # Without an evaluator the span state only records the spans the model writes.
+        evaluating = evaluator if mode is Mode.GRAMMAR_EVAL else None
+        injector = open_span_state(self, span_grammar.bindings, evaluating)
         return SpanConstraint(matcher, injector, self._bitmask), span_grammar
 
     def _prefix_ids(self, prefix: str) -> list[int]:
@@ -355,8 +344,7 @@ class LocalEngine:
         """Refuses a prompt and prefix that leave no room for one sampled token."""
         if n_tokens + 1 > self.backend.n_ctx:
             raise EngineError(
-                f"the prompt takes {n_tokens} tokens; the context window holds "
-                f"{self.backend.n_ctx}"
+                f"the prompt takes {n_tokens} tokens; the context window holds {self.backend.n_ctx}"
             )
 
 
@@ -365,3 +353,34 @@ def _parse_mode(mode: Mode | str) -> Mode:
         return Mode.parse(mode)
     except ValueError as exc:
         raise EngineError(str(exc)) from exc
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """Refuses sampling options no decode loop can honour, before anything is compiled."""
+    if max_new_tokens < 0:
+        raise EngineError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise EngineError("temperature must be >= 0 and top_p in (0, 1]")
+
+
+def _operands_text(
+    prompt: str, operands_from: str | bool | None, grammar: SpanGrammar | None
+) -> str | None:
+    """The text whose literals narrow the grammar (``True``: the prompt's), or None.
+
+    A given grammar is used as it is, so narrowing it is refused rather than ignored.
+    """
+    operands_text = prompt if operands_from is True else operands_from or None
+    if grammar is not None and operands_text is not None:
+        raise EngineError(
+            "operands_from narrows the engine's span grammar; pass it to span_grammar() "
+            "when you give a grammar of your own"
+        )
+    return operands_text
+
+
+def _operands_record(span_grammar: SpanGrammar | None) -> dict[str, Any] | None:
+    """What operands narrowing did, as the result reports it (None when not asked for)."""
+    if span_grammar is None or span_grammar.operands is None:
+        return None
+    return span_grammar.operands.to_dict()

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from engine_adapter.local._errors import EngineError
 
 if TYPE_CHECKING:
-    from engine_adapter._grammar import EvaluatorSpec
-    from engine_adapter._types import SpanEvaluator
+    from engine_adapter.spans import EvaluatorSpec, SpanEvaluator
 
 __all__ = ["EVALUATOR_MODES", "EvaluatorSetup", "open_evaluator"]
 
@@ -62,32 +61,13 @@ def open_evaluator(
         EngineError: unknown ``kind``, a requested name that is not offered, or a token that
             is named but empty, blank or malformed (``permission_denied``; never read as none).
     """
-    from engine_adapter._client import EvaluatorClient, list_evaluators
-    from engine_adapter._grammar import standard_evaluators
-    from engine_adapter._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+    from engine_adapter.evaluation import InProcessWasmEvaluator, ReferenceEvaluator
+    from engine_adapter.spans import standard_evaluators
 
     warning = None
     evaluator: Any
     if kind == "evald":
-        from evald.client import CallError
-
-        try:
-            evaluator = EvaluatorClient(target, token)
-        except CallError as exc:  # a named token that is empty, blank or malformed
-            code = exc.code.value if exc.code else "unreachable"
-            raise EngineError(f"{code}: {exc.message}") from None
-
-        specs: list[EvaluatorSpec]
-        try:
-            specs = list_evaluators(evaluator.target, token, timeout_s=connect_timeout_s)
-            evaluator.wait_connected(connect_timeout_s)
-        except Exception as exc:  # unreachable or refused: degrade, never crash
-            specs = standard_evaluators()
-            warning = (
-                f"evald at {evaluator.target} did not answer ({exc}); spans will get "
-                "<result_error>unavailable</result_error> until it does. Start it with "
-                "`evald serve`."
-            )
+        evaluator, specs, warning = _open_daemon(target, token, connect_timeout_s)
     elif kind == "inprocess":
         from evald.contract import EvaldError
 
@@ -104,18 +84,53 @@ def open_evaluator(
             f"unknown evaluator mode {kind!r}; choose one of {', '.join(EVALUATOR_MODES)}"
         )
     if names is not None:
-        by_name = {spec.name: spec for spec in specs}
-        missing = [name for name in names if name not in by_name]
-        if missing:
-            close = getattr(evaluator, "close", None)
-            if close is not None:
-                close()
-            raise EngineError(
-                f"evaluator(s) {', '.join(missing)} not offered by {kind}; offered: "
-                f"{', '.join(sorted(by_name))}"
-            )
-        specs = [by_name[name] for name in names]
+        specs = _named(kind, evaluator, specs, names)
     return EvaluatorSetup(kind, evaluator, specs, warning)
+
+
+def _open_daemon(
+    target: str | None, token: str | None, connect_timeout_s: float
+) -> tuple[Any, list[EvaluatorSpec], str | None]:
+    """The daemon's client, its evaluators and a warning: when the daemon does not answer,
+    the standard manifests stand in and generation still runs (spans answer ``unavailable``)."""
+    from engine_adapter.evaluation import EvaluatorClient, list_evaluators
+    from engine_adapter.spans import standard_evaluators
+    from evald.client import CallError
+
+    try:
+        evaluator = EvaluatorClient(target, token)
+    except CallError as exc:  # a named token that is empty, blank or malformed
+        code = exc.code.value if exc.code else "unreachable"
+        raise EngineError(f"{code}: {exc.message}") from None
+    try:
+        specs = list_evaluators(evaluator.target, token, timeout_s=connect_timeout_s)
+        evaluator.wait_connected(connect_timeout_s)
+    except Exception as exc:  # unreachable or refused: degrade, never crash
+        warning = (
+            f"evald at {evaluator.target} did not answer ({exc}); spans will get "
+            "<result_error>unavailable</result_error> until it does. Start it with "
+            "`evald serve`."
+        )
+        return evaluator, standard_evaluators(), warning
+    return evaluator, specs, None
+
+
+def _named(
+    kind: str, evaluator: Any, specs: list[EvaluatorSpec], names: Sequence[str]
+) -> list[EvaluatorSpec]:
+    """``specs`` restricted to ``names``, in that order; a name not offered closes the
+    evaluator (it would otherwise hold its stream or host open) and is refused."""
+    by_name = {spec.name: spec for spec in specs}
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        close = getattr(evaluator, "close", None)
+        if close is not None:
+            close()
+        raise EngineError(
+            f"evaluator(s) {', '.join(missing)} not offered by {kind}; offered: "
+            f"{', '.join(sorted(by_name))}"
+        )
+    return [by_name[name] for name in names]
 
 
 def _has_reference(name: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter._server_config import DEFAULT_DEADLINE_MS, AdapterConfig, ConfigError
+from engine_adapter.serving import DEFAULT_DEADLINE_MS, AdapterConfig, ConfigError
 from engine_adapter.sglang.request import (
     OperandsOff,
     generate_sampling_params,

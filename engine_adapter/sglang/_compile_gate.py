@@ -12,7 +12,7 @@ included, waited behind them (docs/sglang.md, "Where a plain request waits").
 :class:`GatedExecutor` stands in for the pool: while the scheduler hook runs SGLang's own
 ``process_req_with_grammar`` inside :meth:`GatedExecutor.after`, a compile submitted then is
 handed to the pool only once the tenant's answer is in
-(:meth:`~engine_adapter._server_runtime.AdapterRuntime.listing_ready`); SGLang holds the
+(:meth:`~engine_adapter.serving.AdapterRuntime.listing_ready`); SGLang holds the
 returned future and polls it as it polls any compile. Nothing waits on a thread meanwhile, and a
 compile whose future SGLang cancelled (its grammar timeout) never runs.
 """

@@ -16,7 +16,7 @@ order in which SGLang's scheduler calls grammar objects (``sglang==0.5.23``):
    narrowed to the next queued token with SGLang's token-filter op
    (``XGrammarGrammarBackend.set_token_filter``), so the sampler can only pick it. Only when
    nothing can be forced yet and the value is still pending does the call wait, within the
-   step's small budget (``engine_adapter._step_wait``): past it the span ends in band with
+   step's small budget (``engine_adapter.serving._step_wait``): past it the span ends in band with
    ``<result_error>deadline_exceeded</result_error>``, so no other sequence of the batch waits
    for this one's value (``inline`` scheduling, kept for comparisons, waits up to the span's
    deadline). The first call in a step also flushes the engine-wide client.
@@ -36,11 +36,9 @@ import torch
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
-from engine_adapter._bitmask import allows
-from engine_adapter._injector import Injector, SpanRecord
-from engine_adapter._server_runtime import AdapterRuntime
-from engine_adapter._step_wait import StepWaits
-from engine_adapter._types import SpanBinding
+from engine_adapter.evaluation import SpanRecord, SpanState, open_span_state
+from engine_adapter.serving import AdapterRuntime, StepWaits, allows
+from engine_adapter.spans import SpanBinding
 
 __all__ = ["EvaluatorGrammar"]
 
@@ -53,7 +51,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     Parameters:
         grammar: the compiled grammar of the request (an ``XGrammarGrammar``); every call that
             is not about evaluation is delegated to it.
-        bindings: the request's span kinds (``engine_adapter._lowered_spans.plan_spans``).
+        bindings: the request's span kinds (``engine_adapter.spans.plan_spans``).
         runtime: the backend's shared state (codec, client, deadline).
 
     Thread-safety: like every SGLang grammar object, driven by one scheduler thread.
@@ -67,13 +65,9 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         self.grammar_stats = getattr(grammar, "grammar_stats", None)
         self._bindings = tuple(bindings)
         self._runtime = runtime
-        self._injector = Injector(
-            runtime.codec,
-            self._bindings,
-            runtime,
-            deadline_ms=runtime.config.deadline_ms,
-            auto_flush=False,
-        )
+        # The runtime is the engine-level runtime (codec, deadline, flush once per step) and,
+        # for this tenant, where the spans go.
+        self._injector = open_span_state(runtime, self._bindings, runtime, auto_flush=False)
         self._unfed_tail = 0
         """Tokens accepted after the grammar terminated (the matcher ignores them too)."""
         # A matcher terminates only by accepting one of its stop tokens, so the per-token path
@@ -259,7 +253,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         return self._runtime
 
     @property
-    def injector(self) -> Injector:
+    def injector(self) -> SpanState:
         """The request's span state (text, spans, queue); for diagnostics and tests."""
         return self._injector
 

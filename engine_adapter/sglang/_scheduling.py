@@ -27,8 +27,8 @@ results is in flight (``Scheduler.result_queue``); the step that was already lau
 span closed forces the region's first token (the shared ``<result`` prefix) through the grammar
 mask, and the request sits out from the step after. When nothing of the region can be forced in
 that step (result and error openers with no shared first character), the row waits at most the
-step's small budget and its span then ends in band (``engine_adapter._step_wait``): the step is
-every tenant's.
+step's small budget and its span then ends in band (``engine_adapter.serving._step_wait``):
+the step is every tenant's.
 
 Three more hooks keep SGLang's bookkeeping whole while a request is parked: ``is_fully_idle``
 (not idle: its idle-time KV leak check would count the parked rows as leaked),
@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter._step_wait import StepWaits
+from engine_adapter.serving import StepWaits
 
 if TYPE_CHECKING:
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
@@ -113,7 +113,7 @@ class SpanScheduler:
         self.stats = SchedulerStats()
         self.step_waits = StepWaits()
         """The budget of the rare row that must wait for a value in a step already built
-        when its span closed (the overlap scheduler): ``engine_adapter._step_wait``."""
+        when its span closed (the overlap scheduler): ``engine_adapter.serving._step_wait``."""
         self._parked: dict[int, Any] = {}  # id(req) -> req, in the order they left
         self._jumped_at = -2
         """``stats.steps`` when the last jump batch was built."""

@@ -2,7 +2,7 @@
 grammar its own.
 
 A request names its tenant in ``SamplingParams.custom_params`` (``evald_token``, ``evald_target``,
-``evald_evaluators``); :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` decides which
+``evald_evaluators``); :class:`~engine_adapter.serving.TenantRuntimes` decides which
 runtime evaluates it. SGLang caches compiled grammars by ``(kind, key string)`` alone, and a
 grammar object carries the runtime it evaluates with, so a tenant's grammar must never be the
 cached answer to another tenant's request, nor a grammar lowered from an evaluator spec the
@@ -33,9 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._request_options import EXTRA_ARG_EVALUATORS, EXTRA_ARGS, rename_bindings
-from engine_adapter._server_runtime import AdapterRuntime
-from engine_adapter._types import SpanBinding
+from engine_adapter.serving import EXTRA_ARG_EVALUATORS, EXTRA_ARGS, AdapterRuntime, rename_bindings
+from engine_adapter.spans import SpanBinding
 
 __all__ = ["REQUEST_ATTR", "TENANT_MARK", "KeyedTenant", "TenantKeys", "split_key", "take_options"]
 

@@ -8,7 +8,7 @@ monkeypatches made in a parent would not carry over). It registers hooks with SG
 The grammar layer:
 
 - AFTER ``XGrammarGrammarBackend.__init__``: builds the backend's
-  :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` (the tokenizer's codec from the
+  :class:`~engine_adapter.serving.TenantRuntimes` (the tokenizer's codec from the
   ``TokenizerInfo`` SGLang just built, the server's own tenant).
 - AROUND ``GrammarManager.process_req_with_grammar``: takes a request's tenant options out of
   its ``custom_params``, picks its tenant's runtime and keys its grammar by tenant and spec
@@ -52,7 +52,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine_adapter._server_config import AdapterConfig, ConfigError
+from engine_adapter.serving import AdapterConfig, ConfigError
 
 __all__ = [
     "SCHEDULING_ENV",
@@ -210,7 +210,7 @@ def check_internals() -> list[str]:
     class, dataclass and msgspec fields in the class's fields."""
     if not scheduler_available():
         return []
-    from engine_adapter._internals import missing_internals
+    from engine_adapter.serving import missing_internals
 
     return missing_internals(_INTERNALS)
 
@@ -327,7 +327,7 @@ def _after_backend_init(
     config = AdapterConfig.from_env()
     if config is None:
         return
-    from engine_adapter._tenant_runtimes import TenantRuntimes
+    from engine_adapter.serving import TenantRuntimes
     from engine_adapter.sglang._compile_gate import GatedExecutor
 
     tenants = TenantRuntimes(config, _codec(tokenizer, backend._tokenizer_info))
@@ -374,10 +374,9 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return original(backend, key_string)
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
-    from engine_adapter._evaluated_tag import EvaluatedTagError
-    from engine_adapter._lowered_spans import plan_spans
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
     from engine_adapter.sglang._tenants import split_key
+    from engine_adapter.spans import EvaluatedTagError, plan_spans
 
     key_string, mark = split_key(key_string)
     keyed = _tenant_keys().find(mark) if mark is not None else None
@@ -528,7 +527,7 @@ def _published_settings() -> Any:
 
 
 def _codec(tokenizer: Any, tokenizer_info: Any) -> Any:
-    from engine_adapter._injector import TokenCodec
+    from engine_adapter.evaluation import TokenCodec
 
     if hasattr(tokenizer, "init_xgrammar") or not hasattr(tokenizer, "encode"):
         # A tokenizer SGLang special-cases (tiktoken-style): force by the vocabulary alone.
@@ -570,6 +569,6 @@ def _installed(target: str, hook: Callable[..., Any]) -> bool:
 
 
 def _check_version() -> None:
-    from engine_adapter._internals import warn_if_other_version
+    from engine_adapter.serving import warn_if_other_version
 
     warn_if_other_version(logger, "SGLang", SGLANG_VERSION, ("sglang",))

@@ -18,26 +18,20 @@ Needs only the evald client (no SGLang, no torch)::
     # operands from the context: the span's numbers (and strop's words) must be the question's
     tag = structural_tag_for(target, token, ["calc"], operands_from=question)
 
-The tag is in the lowered form (plain XGrammar formats, see ``engine_adapter._lowered_spans``), so
-it passes the OpenAI layer's schema validation; the server recognises its evaluated spans.
+The tag is in the lowered form (plain XGrammar formats, see
+``engine_adapter.spans._lowered_spans``), so it passes the OpenAI layer's schema validation; the
+server recognises its evaluated spans.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from engine_adapter._client import list_evaluators
-from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
-from engine_adapter._instructions import render_instructions
-from engine_adapter._request_options import (
-    EXTRA_ARG_EVALUATORS,
-    EXTRA_ARG_TARGET,
-    EXTRA_ARG_TOKEN,
-)
+from engine_adapter.serving import chosen_evaluators, request_option_values, span_request
+from engine_adapter.spans import DEFAULT_SPECIAL_EXCLUDES, EvaluatorSpec, render_instructions
 
 __all__ = [
     "OperandsOff",
@@ -60,7 +54,7 @@ def structural_tag_for(
     *,
     prefix: str | None = None,
     at_least_one: bool = False,
-    special_tokens: Sequence[str] = ("<|",),
+    special_tokens: Sequence[str] = DEFAULT_SPECIAL_EXCLUDES,
     operands_from: str | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
@@ -94,22 +88,21 @@ def structural_tag_for(
     Warns:
         OperandsOff: ``operands_from`` narrowed nothing; the tag is the usual one.
     """
-    specs = list_evaluators(target, token, timeout_s=timeout_s)
-    chosen = choose_evaluators(specs, evaluators)
-    grammar = build_structural_tag(
-        chosen,
-        "grammar-eval",
+    request = span_request(
+        target,
+        token,
+        evaluators,
         prefix=prefix,
-        special_tokens=special_tokens,
         at_least_one=at_least_one,
+        special_tokens=special_tokens,
         operands_from=operands_from,
+        timeout_s=timeout_s,
     )
-    assert grammar.structural_tag is not None
-    if grammar.operands is not None and not grammar.operands.applied:
+    if request.operands is not None and not request.operands.applied:
         warnings.warn(
-            f"the operands option is off: {grammar.operands.reason}", OperandsOff, stacklevel=2
+            f"the operands option is off: {request.operands.reason}", OperandsOff, stacklevel=2
         )
-    return grammar.structural_tag
+    return request.structural_tag
 
 
 def instruction_messages(
@@ -132,7 +125,7 @@ def instruction_messages(
         evald.CallError: evald refused or could not be reached.
         ValueError: an evaluator that the tenant cannot call.
     """
-    specs = choose_evaluators(list_evaluators(target, token, timeout_s=timeout_s), evaluators)
+    specs = chosen_evaluators(target, token, evaluators, timeout_s=timeout_s)
     text = render_instructions(specs, style="system", answer_prefix=answer_prefix)
     return [{"role": "system", "content": text}]
 
@@ -159,16 +152,7 @@ def tenant_params(
         ``custom_params`` (``extra_body``). A bad token or address is answered in band,
         ``<result_error>permission_denied</result_error>``.
     """
-    params: dict[str, str] = {}
-    token = token if token is not None else os.environ.get("EVALD_TOKEN")
-    if token:
-        params[EXTRA_ARG_TOKEN] = token
-    if target:
-        params[EXTRA_ARG_TARGET] = target
-    renamed = [f"{spec.tag}={spec.name}" for spec in evaluators if spec.tag != spec.name]
-    if renamed:
-        params[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
-    return params
+    return request_option_values(token, target or None, evaluators)
 
 
 def generate_sampling_params(

@@ -120,7 +120,7 @@ def fixed_tag(*parts: Any) -> dict[str, Any]:
     The model still writes every token (the grammar allows only these), so what the adapter
     sees is what a model wrote; the contents are chosen by the test, the values come from evald.
     """
-    from engine_adapter._grammar import span_format  # the one span format the adapters lower
+    from engine_adapter.spans import span_format  # the one span format the adapters lower
 
     elements = []
     for part in parts:

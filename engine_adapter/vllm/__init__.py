@@ -9,15 +9,18 @@ value), a whole result region goes through vLLM's verify step in one forward. Re
 evaluation with :func:`evaluated_request`. See ``docs/vllm.md``.
 
 Importing this package imports neither vLLM nor torch (the request helper runs on clients).
+:class:`SpanTracker` is the engine's runtime: the evaluated requests of one scheduler (the
+plugin builds one per scheduler; the real-server harness drives one without vLLM).
 """
 
 from __future__ import annotations
 
-from engine_adapter._request_options import (
+from engine_adapter.serving import (
     EXTRA_ARG_EVALUATORS,
     EXTRA_ARG_TARGET,
     EXTRA_ARG_TOKEN,
 )
+from engine_adapter.vllm._tracker import SpanTracker
 from engine_adapter.vllm.proposer import speculative_config
 from engine_adapter.vllm.request import EvaluatedRequest, evaluated_request, lower_for_vllm
 
@@ -26,6 +29,7 @@ __all__ = [
     "EXTRA_ARG_TARGET",
     "EXTRA_ARG_TOKEN",
     "EvaluatedRequest",
+    "SpanTracker",
     "evaluated_request",
     "lower_for_vllm",
     "speculative_config",

@@ -4,7 +4,7 @@ A request is evaluated when its structural tag (``structured_outputs.structural_
 OpenAI ``response_format``) holds spans in the lowered form that
 :func:`engine_adapter.build_structural_tag` and :func:`engine_adapter.lower_evaluated_tags` emit.
 Its tenant comes from ``SamplingParams.extra_args`` (over HTTP ``vllm_xargs``), read as
-:mod:`engine_adapter._request_options` says.
+:mod:`engine_adapter.serving._request_options` says.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from engine_adapter._lowered_spans import find_lowered_spans
-from engine_adapter._request_options import RequestOptions
-from engine_adapter._request_options import request_options as _options_of
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import SpanBinding
+from engine_adapter.serving import AdapterConfig, RequestOptions
+from engine_adapter.serving import request_options as _options_of
+from engine_adapter.spans import SpanBinding, find_lowered_spans
 
 __all__ = ["evaluated_spans", "request_options"]
 
@@ -49,7 +47,7 @@ def request_options(
     sampling_params: Any, config: AdapterConfig, allowed: frozenset[str]
 ) -> RequestOptions | None:
     """The options of a request, or ``None`` when its structural tag has no evaluated span
-    (how the tracker's :class:`~engine_adapter._tenant_runtimes.TenantRuntimes` reads it).
+    (how the tracker's :class:`~engine_adapter.serving.TenantRuntimes` reads it).
 
     Parameters:
         sampling_params: the request's ``vllm.SamplingParams``.

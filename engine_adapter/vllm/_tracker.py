@@ -46,13 +46,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._bitmask import allow_only, allows
-from engine_adapter._injector import Injector, TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
-from engine_adapter._step_wait import StepWaits
-from engine_adapter._tenant_runtimes import Tenancy, TenantRuntimes
-from engine_adapter._types import EvalResult
+from engine_adapter.evaluation import SpanState, TokenCodec, open_span_state
+from engine_adapter.serving import (
+    AdapterConfig,
+    AdapterRuntime,
+    StepWaits,
+    Tenancy,
+    TenantRuntimes,
+    allow_only,
+    allows,
+)
+from engine_adapter.spans import EvalResult
 from engine_adapter.vllm._options import evaluated_spans
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
@@ -71,7 +75,7 @@ class TrackedRequest:
     """One evaluated request: its injector and how far it has read the request's tokens."""
 
     request_id: str
-    injector: Injector
+    injector: SpanState
     output: Sequence[int]
     """The request's live ``output_token_ids``."""
     runtime: AdapterRuntime
@@ -118,7 +122,7 @@ class SpanTracker:
             (``plugin.random_verify_is_broken``).
         runtime_factory: builds the server's own tenant's runtime (client, span log); the
             default shares one evald stream per process. Other tenants' runtimes come from
-            :class:`~engine_adapter._tenant_runtimes.TenantRuntimes`.
+            :class:`~engine_adapter.serving.TenantRuntimes`.
     """
 
     def __init__(
@@ -141,7 +145,7 @@ class SpanTracker:
         self.stats = TrackerStats()
         self.step_waits = StepWaits()
         """The budget of a row scheduled while its value is pending (a hold that could not
-        apply): ``engine_adapter._step_wait``."""
+        apply): ``engine_adapter.serving._step_wait``."""
         # vLLM requests arrive with their spans lowered: no evaluator specs to refresh.
         self.tenants = TenantRuntimes(
             config, codec, refresh_s=None, runtime_factory=runtime_factory
@@ -215,12 +219,7 @@ class SpanTracker:
             self._forget(request_id)
         if not pending:
             return
-        flushed: set[int] = set()
-        for state in pending:  # a span that closed this step belongs to a pending request
-            runtime = state.runtime
-            if id(runtime) not in flushed:
-                flushed.add(id(runtime))
-                runtime.flush()
+        self.flush()
         self._hold(scheduler, pending)
         manager = getattr(scheduler, "structured_output_manager", None)
         for state in pending:
@@ -294,6 +293,22 @@ class SpanTracker:
             self._forget(request_id)
         self.tenants.close()
 
+    @property
+    def deadline_ms(self) -> int:
+        """Per span (``EVALD_DEADLINE_MS``): the tracker is the scheduler's
+        ``engine_adapter.evaluation.EngineRuntime``."""
+        return self.config.deadline_ms
+
+    def flush(self) -> None:
+        """Sends the spans submitted this step, once per tenant runtime: a span that closed
+        this step belongs to a pending request (called from ``before_schedule``)."""
+        flushed: set[int] = set()
+        for state in self._pending:
+            runtime = state.runtime
+            if id(runtime) not in flushed:
+                flushed.add(id(runtime))
+                runtime.flush()
+
     # ------------------------------------------------------------------ introspection
 
     @property
@@ -304,13 +319,7 @@ class SpanTracker:
 
     def _new_state(self, request: Any, tenancy: Tenancy) -> TrackedRequest:
         runtime = tenancy.runtime
-        injector = Injector(
-            self.codec,
-            tenancy.bindings,
-            runtime,
-            deadline_ms=self.config.deadline_ms,
-            auto_flush=False,
-        )
+        injector = open_span_state(self, tenancy.bindings, runtime, auto_flush=False)
         return TrackedRequest(
             request_id=str(request.request_id),
             injector=injector,

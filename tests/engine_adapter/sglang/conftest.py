@@ -66,7 +66,7 @@ def plugins_loaded(adapter_env: dict[str, str]) -> Iterator[None]:
     with environment(**adapter_env):
         load_plugins()
     yield
-    from engine_adapter._server_runtime import close_shared_clients
+    from engine_adapter.serving._server_runtime import close_shared_clients
 
     close_shared_clients()
 

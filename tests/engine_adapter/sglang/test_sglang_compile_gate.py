@@ -26,8 +26,8 @@ pytest.importorskip(
 from daemon_harness import Daemon, start_daemon
 from sglang_harness import CONFIG, TOKEN, environment
 
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.serving._server_runtime import AdapterRuntime
 from engine_adapter.sglang import EvaluatorGrammar, structural_tag_for
 from engine_adapter.sglang._compile_gate import GatedExecutor
 from engine_adapter.testing import stopped
@@ -166,8 +166,8 @@ def test_held_specs_answer_at_once_while_evald_does_not(
 def test_a_failed_listing_answers_for_the_next_second(silent_daemon: Daemon, backend: Any) -> None:
     """A runtime holding no specs whose listing just failed (evald gone) gates no compile on a
     new listing and answers the failure at once; a second later it asks again."""
-    from engine_adapter._lowered_spans import EvaluatorsUnavailable
-    from engine_adapter._server_runtime import LISTING_MEMORY_S
+    from engine_adapter.serving._server_runtime import LISTING_MEMORY_S
+    from engine_adapter.spans._lowered_spans import EvaluatorsUnavailable
 
     base: AdapterRuntime = backend._evald_runtime
     config = AdapterConfig(**{**base.config.__dict__, "target": silent_daemon.target})

@@ -36,7 +36,7 @@ from sglang_harness import (
     spans_in,
 )
 
-from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter.serving._server_runtime import AdapterRuntime
 from engine_adapter.sglang import AdapterConfig, EvaluatorGrammar, structural_tag_for
 
 pytestmark = pytest.mark.sglang

@@ -78,7 +78,7 @@ def test_a_pending_span_is_not_ready_and_has_a_future(backend: Any, daemon: Daem
     import os
     import signal
 
-    from engine_adapter._server_runtime import AdapterRuntime
+    from engine_adapter.serving._server_runtime import AdapterRuntime
 
     base = backend._evald_runtime
     config = type(base.config)(**{**base.config.__dict__, "deadline_ms": 300})
@@ -109,7 +109,7 @@ def test_a_pending_span_is_not_ready_and_has_a_future(backend: Any, daemon: Daem
 def apart_grammar(backend: Any, daemon: Daemon, deadline_ms: int) -> EvaluatorGrammar:
     """A request whose result and error openers share no first character (``[`` / ``{``):
     nothing of its region can be forced before the value is known."""
-    from engine_adapter._server_runtime import AdapterRuntime
+    from engine_adapter.serving._server_runtime import AdapterRuntime
 
     base = backend._evald_runtime
     config = type(base.config)(**{**base.config.__dict__, "deadline_ms": deadline_ms})
@@ -157,7 +157,7 @@ def test_a_step_built_before_the_span_closed_waits_only_its_budget(
     import os
     import signal
 
-    from engine_adapter._step_wait import StepWaits
+    from engine_adapter.serving._step_wait import StepWaits
 
     grammar = apart_grammar(backend, daemon, deadline_ms=60_000)
     grammar.step_waits = StepWaits(budget_s=0.05)
@@ -185,7 +185,7 @@ def test_a_step_built_before_the_span_closed_waits_only_its_budget(
 
 
 def test_a_value_back_within_the_step_budget_is_forced(backend: Any, daemon: Daemon) -> None:
-    from engine_adapter._step_wait import StepWaits
+    from engine_adapter.serving._step_wait import StepWaits
 
     grammar = apart_grammar(backend, daemon, deadline_ms=60_000)
     grammar.step_waits = StepWaits(budget_s=30.0)  # the wait ends when the value lands

@@ -9,13 +9,13 @@ from daemon_harness import Daemon
 from sglang_harness import CALC_ONLY_TOKEN, TOKEN
 
 from engine_adapter import build_structural_tag, list_evaluators, render_instructions
-from engine_adapter._lowered_spans import plan_spans
 from engine_adapter.sglang import (
     OperandsOff,
     generate_sampling_params,
     instruction_messages,
     structural_tag_for,
 )
+from engine_adapter.spans._lowered_spans import plan_spans
 
 
 def test_tag_is_the_span_grammar_of_the_tenants_evaluators(daemon: Daemon) -> None:

@@ -291,8 +291,8 @@ LATE_TOKENS = {"spinning": SPIN_TOKEN, "slow": SLOW_TOKEN}
 
 
 #: What the scheduler thread may have waited for one span's value, as the span log says: the
-#: step budget (engine_adapter._step_wait, 5 ms) and a busy machine's slack, far below a span
-#: deadline. A span whose request sat out its steps waited 0.
+#: step budget (engine_adapter.serving._step_wait, 5 ms) and a busy machine's slack, far below a
+#: span deadline. A span whose request sat out its steps waited 0.
 WAITED_MS_BOUND = 500.0
 
 

@@ -15,7 +15,7 @@ from engine_adapter import (
     lower_evaluated_tags,
     standard_evaluators,
 )
-from engine_adapter._lowered_spans import (
+from engine_adapter.spans._lowered_spans import (
     EvaluatorsUnavailable,
     find_lowered_spans,
     plan_spans,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 
 from engine_adapter import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.serving._server_runtime import AdapterRuntime
 from engine_adapter.sglang._tenants import TENANT_MARK, TenantKeys, split_key, take_options
 
 CODEC = TokenCodec([b"a", b"b"])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter._request_options import allowed_targets
-from engine_adapter._server_config import AdapterConfig
+from engine_adapter.serving._request_options import allowed_targets
+from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.vllm._options import request_options
 
 CONFIG = AdapterConfig(target="unix:/run/evald/evald.sock", token="server-token")

@@ -43,7 +43,7 @@ try:
     out["custom"] = "accepted"
 except plugin.PluginError as exc:
     out["custom"] = str(exc)
-from engine_adapter._internals import missing_internals
+from engine_adapter.serving._internals import missing_internals
 
 out["internals"] = missing_internals(plugin._INTERNALS)
 plugin._INTERNALS["vllm.v1.request.Request"] += ("renamed_field",)

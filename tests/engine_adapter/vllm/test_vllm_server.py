@@ -447,7 +447,7 @@ def test_forwards_per_result_from_the_servers_counters(
     the request takes that many steps fewer. Then eight at once: every value is evald's and
     every forced draft is kept; then next to randomly sampling requests.
     """
-    from engine_adapter._injector import TokenCodec
+    from engine_adapter.evaluation._token_codec import TokenCodec
 
     codec = TokenCodec.shared(smollm2_tokenizer)
     calc = specs["calc"].binding()

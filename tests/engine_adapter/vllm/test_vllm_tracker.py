@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine_adapter import build_structural_tag, standard_evaluators
-from engine_adapter._injector import TokenCodec
+from engine_adapter.evaluation._token_codec import TokenCodec
 from engine_adapter.local import load_tokenizer
 from engine_adapter.testing.vllm import FakeRequest, FakeScheduler, GrammarOutput, tracker_rows
 
@@ -65,7 +65,7 @@ def test_a_token_the_grammar_refuses_is_never_forced(codec: TokenCodec, tag: Any
 def test_a_pending_value_holds_the_request_out_of_the_next_step(
     codec: TokenCodec, tag: Any
 ) -> None:
-    from engine_adapter._types import EvalResult
+    from engine_adapter.spans._types import EvalResult
 
     tracker, scheduler = tracker_rows(codec, 1, tag)
     request = scheduler.running[0]
@@ -135,7 +135,7 @@ class _Answers:
         self.held = held
 
     def submit(self, evaluator: str, content: str, deadline_ms: int) -> Any:
-        from engine_adapter._types import EvalResult
+        from engine_adapter.spans._types import EvalResult
 
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if not self.held:
@@ -144,7 +144,7 @@ class _Answers:
         return future
 
     def release(self) -> None:
-        from engine_adapter._types import EvalResult
+        from engine_adapter.spans._types import EvalResult
 
         for future in self.futures:
             if not future.done():
@@ -157,7 +157,7 @@ class _Answers:
 def _drafting(
     codec: TokenCodec, tag: Any, rows: int, max_drafts: int, answers: _Answers
 ) -> tuple[Any, FakeScheduler]:
-    from engine_adapter._server_config import AdapterConfig
+    from engine_adapter.serving._server_config import AdapterConfig
     from engine_adapter.vllm._tracker import SpanTracker
 
     tracker = SpanTracker(
@@ -337,7 +337,7 @@ def test_greedy_drafts_only_forces_one_token_per_step_while_a_request_samples(
 ) -> None:
     """Where vLLM's verify step mangles draft positions next to a randomly sampling request
     (``plugin.random_verify_is_broken``), no draft is scheduled while such a request lives."""
-    from engine_adapter._server_config import AdapterConfig
+    from engine_adapter.serving._server_config import AdapterConfig
     from engine_adapter.vllm._tracker import SpanTracker
 
     answers = _Answers("42")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from daemon_harness import Daemon
 
-from engine_adapter._client import EvaluatorClient
+from engine_adapter.evaluation._client import EvaluatorClient
 from evald.client import CallError, Client
 from evald.contract import ErrorCode
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapter._operands import (
+from engine_adapter.spans._operands import (
     MAX_CANDIDATES_PER_RULE,
     MAX_LITERALS_PER_RULE,
     MAX_OPERAND_TEXT_CHARS,
@@ -228,7 +228,7 @@ def test_a_rule_without_literals_in_the_text_keeps_its_language() -> None:
 def test_every_standard_example_stays_writable_under_its_questions_operands(
     spec: EvaluatorSpec,
 ) -> None:
-    from engine_adapter._operands import _rule_language
+    from engine_adapter.spans._operands import _rule_language
 
     assert spec.literals, f"{spec.name} declares its literals"
     for example in spec.examples:

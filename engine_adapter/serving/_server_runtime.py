@@ -19,12 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from engine_adapter._client import EvaluatorClient, evaluator_listing
-from engine_adapter._grammar import EvaluatorSpec
-from engine_adapter._injector import SpanRecord, TokenCodec
-from engine_adapter._lowered_spans import EvaluatorsUnavailable
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import EvalResult
+from engine_adapter.evaluation import EvaluatorClient, SpanRecord, TokenCodec, evaluator_listing
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.spans import EvalResult, EvaluatorSpec, EvaluatorsUnavailable
 
 __all__ = [
     "AdapterRuntime",
@@ -75,7 +72,7 @@ def _inprocess_evaluator() -> Any:
     global _INPROCESS
     with _CLIENTS_LOCK:
         if _INPROCESS is None:
-            from engine_adapter._inprocess import InProcessWasmEvaluator
+            from engine_adapter.evaluation import InProcessWasmEvaluator
 
             _INPROCESS = InProcessWasmEvaluator(threads=2)
             logger.warning(
@@ -103,7 +100,7 @@ class AdapterRuntime:
         refusal: ``(code, message)`` that every span answers instead of being evaluated (a
             request option the server refused); then nothing connects to evald.
         admission: for a tenant whose token evald has not accepted yet
-            (:class:`~engine_adapter._tenant_runtimes.TenantRuntimes`): done when it has, or
+            (:class:`~engine_adapter.serving._tenant_runtimes.TenantRuntimes`): done when it has, or
             when it refused (then :attr:`refusal` is set first). Spans submitted before wait
             for it without blocking the caller.
         own_client: connect with a client of its own, closed by :meth:`retire` (tenant
@@ -153,6 +150,12 @@ class AdapterRuntime:
                 client = shared_client(self.config)
             self._client = client
         return client
+
+    @property
+    def deadline_ms(self) -> int:
+        """Per span (``EVALD_DEADLINE_MS``): with the codec and :meth:`flush`, what makes the
+        runtime an ``engine_adapter.evaluation.EngineRuntime``."""
+        return self.config.deadline_ms
 
     @property
     def admitted(self) -> bool:

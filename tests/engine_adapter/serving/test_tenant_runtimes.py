@@ -15,8 +15,8 @@ import pytest
 from daemon_harness import TOKENS, Daemon, module
 
 from engine_adapter import TokenCodec
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._tenant_runtimes import TenantRuntimes
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.serving._tenant_runtimes import TenantRuntimes
 from evald.contract import ErrorCode
 
 CODEC = TokenCodec([b"a", b"b"])
@@ -164,7 +164,7 @@ def test_a_span_submitted_before_admission_waits_for_it_without_blocking(
 
     def check(config: AdapterConfig) -> tuple[list[Any], int]:
         gate.result(timeout=60)
-        from engine_adapter._client import evaluator_listing
+        from engine_adapter.evaluation._client import evaluator_listing
 
         return evaluator_listing(config.target, config.token)
 
@@ -180,7 +180,7 @@ def test_a_span_submitted_before_admission_waits_for_it_without_blocking(
 
 
 def test_no_secret_in_a_repr() -> None:
-    from engine_adapter._request_options import request_options
+    from engine_adapter.serving._request_options import request_options
     from evald.contract import Endpoint
 
     config = AdapterConfig("unix:/x", "s3cret-token-value")

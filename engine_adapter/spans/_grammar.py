@@ -36,16 +36,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
-from engine_adapter._types import SpanBinding
+from engine_adapter.spans._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
+from engine_adapter.spans._types import SpanBinding
 
 __all__ = [
+    "DEFAULT_SPECIAL_EXCLUDES",
     "ERROR_CODE_REGEX",
     "EvaluatorExample",
     "EvaluatorSpec",
     "Mode",
     "SpanGrammar",
     "build_structural_tag",
+    "check_bindings",
     "choose_evaluators",
     "common_prefix",
     "free_text_excludes",
@@ -102,11 +104,16 @@ class EvaluatorExample:
     @classmethod
     def from_manifest(cls, raw: Any) -> EvaluatorExample:
         """From a manifest's ``examples`` entry (a dict) or a message with the same fields."""
-        get = raw.get if isinstance(raw, Mapping) else lambda key, default="": getattr(
-            raw, key, default
+        get = (
+            raw.get
+            if isinstance(raw, Mapping)
+            else lambda key, default="": getattr(raw, key, default)
         )
-        return cls(input=str(get("input", "")), value=str(get("value", "")),
-                   question=str(get("question", "") or ""))
+        return cls(
+            input=str(get("input", "")),
+            value=str(get("value", "")),
+            question=str(get("question", "") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -383,7 +390,7 @@ def narrow_to_operands(
     evaluators: Sequence[EvaluatorSpec], text: str
 ) -> tuple[list[EvaluatorSpec], OperandNarrowing]:
     """The evaluators with their literal rules narrowed to the literals of ``text`` (operands
-    from the context, ``engine_adapter._operands``).
+    from the context, ``engine_adapter.spans._operands``).
 
     Each evaluator whose manifest declares ``literals`` gets an input grammar in which every
     such rule allows only the literals of ``text`` that the rule itself accepts; one for which
@@ -472,9 +479,7 @@ def build_structural_tag(
 def _prefix_elements(
     prefix: str, bindings: Sequence[SpanBinding], tags: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    opened = next(
-        (i for i, b in enumerate(bindings) if prefix.endswith(b.begin)), None
-    )
+    opened = next((i for i, b in enumerate(bindings) if prefix.endswith(b.begin)), None)
     text = prefix[: len(prefix) - len(bindings[opened].begin)] if opened is not None else prefix
     for b in bindings:
         if b.begin in text:

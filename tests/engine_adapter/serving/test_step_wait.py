@@ -1,5 +1,5 @@
-"""The step-wait budget (``engine_adapter._step_wait``): a row that must have a token while its
-value is pending and nothing of the region can be forced waits at most what is left of its
+"""The step-wait budget (``engine_adapter.serving._step_wait``): a row that must have a token
+while its value is pending and nothing of the region can be forced waits at most what is left of its
 step's small budget; past it the span ends in band, so no other row of the batch waits.
 
 Spans here use result and error openers with no shared first character (``[`` / ``{``): then
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine_adapter import EvalResult, Injector, SpanBinding, TokenCodec
-from engine_adapter._step_wait import STEP_WAIT_BUDGET_S, StepWaits
+from engine_adapter.serving._step_wait import STEP_WAIT_BUDGET_S, StepWaits
 
 _CODEC = TokenCodec([bytes([i]) for i in range(256)])
 #: Result and error openers that share nothing: no token can be forced before the value.

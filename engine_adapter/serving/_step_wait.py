@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine_adapter._injector import Injector
+from engine_adapter.evaluation import SpanState
 
 __all__ = ["STEP_WAIT_BUDGET_S", "StepWaits"]
 
@@ -56,7 +56,7 @@ class StepWaits:
         """A new step: its budget opens at its first wait."""
         self._window_end = None
 
-    def settle(self, injector: Injector) -> bool:
+    def settle(self, injector: SpanState) -> bool:
         """Waits for ``injector``'s pending value within what is left of the step's budget;
         if it is still unknown then, ends the span now with ``deadline_exceeded``.
 

@@ -41,8 +41,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from engine_adapter._grammar import EvaluatorSpec
-from engine_adapter._types import EvalResult
+from engine_adapter.spans import EvalResult, EvaluatorSpec
 from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
@@ -524,9 +523,7 @@ class EvaluatorClient:
         for item in pending.values():
             self._fail(item.future, code, message)
 
-    def _fail(
-        self, future: concurrent.futures.Future[EvalResult], code: str, message: str
-    ) -> None:
+    def _fail(self, future: concurrent.futures.Future[EvalResult], code: str, message: str) -> None:
         self._settle(future, EvalResult(None, code, message))
 
     def _complete(self, request_id: str, result: EvalResult) -> None:

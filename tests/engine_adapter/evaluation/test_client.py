@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evald"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "evald"))
 
 from daemon_harness import Daemon, start_daemon
 

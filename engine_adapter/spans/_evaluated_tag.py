@@ -10,7 +10,7 @@ span anywhere inside with::
 It is the natural extension of XGrammar's DSL: a tag whose content, once complete, is passed to a
 registered pure function, with the return value forced into the sibling region that follows.
 :func:`lower_evaluated_tags` replaces each one by a plain ``tag`` (see
-:func:`engine_adapter._grammar.span_format`), returns the :class:`SpanBinding` list the injector
+:func:`engine_adapter.spans.span_format`), returns the :class:`SpanBinding` list the injector
 needs, and adds to every free-text region (``any_text``, ``triggered_tags``, ``dispatch``) the
 strings it must not contain (result openers and closers, span closers, and the openers of spans
 that region does not itself dispatch), so the model can neither write a result of its own nor open
@@ -26,7 +26,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine_adapter._grammar import (
+from engine_adapter.spans._grammar import (
     EvaluatorSpec,
     Mode,
     SpanGrammar,
@@ -34,8 +34,8 @@ from engine_adapter._grammar import (
     free_text_excludes,
     span_format,
 )
-from engine_adapter._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
-from engine_adapter._types import SpanBinding
+from engine_adapter.spans._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
+from engine_adapter.spans._types import SpanBinding
 
 __all__ = ["EvaluatedTagError", "contains_evaluated_tag", "lower_evaluated_tags"]
 
@@ -188,8 +188,8 @@ class _Lowering:
         error = _region(node.get("error", _DEFAULT_ERROR), f"{path}/error")
         if result["begin"] == error["begin"]:
             raise EvaluatedTagError(
-                f"{path}/error/begin", "must differ from result.begin (values and errors must be "
-                "told apart)"
+                f"{path}/error/begin",
+                "must differ from result.begin (values and errors must be told apart)",
             )
         if begin in (result["begin"], error["begin"]):
             raise EvaluatedTagError(f"{path}/begin", "must differ from the result region's begin")

@@ -2,7 +2,7 @@
 
 A request names evaluated spans in one of two ways, and may mix them:
 
-- ``evaluated_tag`` elements (the request format, ``engine_adapter._evaluated_tag``). They are
+- ``evaluated_tag`` elements (the request format, ``engine_adapter.spans._evaluated_tag``). They are
   lowered here, on the server, with the evaluators the tenant may call (``ListEvaluators``). The
   raw ``/generate`` API and the offline ``sglang.Engine`` pass structural tags through untouched,
   so these work there.
@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._evaluated_tag import (
+from engine_adapter.spans._evaluated_tag import (
     EvaluatedTagError,
     contains_evaluated_tag,
     lower_evaluated_tags,
 )
-from engine_adapter._grammar import ERROR_CODE_REGEX, EvaluatorSpec, check_bindings
-from engine_adapter._types import SpanBinding
+from engine_adapter.spans._grammar import ERROR_CODE_REGEX, EvaluatorSpec, check_bindings
+from engine_adapter.spans._types import SpanBinding
 
 __all__ = ["EvaluatorsUnavailable", "SpanPlan", "find_lowered_spans", "plan_spans"]
 
@@ -159,7 +159,7 @@ def _fetch(
 def _lowered_span(
     node: Mapping[str, Any], evaluators: Sequence[EvaluatorSpec]
 ) -> SpanBinding | None:
-    """The binding of a node in the shape of ``engine_adapter._grammar.span_format``, else None."""
+    """The binding of a node in the shape of ``engine_adapter.spans.span_format``, else None."""
     if node.get("type") != "tag" or node.get("end") != "":
         return None
     begin, content = node.get("begin"), node.get("content")

@@ -17,7 +17,7 @@ from engine_adapter import (
     render_instructions,
     standard_evaluators,
 )
-from engine_adapter._grammar import _collapse_numbered
+from engine_adapter.spans._grammar import _collapse_numbered
 
 
 def test_system_style_names_each_evaluator_and_shows_each_example_as_a_span() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine_adapter._grammar import EvaluatorExample, EvaluatorSpec
+from engine_adapter.spans._grammar import EvaluatorExample, EvaluatorSpec
 
 __all__ = [
     "BASE_PROMPT_FORMAT",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from engine_adapter._types import EvalResult
+from engine_adapter.spans import EvalResult
 from evald.contract import ErrorCode
 
 __all__ = ["InProcessWasmEvaluator", "ReferenceEvaluator"]

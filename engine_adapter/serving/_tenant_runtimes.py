@@ -1,8 +1,9 @@
 """Which tenant a server request is evaluated for: one layer for SGLang, vLLM and the local engine.
 
 A request names its tenant with per-request options (``evald_token``, ``evald_target``,
-``evald_evaluators``; read by :mod:`engine_adapter._request_options`). :class:`TenantRuntimes`
-turns those options into the :class:`~engine_adapter._server_runtime.AdapterRuntime` that
+``evald_evaluators``; read by :mod:`engine_adapter.serving._request_options`).
+:class:`TenantRuntimes` turns those options into the
+:class:`~engine_adapter.serving._server_runtime.AdapterRuntime` that
 evaluates the request's spans, and is the only place that decides (docs/design.md, "Tenants in
 a server process"):
 
@@ -41,12 +42,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter._grammar import EvaluatorSpec
-from engine_adapter._injector import TokenCodec
-from engine_adapter._request_options import allowed_targets, request_options
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
-from engine_adapter._types import SpanBinding
+from engine_adapter.evaluation import TokenCodec
+from engine_adapter.serving._request_options import allowed_targets, request_options
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.serving._server_runtime import AdapterRuntime
+from engine_adapter.spans import EvaluatorSpec, SpanBinding
 from evald.contract import ErrorCode
 
 __all__ = [
@@ -424,7 +424,7 @@ class TenantRuntimes:
 
 
 def _list_with_token(config: AdapterConfig) -> Listing:
-    from engine_adapter._client import evaluator_listing
+    from engine_adapter.evaluation import evaluator_listing
 
     return evaluator_listing(
         config.target,

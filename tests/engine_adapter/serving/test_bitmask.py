@@ -7,7 +7,7 @@ import pytest
 import torch
 import xgrammar
 
-from engine_adapter._bitmask import allow_only, allows
+from engine_adapter.serving._bitmask import allow_only, allows
 
 VOCAB = 100
 

@@ -32,11 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine_adapter._server_config import AdapterConfig
-from engine_adapter._types import SpanBinding
+from engine_adapter.serving._server_config import AdapterConfig
+from engine_adapter.spans import SpanBinding
 from evald.contract import ErrorCode, token_problem
 
 __all__ = [
+    "EXTRA_ARGS",
     "EXTRA_ARG_EVALUATORS",
     "EXTRA_ARG_TARGET",
     "EXTRA_ARG_TOKEN",

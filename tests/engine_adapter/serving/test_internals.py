@@ -6,7 +6,11 @@ import logging
 
 import pytest
 
-from engine_adapter._internals import installed_version, missing_internals, warn_if_other_version
+from engine_adapter.serving._internals import (
+    installed_version,
+    missing_internals,
+    warn_if_other_version,
+)
 
 
 def test_methods_init_assignments_and_dataclass_fields_count_as_present() -> None:
@@ -14,7 +18,8 @@ def test_methods_init_assignments_and_dataclass_fields_count_as_present() -> Non
         missing_internals(
             {
                 "threading.Thread": ("start", "name", "_target"),  # method, property, __init__
-                "engine_adapter._server_config.AdapterConfig": ("target", "token"),  # fields
+                # fields
+                "engine_adapter.serving._server_config.AdapterConfig": ("target", "token"),
             }
         )
         == []

@@ -1,0 +1,146 @@
+"""What running SGLang and vLLM servers have in common, written once for both harnesses.
+
+Each harness (:mod:`engine_adapter.testing.sglang`, :mod:`engine_adapter.testing.vllm`) starts
+its engine its own way (command line, environment, how it stops); the rest is the same run:
+the daemon config with the tenants both test (the server's own, a spinning one, a slow one),
+the engine's venv found by environment variable or checkout folder, ``/health`` polled until the
+server answers or dies, a stream's ``data:`` chunks, the Prometheus lines of ``/metrics``, and a
+process stopped by a signal and then killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from evald.daemon import hash_token
+
+__all__ = [
+    "SLOW_TENANT_DEADLINE_MS",
+    "SPAN_DEADLINE_MS",
+    "SPIN_TENANT_DEADLINE_MS",
+    "daemon_config",
+    "metric_lines",
+    "stop_process",
+    "stream_chunks",
+    "tenant",
+    "venv_python",
+    "wait_healthy",
+]
+
+#: The adapter's per-span deadline on the test servers (a hung evald costs a span this long).
+SPAN_DEADLINE_MS = 3000
+#: A tenant whose evaluators may run 10 s, so a spinning span lasts the adapter's whole deadline.
+SPIN_TENANT_DEADLINE_MS = 10_000
+#: The slow tenant's evaluators run at most this long: its spinning evaluator is a slow one
+#: (each span holds one of evald's two workers this long, well inside the span deadline).
+SLOW_TENANT_DEADLINE_MS = 400
+
+
+def tenant(
+    name: str, token: str, *, allow_register: bool = False, deadline_ms: int | None = None
+) -> str:
+    """One ``[[tenants]]`` entry of the test daemon's config: the token's hash, every
+    evaluator; ``deadline_ms`` lifts the tenant's limits (fuel off) to that deadline."""
+    lines = [
+        "[[tenants]]",
+        f'name = "{name}"',
+        f'token_sha256 = "{hash_token(token)}"',
+        'evaluators = ["*"]',
+    ]
+    if allow_register:
+        lines.append("allow_register = true")
+    if deadline_ms is not None:
+        lines += ["[tenants.limits]", f"deadline_ms = {deadline_ms}", "fuel = 0"]
+    return "\n".join(lines)
+
+
+def daemon_config(*tenants: str) -> str:
+    """The test daemon's config: two workers, a short shutdown, the local tenant (no token)
+    and ``tenants`` (:func:`tenant`)."""
+    head = '[server]\nthreads = 2\nshutdown_grace_s = 2\n\n[[tenants]]\nname = "local"\n'
+    head += 'evaluators = ["*"]'
+    return "\n" + "\n\n".join([head, *tenants]) + "\n"
+
+
+def venv_python(variable: str, venv: str, root: Path | None = None) -> Path | None:
+    """``$variable``, else ``VENV/bin/python`` in the checkout ``root`` (default: the current
+    folder), if present."""
+    explicit = os.environ.get(variable)
+    checkout = root if root is not None else Path.cwd()
+    candidate = Path(explicit) if explicit else checkout / venv / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def wait_healthy(
+    process: subprocess.Popen[bytes],
+    url: str,
+    engine: str,
+    log: Callable[[], str],
+    stop: Callable[[], None],
+    timeout_s: float,
+) -> None:
+    """Polls ``url/health`` until it answers 200; a server that exits, or is not ready in
+    ``timeout_s`` (then stopped), fails with the tail of its log."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"{engine} exited with {process.returncode}:\n{log()[-4000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(1.0)
+    stop()
+    raise RuntimeError(f"{engine} not ready in {timeout_s:.0f} s:\n{log()[-4000:]}")
+
+
+def stream_chunks(
+    url: str, payload: dict[str, Any], timeout_s: float
+) -> Iterator[tuple[dict[str, Any], float]]:
+    """``POST`` a streamed request; each ``data:`` chunk (``[DONE]`` left out) with the time it
+    arrived (``time.monotonic()``)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            yield json.loads(line[5:]), time.monotonic()
+
+
+def metric_lines(url: str) -> Iterator[tuple[str, str]]:
+    """``(name with labels, value)`` of every sample line of ``url/metrics``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            yield name, value
+
+
+def stop_process(
+    process: subprocess.Popen[bytes], sig: signal.Signals, wait_s: float, *, group: bool = False
+) -> None:
+    """``sig``, up to ``wait_s`` for the process to exit, then a kill; ``group`` also kills
+    whatever is left of its process group (an engine's worker processes)."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    if group:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
