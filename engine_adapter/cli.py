@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 from engine_adapter import Mode
 from evald.cli import lab_command_hint
+from evald.contract import env_token
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "add_engine_options", "build_parser", "main", "open_engine"]
 
@@ -237,7 +237,7 @@ def open_engine(args: argparse.Namespace, *, system: str | None = None) -> tuple
     setup = open_evaluator(
         args.evaluator_mode,
         target=args.evald,
-        token=args.token if args.token is not None else os.environ.get("EVALD_TOKEN"),
+        token=args.token if args.token is not None else env_token(),
         names=_names(args.evaluators),
     )
     if setup.warning:

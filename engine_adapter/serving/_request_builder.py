@@ -15,7 +15,6 @@ Needs only the evald client (no engine, no torch): it runs on the clients of a s
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from engine_adapter.spans import (
     lower_evaluated_tags,
     render_instructions,
 )
+from evald.contract import env_target, env_token
 
 __all__ = [
     "SpanRequest",
@@ -105,7 +105,7 @@ def span_request(
         )
         assert grammar.structural_tag is not None
         lowered, operands = grammar.structural_tag, grammar.operands
-    sent_target = (target or os.environ.get("EVALD_TARGET", "")) if send_target else None
+    sent_target = (target or env_target() or "") if send_target else None
     options = request_option_values(token, sent_target, specs)
     return SpanRequest(lowered, options, chosen, operands)
 
@@ -134,7 +134,7 @@ def request_option_values(
     (``TAG=NAME``), so its spans reach it.
     """
     options: dict[str, str] = {}
-    token = token if token is not None else os.environ.get("EVALD_TOKEN")
+    token = token if token is not None else env_token()
     if token:
         options[EXTRA_ARG_TOKEN] = token
     if target is not None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from evald.contract import token_problem
+from evald.contract import env_target, env_token, token_problem
 
 __all__ = ["DEFAULT_DEADLINE_MS", "AdapterConfig", "ConfigError"]
 
@@ -65,7 +65,7 @@ class AdapterConfig:
             ConfigError: a variable is set to something unusable.
         """
         env = os.environ if environ is None else environ
-        target = env.get("EVALD_TARGET", "").strip()
+        target = env_target(env)
         if not target:
             return None
         raw_deadline = env.get("EVALD_DEADLINE_MS", "").strip()
@@ -89,7 +89,7 @@ class AdapterConfig:
         for name, path in tls.items():
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(f"EVALD_TLS_{name.upper()}={path!r}: no such file")
-        raw_token = env.get("EVALD_TOKEN", "")
+        raw_token = env_token(env) or ""
         token: str | None = None
         if raw_token:
             problem = token_problem(raw_token)

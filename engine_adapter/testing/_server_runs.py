@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import hash_token
+from evald.contract import token_sha256
 
 __all__ = [
     "SLOW_TENANT_DEADLINE_MS",
@@ -53,7 +53,7 @@ def tenant(
     lines = [
         "[[tenants]]",
         f'name = "{name}"',
-        f'token_sha256 = "{hash_token(token)}"',
+        f'token_sha256 = "{token_sha256(token)}"',
         'evaluators = ["*"]',
     ]
     if allow_register:
