@@ -13,7 +13,11 @@ change for change, without a restart, and keep serving when the store is away. S
   and what it serves is always the store's state at one revision, in order;
 * module bytes are checked against their hash before anything is compiled; a module fetched
   from the store compiles in the daemon's sandboxed compile worker, once per daemon (its code
-  then comes from the host's disk cache);
+  then comes from the host's disk cache). Modules load on the daemon's module thread, never on
+  the control thread (:mod:`evald.daemon._control_threads`): tenants and tokens apply at once,
+  a new evaluator is served once loaded (until then its tenant's unknown names answer
+  ``unavailable``, retry), a replaced one keeps its old module until the new one is loaded,
+  and the revision the daemon reports moves only once every module of it is served;
 * after each revision the daemon writes its local cache: the modules into the state folder's
   ``modules/`` (as the embedded store keeps them) and ``fleet.json`` (the revision, the store's
   tenants and every tenant's evaluators), read back with the same checked reading code
@@ -21,7 +25,7 @@ change for change, without a restart, and keep serving when the store is away. S
   a cached module that fails its hash is refused and fetched again once the store is back.
 
 Everything that changes what the daemon serves runs on the daemon's one control thread
-(registrations too), so the follower and a registration never apply at the same time. While the
+(registrations' commits too), so the follower and a registration never apply at once. While the
 store is unreachable the daemon serves what it has, says so (health service
 ``evald.v1.Store`` NOT_SERVING, ``evald_store_connected`` 0) and answers registrations
 ``unavailable``.
@@ -46,7 +50,7 @@ from evald.daemon._postgres import ChangeSet, Database, EvaluatorRow
 from evald.daemon._registry import Evaluator, Registry, check_not_reserved
 from evald.daemon._state_files import StateFileError, atomic_write, read_json
 from evald.daemon._store import ModuleStore, is_sha256
-from evald.host import CompiledModule, Limits, WasmHost, peek_manifest_section
+from evald.host import CompiledModule, Limits, LoadedModule, WasmHost, peek_manifest_section
 
 __all__ = ["CACHE_FILE", "FleetRegistry", "FleetStore"]
 
@@ -61,6 +65,10 @@ _MAX_CACHE_DEPTH: Final = 8
 _BACKOFF_MAX_S: Final = 2.0
 #: How often the follower looks up from waiting for a notification (to notice a stop).
 _WAKE_S: Final = 0.25
+
+
+class StillLoading(Exception):
+    """A module of the store is being loaded on the module thread: not served yet."""
 
 
 class FleetRegistry(Registry):
@@ -83,12 +91,15 @@ class FleetRegistry(Registry):
         self._committed = committed
         self.compile_upload = compile
 
-    def register(
-        self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool
+    def commit_upload(
+        self, tenant: TenantConfig, wasm: bytes, module: LoadedModule, replace: bool
     ) -> Evaluator:
-        evaluator = super().register(tenant, wasm, limits, replace)
+        evaluator = super().commit_upload(tenant, wasm, module, replace)
         self._committed()  # catch up to the revision that carries it (and any before it)
         return evaluator
+
+    def _check_not_loading(self, tenant: str) -> None:
+        """The store checks the rules against every module of the tenant: nothing to wait for."""
 
     def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
         evaluator = super().delete(tenant, name)
@@ -130,30 +141,6 @@ class FleetRegistry(Registry):
     def _changed(self) -> None:
         """The revision is the store's: the follower sets it when it applies one."""
 
-    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
-        """Drops compiled code nobody here serves any more (the cache keeps the file until
-        the next revision's clean-up)."""
-        if evaluator is None or self.serves(sha256):
-            return
-        self._host.forget(evaluator.module)
-
-    def serves(self, sha256: str) -> bool:
-        return any(
-            ev.module.sha256 == sha256 for owned in self._owned.values() for ev in owned.values()
-        )
-
-    def set_tenants(self, tenants: Iterable[TenantConfig], limits_for: dict[str, Limits]) -> None:
-        """As the registry's, but a new tenant's modules come from the store, not an index."""
-        with self._write_lock:
-            configs = {tenant.name: tenant for tenant in tenants}
-            for name in list(self._owned):
-                if name not in configs:
-                    del self._owned[name]
-            for name in configs:
-                self._owned.setdefault(name, {})
-            self._tenants = configs
-            self._rebuild()
-
     def apply_evaluators(
         self,
         wanted: dict[str, dict[str, str]],
@@ -162,8 +149,9 @@ class FleetRegistry(Registry):
     ) -> None:
         """Serves, for each of ``tenants``, exactly the evaluators ``wanted`` names (name ->
         module hash): one whose hash is already served is kept as it is, a new or changed one is
-        loaded with ``load`` (one that does not load is not served; ``load`` logs it), one no
-        longer wanted stops being served."""
+        loaded with ``load`` (one that does not load is not served; ``load`` logs it; one still
+        loading keeps the module served before, if any), one no longer wanted stops being
+        served."""
         with self._write_lock:
             for tenant in tenants:
                 config = self._tenants.get(tenant)
@@ -178,12 +166,17 @@ class FleetRegistry(Registry):
                         continue
                     try:
                         owned[name] = load(config, name, sha256)
+                    except StillLoading:
+                        if served is not None:
+                            owned[name] = served
                     except EvaldError:
                         continue
                 self._owned[tenant] = owned
                 for name, served in current.items():
                     if owned.get(name) is not served and not self.serves(served.module.sha256):
                         self._host.forget(served.module)
+                    if name not in owned and self.on_removed is not None:
+                        self.on_removed(tenant, name)
             self._rebuild()
 
     def owners(self) -> list[str]:
@@ -232,6 +225,12 @@ class FleetStore:
         self._store_tenants: dict[str, dict[str, Any]] = {}
         self._wanted: dict[str, dict[str, str]] = {}  # tenant -> name -> module hash
         self._failed: set[tuple[str, str, str]] = set()  # logged once (retried, not logged again)
+        # (tenant, name, hash) of modules on the module thread, loaded ones not served yet,
+        # and ones that did not load (tried again when the store next touches their tenant)
+        self._pending: set[tuple[str, str, str]] = set()
+        self._ready: dict[tuple[str, str, str], Evaluator] = {}
+        self._broken: dict[tuple[str, str, str], EvaldError] = {}
+        self._cache_due = False  # a revision applied from the store, not yet in the cache
         self._local = {tenant.name: tenant for tenant in config.tenants}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -276,8 +275,11 @@ class FleetStore:
                 )
         self._thread = threading.Thread(target=self._follow, name="evald-store", daemon=True)
         self._thread.start()
-        registry = self._require_registry()
-        return {name: registry.owned_count(name) for name in self._wanted}
+        return {name: len(names) for name, names in self._wanted.items()}
+
+    def catch_up(self) -> None:
+        """Applies what the store changed since the applied revision (control thread)."""
+        self.sync(full=False)
 
     def reload(self, config: Config) -> None:
         """SIGHUP: takes the config's own tenants again and reads the whole store."""
@@ -387,16 +389,11 @@ class FleetStore:
         if changes.full:
             touched.update(self._wanted)
             touched.update(registry.owners())
-
-        def load(tenant: TenantConfig, name: str, sha256: str) -> Evaluator:
-            return self._load(tenant, name, sha256, fetch=fetch)
-
-        registry.apply_evaluators(self._wanted, sorted(touched), load)
+        self._broken = {key: e for key, e in self._broken.items() if key[0] not in touched}
         previous = self.applied
         self.applied = max(self.applied, changes.head) if not changes.full else changes.head
-        registry.revision = self.applied
-        if fetch:
-            self._write_cache()
+        self._cache_due = self._cache_due or fetch
+        self._serve_wanted(touched, fetch=fetch)
         if changes.revisions or changes.full:
             _log.info(
                 "store revision applied",
@@ -410,6 +407,23 @@ class FleetStore:
                     }
                 },
             )
+
+    def _serve_wanted(self, tenants: Iterable[str], *, fetch: bool) -> None:
+        """Serves what the store wants of ``tenants`` that is loaded, starts loading the rest on
+        the module thread (:meth:`_load`), and once nothing is loading, reports the applied
+        revision and writes the local cache. Control thread."""
+        registry = self._require_registry()
+
+        def load(tenant: TenantConfig, name: str, sha256: str) -> Evaluator:
+            return self._load(tenant, name, sha256, fetch=fetch)
+
+        registry.apply_evaluators(self._wanted, sorted(tenants), load)
+        if self._pending:
+            return
+        registry.revision = self.applied
+        if self._cache_due:
+            self._cache_due = False
+            self._write_cache()
 
     def _apply_tenants(self) -> None:
         """The config's own tenants and the store's, to the daemon (a store tenant with a
@@ -433,6 +447,62 @@ class FleetStore:
         self._daemon.apply_tenants(list(configs.values()))
 
     def _load(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
+        """One evaluator of the store, if loaded (control thread): else its load starts on
+        the module thread (:meth:`_load_now`), which hands it to :meth:`_loaded`.
+
+        Raises:
+            StillLoading: it is being loaded.
+            EvaldError: why it is not served (it did not load).
+        """
+        key = (tenant.name, name, sha256)
+        ready = self._ready.pop(key, None)
+        if ready is not None:
+            return ready
+        broken = self._broken.get(key)
+        if broken is not None:
+            raise broken
+        registry = self._require_registry()
+        if registry.schedule is None:
+            return self._load_now(tenant, name, sha256, fetch=fetch)
+        if key not in self._pending:
+            self._pending.add(key)
+            registry.loading(tenant.name, +1)
+            registry.schedule(
+                lambda: self._try_load(tenant, name, sha256, fetch=fetch),
+                lambda result: self._loaded(key, result, fetch=fetch),
+            )
+        raise StillLoading(name)
+
+    def _try_load(
+        self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool
+    ) -> Evaluator | EvaldError:
+        try:
+            return self._load_now(tenant, name, sha256, fetch=fetch)
+        except EvaldError as exc:
+            return exc
+
+    def _loaded(
+        self, key: tuple[str, str, str], result: Evaluator | EvaldError, *, fetch: bool
+    ) -> None:
+        """A load finished on the module thread (control thread): served if the store still
+        wants it, and the tenant's evaluators applied again."""
+        registry = self._require_registry()
+        with registry._write_lock:
+            self._pending.discard(key)
+            registry.loading(key[0], -1)
+            tenant, name, sha256 = key
+            if self._wanted.get(tenant, {}).get(name) != sha256:
+                if isinstance(result, Evaluator) and not registry.serves(sha256):
+                    host = self._host
+                    assert host is not None
+                    host.forget(result.module)
+            elif isinstance(result, EvaldError):
+                self._broken[key] = result
+            else:
+                self._ready[key] = result
+            self._serve_wanted([tenant], fetch=fetch)
+
+    def _load_now(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
         """One evaluator of the store: its bytes from the local cache (checked against the
         hash) or else from the store (checked, then compiled in the sandboxed worker), held to
         the rules; a failure is logged once (tried again at each full read) and raised.
