@@ -9,6 +9,8 @@
    loading answers ``unavailable`` (loading, retry), then it is served (a new daemon compiled
    every module before it bound its socket: 13.8 s with two modules).
 4. A manifest holding ``\\u0000`` is refused ``invalid_module``, not ``unavailable ... retry``.
+5. A deleted evaluator's and a removed tenant's metric series are removed (35 series and
+   2.7 KiB stayed per name ever registered).
 
 A compile that runs as long as a test needs is the real compile worker stopped with SIGSTOP
 (as in test_compile_sandbox.py); the start-up load is a real module of 80 functions at the
@@ -22,12 +24,21 @@ import json
 import os
 import signal
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from daemon_harness import TOKENS, Daemon, module, outcome, start_daemon, tenant_block
+from daemon_harness import (
+    TOKENS,
+    Daemon,
+    free_port,
+    module,
+    outcome,
+    start_daemon,
+    tenant_block,
+)
 from fleet_harness import until
 
 from evald.client import CallError, Client
@@ -46,14 +57,14 @@ STOLEN = TOKENS["alpha"]
 KEPT = "alpha-kept-token-0123456789"
 
 
-def _config(*tenants: str, host: str = "") -> str:
+def _config(*tenants: str, server: str = "") -> str:
     return "\n".join(
         [
             "[server]",
             "threads = 2",
             "shutdown_grace_s = 2",
             "compile_timeout_s = 120",
-            *([host] if host else []),
+            *([server] if server else []),
             *tenants,
         ]
     )
@@ -242,3 +253,36 @@ def test_a_manifest_text_no_store_can_keep_is_refused_as_an_invalid_module(
         assert outcome(alpha.evaluate("calc", "1+1")) == "ok"
     finally:
         assert daemon.stop() == 0
+
+
+def test_deleted_evaluators_and_removed_tenants_leave_no_metric_series(tmp_path: Path) -> None:
+    port = free_port()
+    config = _config(
+        _alpha(STOLEN),
+        tenant_block("beta", evaluators=["calc"], allow_register=True),
+        server=f'metrics_listen = "127.0.0.1:{port}"',
+    )
+    daemon = start_daemon(tmp_path, config)
+    try:
+        alpha, beta = daemon.client("alpha"), daemon.client("beta")
+        names = [f"churn{number}" for number in range(8)]
+        for name in names:
+            alpha.register(module("echo", name))
+            assert alpha.evaluate(name, b"x").value == "x"
+            assert outcome(alpha.evaluate(name, b"x" * 2_000_000)) == "input_too_large"
+            alpha.delete(name)
+        beta.register(module("echo", "kept"))
+        assert beta.evaluate("kept", b"y").value == "y"
+        text = _scrape(port)
+        assert 'evaluator="kept"' in text  # the control: a served evaluator's series stay
+        assert not [line for line in text.splitlines() if 'evaluator="churn' in line]
+        # beta removed by a reload: none of its series stay either
+        _reload(daemon, _config(_alpha(STOLEN), server=f'metrics_listen = "127.0.0.1:{port}"'), 1)
+        assert not [line for line in _scrape(port).splitlines() if 'tenant="beta"' in line]
+    finally:
+        assert daemon.stop() == 0
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
