@@ -28,6 +28,9 @@ from fleet_harness import Fleet, at_revision, client, head, until
 from evald.client import CallError, Client
 from evald.testing import guest, manifest_bytes, process_alive, process_descendants
 
+#: A stopped compile worker must not reach its wall-clock limit during a test.
+_SLOW_COMPILES_OK = ["compile_timeout_s = 120"]
+
 
 @contextmanager
 def _stalled_worker(daemon: Daemon) -> Iterator[int]:
@@ -61,7 +64,7 @@ def test_a_revocation_applies_while_the_daemon_compiles_a_module_from_the_store(
 ) -> None:
     team = fleet.add_tenant("team")
     other = fleet.add_tenant("other")
-    daemons = fleet.start(2)
+    daemons = fleet.start(2, config=fleet.config(extra=_SLOW_COMPILES_OK))
     registrar, follower = daemons
     assert client(follower, other).evaluate("calc", "1+1").value == "2"
     with _stalled_worker(follower):
@@ -88,7 +91,7 @@ def test_a_registration_whose_token_is_revoked_while_it_compiles_changes_nothing
     rotated = fleet.cli("tenants", "rotate", "team")
     assert rotated.returncode == 0, rotated.stderr
     kept = rotated.stdout.splitlines()[1]
-    daemons = fleet.start(2)
+    daemons = fleet.start(2, config=fleet.config(extra=_SLOW_COMPILES_OK))
     first = client(daemons[0], kept).register(module("echo", "target"))
     at_revision(daemons, kept, head(fleet))
 
@@ -110,7 +113,8 @@ def test_a_registration_whose_token_is_revoked_while_it_compiles_changes_nothing
         thread.start()
         until(
             lambda: any(
-                line.get("msg") == "registration compiling" for line in daemons[0].log_lines()
+                line.get("msg") == "registration compiling" and line.get("turn") == 2
+                for line in daemons[0].log_lines()
             ),
             "the stolen registration compiling",
         )
