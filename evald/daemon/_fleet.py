@@ -44,6 +44,7 @@ from concurrent.futures import Executor
 from typing import Any, Final
 
 from evald.contract import ErrorCode, EvaldError
+from evald.daemon._background_loads import BackgroundLoads, LoadKey, StillLoading
 from evald.daemon._config import Config, ConfigError, TenantConfig, tenant_from_store
 from evald.daemon._control_store import StoreDaemon
 from evald.daemon._postgres import ChangeSet, Database, EvaluatorRow
@@ -65,10 +66,6 @@ _MAX_CACHE_DEPTH: Final = 8
 _BACKOFF_MAX_S: Final = 2.0
 #: How often the follower looks up from waiting for a notification (to notice a stop).
 _WAKE_S: Final = 0.25
-
-
-class StillLoading(Exception):
-    """A module of the store is being loaded on the module thread: not served yet."""
 
 
 class FleetRegistry(Registry):
@@ -225,11 +222,7 @@ class FleetStore:
         self._store_tenants: dict[str, dict[str, Any]] = {}
         self._wanted: dict[str, dict[str, str]] = {}  # tenant -> name -> module hash
         self._failed: set[tuple[str, str, str]] = set()  # logged once (retried, not logged again)
-        # (tenant, name, hash) of modules on the module thread, loaded ones not served yet,
-        # and ones that did not load (tried again when the store next touches their tenant)
-        self._pending: set[tuple[str, str, str]] = set()
-        self._ready: dict[tuple[str, str, str], Evaluator] = {}
-        self._broken: dict[tuple[str, str, str], EvaldError] = {}
+        self._loads: BackgroundLoads | None = None  # evaluators on the module thread
         self._cache_due = False  # a revision applied from the store, not yet in the cache
         self._local = {tenant.name: tenant for tenant in config.tenants}
         self._stop = threading.Event()
@@ -251,7 +244,16 @@ class FleetStore:
             database=self.database,
             committed=lambda: self.sync(full=False),
         )
+        self._loads = BackgroundLoads(self._registry, wanted=self._wants, drop=self._drop)
         return self._registry
+
+    def _wants(self, key: LoadKey) -> bool:
+        tenant, name, sha256 = key
+        return self._wanted.get(tenant, {}).get(name) == sha256
+
+    def _drop(self, evaluator: Evaluator) -> None:
+        if self._host is not None and not self._require_registry().serves(evaluator.module.sha256):
+            self._host.forget(evaluator.module)
 
     def load(self) -> dict[str, int]:
         """The store's state (or, when it is down, the local cache's), applied; then the
@@ -301,6 +303,10 @@ class FleetStore:
     def _require_registry(self) -> FleetRegistry:
         assert self._registry is not None, "make_registry() has not run"
         return self._registry
+
+    def _require_loads(self) -> BackgroundLoads:
+        assert self._loads is not None, "make_registry() has not run"
+        return self._loads
 
     # Following ------------------------------------------------------------------------------
 
@@ -389,7 +395,7 @@ class FleetStore:
         if changes.full:
             touched.update(self._wanted)
             touched.update(registry.owners())
-        self._broken = {key: e for key, e in self._broken.items() if key[0] not in touched}
+        self._require_loads().retry(touched)
         previous = self.applied
         self.applied = max(self.applied, changes.head) if not changes.full else changes.head
         self._cache_due = self._cache_due or fetch
@@ -418,7 +424,7 @@ class FleetStore:
             return self._load(tenant, name, sha256, fetch=fetch)
 
         registry.apply_evaluators(self._wanted, sorted(tenants), load)
-        if self._pending:
+        if self._require_loads().pending:
             return
         registry.revision = self.applied
         if self._cache_due:
@@ -447,60 +453,18 @@ class FleetStore:
         self._daemon.apply_tenants(list(configs.values()))
 
     def _load(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
-        """One evaluator of the store, if loaded (control thread): else its load starts on
-        the module thread (:meth:`_load_now`), which hands it to :meth:`_loaded`.
+        """One evaluator of the store if loaded; else its load (:meth:`_load_now`) starts on
+        the module thread and the tenant is served again once it is done (control thread).
 
         Raises:
             StillLoading: it is being loaded.
             EvaldError: why it is not served (it did not load).
         """
-        key = (tenant.name, name, sha256)
-        ready = self._ready.pop(key, None)
-        if ready is not None:
-            return ready
-        broken = self._broken.get(key)
-        if broken is not None:
-            raise broken
-        registry = self._require_registry()
-        if registry.schedule is None:
-            return self._load_now(tenant, name, sha256, fetch=fetch)
-        if key not in self._pending:
-            self._pending.add(key)
-            registry.loading(tenant.name, +1)
-            registry.schedule(
-                lambda: self._try_load(tenant, name, sha256, fetch=fetch),
-                lambda result: self._loaded(key, result, fetch=fetch),
-            )
-        raise StillLoading(name)
-
-    def _try_load(
-        self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool
-    ) -> Evaluator | EvaldError:
-        try:
-            return self._load_now(tenant, name, sha256, fetch=fetch)
-        except EvaldError as exc:
-            return exc
-
-    def _loaded(
-        self, key: tuple[str, str, str], result: Evaluator | EvaldError, *, fetch: bool
-    ) -> None:
-        """A load finished on the module thread (control thread): served if the store still
-        wants it, and the tenant's evaluators applied again."""
-        registry = self._require_registry()
-        with registry._write_lock:
-            self._pending.discard(key)
-            registry.loading(key[0], -1)
-            tenant, name, sha256 = key
-            if self._wanted.get(tenant, {}).get(name) != sha256:
-                if isinstance(result, Evaluator) and not registry.serves(sha256):
-                    host = self._host
-                    assert host is not None
-                    host.forget(result.module)
-            elif isinstance(result, EvaldError):
-                self._broken[key] = result
-            else:
-                self._ready[key] = result
-            self._serve_wanted([tenant], fetch=fetch)
+        return self._require_loads().take(
+            (tenant.name, name, sha256),
+            lambda: self._load_now(tenant, name, sha256, fetch=fetch),
+            lambda tenant_name: self._serve_wanted([tenant_name], fetch=fetch),
+        )
 
     def _load_now(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
         """One evaluator of the store: its bytes from the local cache (checked against the

@@ -68,8 +68,7 @@ class IndexedRegistry(Registry):
         once loaded (:meth:`_serve_loaded`); until then the tenant is *loading*."""
         if not index:
             return
-        with self._write_lock:
-            self.loading(tenant, +1)
+        self.loading(tenant, +1)
         config = self._tenants[tenant]
 
         def load() -> dict[str, LoadedModule | EvaldError]:

@@ -246,12 +246,13 @@ class Registry:
 
     def loading(self, tenant: str, delta: int) -> None:
         """Counts one load of ``tenant``'s stored modules begun (+1) or served (-1); while any
-        is pending the tenant is *loading* (see the module). Caller holds the lock."""
-        left = self._loading.get(tenant, 0) + delta
-        if left > 0:
-            self._loading[tenant] = left
-        else:
-            self._loading.pop(tenant, None)
+        is pending the tenant is *loading* (see the module)."""
+        with self._write_lock:
+            left = self._loading.get(tenant, 0) + delta
+            if left > 0:
+                self._loading[tenant] = left
+            else:
+                self._loading.pop(tenant, None)
 
     def _rebuild(self) -> None:
         visible: dict[str, dict[str, Evaluator]] = {}

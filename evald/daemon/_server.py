@@ -574,8 +574,8 @@ class EvaldServer:
         await loop.run_in_executor(None, self.scheduler.pool.shutdown, True)
         if self.priorities is not None:
             self.priorities.close()
+        await loop.run_in_executor(None, self._compiler.close)  # ends the module thread's compile
         await loop.run_in_executor(None, self._threads.close)
-        await loop.run_in_executor(None, self._compiler.close)
         self.metrics.close()
         if self._host is not None:
             self._host.close()
