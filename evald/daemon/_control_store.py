@@ -64,7 +64,17 @@ class ControlStore(Protocol):
         ...
 
     def load(self) -> dict[str, int]:
-        """Loads the tenants' modules (the daemon always starts); returns counts per tenant."""
+        """Applies the tenants and starts loading their modules off the control thread (the
+        daemon always starts, and serves before they are loaded); returns counts per tenant."""
+        ...
+
+    def catch_up(self) -> None:
+        """Applies what the store changed that this daemon has not applied yet (before a
+        registration commits: a token revoked meanwhile must refuse it).
+
+        Raises:
+            EvaldError: ``unavailable`` (the store is unreachable).
+        """
         ...
 
     def reload(self, config: Config) -> None:

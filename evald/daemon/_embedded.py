@@ -16,7 +16,7 @@ from typing import Final
 
 from evald.daemon._config import Config
 from evald.daemon._control_store import StoreDaemon
-from evald.daemon._registry import Registry
+from evald.daemon._indexed_registry import IndexedRegistry
 from evald.daemon._state_files import StateFileError, atomic_write, read_bytes
 from evald.daemon._store import ModuleStore
 from evald.host import CompiledModule, WasmHost
@@ -36,19 +36,21 @@ class EmbeddedStore:
         self._config = config
         self._daemon = daemon
         self._store = store
-        self._registry: Registry | None = None
+        self._registry: IndexedRegistry | None = None
         self.problem: str | None = None
 
     def make_registry(
         self, host: WasmHost, compile: Callable[[bytes, int], CompiledModule]
-    ) -> Registry:
-        registry = Registry(host, self._store, self._config.tenants, compile=compile)
+    ) -> IndexedRegistry:
+        registry = IndexedRegistry(host, self._store, self._config.tenants, compile=compile)
         registry.revision = self._read_revision()
         registry.on_change = self._write_revision
         self._registry = registry
         return registry
 
     def load(self) -> dict[str, int]:
+        """Starts loading the state folder's modules (off the control thread); returns at
+        once with the index entries of each tenant being loaded."""
         registry = self._registry
         assert registry is not None, "make_registry() has not run"
         limits = {
@@ -63,6 +65,9 @@ class EmbeddedStore:
         self._daemon.apply_tenants(config.tenants)
         with registry._write_lock:
             registry._changed()
+
+    def catch_up(self) -> None:
+        """Nothing to catch up with: every change is this daemon's own."""
 
     def close(self) -> None:
         """Nothing to close: the state folder's lock is the daemon's."""

@@ -15,7 +15,11 @@ change for change, without a restart, and keep serving when the store is away. S
   and what it serves is always the store's state at one revision, in order;
 * module bytes are checked against their hash before anything is compiled; a module fetched
   from the store compiles in the daemon's sandboxed compile worker, once per daemon (its code
-  then comes from the host's disk cache);
+  then comes from the host's disk cache). Modules load on the daemon's module thread, never on
+  the control thread (:mod:`evald.daemon._control_threads`): tenants and tokens apply at once,
+  a new evaluator is served once loaded (until then its tenant's unknown names answer
+  ``unavailable``, retry), a replaced one keeps its old module until the new one is loaded,
+  and the revision the daemon reports moves only once every module of it is served;
 * after each revision the daemon writes its local cache: the modules into the state folder's
   ``modules/`` (as the embedded store keeps them) and ``fleet.json`` (the revision, the store's
   tenants and every tenant's evaluators), read back with the same checked reading code
@@ -31,7 +35,7 @@ so. Each successful read confirms that the daemon is current; its age bounds how
 revoked token can outlive an outage (:mod:`evald.daemon._fleet_status`).
 
 Everything that changes what the daemon serves runs on the daemon's one control thread
-(registrations too), so the follower and a registration never apply at the same time. While the
+(registrations' commits too), so the follower and a registration never apply at once. While the
 store is unreachable the daemon serves what it has, says so (health service
 ``evald.v1.Store`` NOT_SERVING, ``evald_store_connected`` 0) and answers registrations
 ``unavailable``.
@@ -45,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any, Final
 
@@ -53,6 +57,7 @@ import psycopg
 import psycopg_pool
 
 from evald.contract import ErrorCode, EvaldError
+from evald.daemon._background_loads import BackgroundLoads, LoadKey
 from evald.daemon._config import Config, TenantConfig
 from evald.daemon._control_store import StoreDaemon
 from evald.daemon._fleet_registry import FleetRegistry
@@ -111,6 +116,8 @@ class FleetStore:
         self._store_tenants: dict[str, dict[str, Any]] = {}
         self._wanted: dict[str, dict[str, str]] = {}  # tenant -> name -> module hash
         self._failed: set[tuple[str, str, str]] = set()  # logged once (retried, not logged again)
+        self._loads: BackgroundLoads | None = None  # evaluators on the module thread
+        self._cache_due = False  # a revision applied from the store, not yet in the cache
         self._local = {tenant.name: tenant for tenant in config.tenants}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,7 +144,16 @@ class FleetStore:
             committed=lambda: self.sync(full=False),
             status=self.status,
         )
+        self._loads = BackgroundLoads(self._registry, wanted=self._wants, drop=self._drop)
         return self._registry
+
+    def _wants(self, key: LoadKey) -> bool:
+        tenant, name, sha256 = key
+        return self._wanted.get(tenant, {}).get(name) == sha256
+
+    def _drop(self, evaluator: Evaluator) -> None:
+        if self._host is not None and not self._require_registry().serves(evaluator.module.sha256):
+            self._host.forget(evaluator.module)
 
     def load(self) -> dict[str, int]:
         """The store's state (or, when it is down, the local cache's), applied; then the
@@ -165,8 +181,11 @@ class FleetStore:
                 )
         self._thread = threading.Thread(target=self._follow, name="evald-store", daemon=True)
         self._thread.start()
-        registry = self._require_registry()
-        return {name: registry.owned_count(name) for name in self._wanted}
+        return {name: len(names) for name, names in self._wanted.items()}
+
+    def catch_up(self) -> None:
+        """Applies what the store changed since the applied revision (control thread)."""
+        self.sync(full=False)
 
     def reload(self, config: Config) -> None:
         """SIGHUP: takes the config's own tenants again and reads the whole store."""
@@ -188,6 +207,10 @@ class FleetStore:
     def _require_registry(self) -> FleetRegistry:
         assert self._registry is not None, "make_registry() has not run"
         return self._registry
+
+    def _require_loads(self) -> BackgroundLoads:
+        assert self._loads is not None, "make_registry() has not run"
+        return self._loads
 
     # Following ------------------------------------------------------------------------------
 
@@ -333,16 +356,11 @@ class FleetStore:
         if changes.full:
             touched.update(self._wanted)
             touched.update(registry.owners())
-
-        def load(tenant: TenantConfig, name: str, sha256: str) -> Evaluator:
-            return self._load(tenant, name, sha256, fetch=fetch)
-
-        registry.apply_evaluators(self._wanted, sorted(touched), load)
+        self._require_loads().retry(touched)
         previous = self.applied
-        self.applied = changes.head
-        registry.revision = self.applied
-        if fetch:
-            self._write_cache()
+        self.applied = max(self.applied, changes.head) if not changes.full else changes.head
+        self._cache_due = self._cache_due or fetch
+        self._serve_wanted(touched, fetch=fetch)
         if changes.revisions or changes.full:
             _log.info(
                 "store revision applied",
@@ -357,6 +375,23 @@ class FleetStore:
                 },
             )
 
+    def _serve_wanted(self, tenants: Iterable[str], *, fetch: bool) -> None:
+        """Serves what the store wants of ``tenants`` that is loaded, starts loading the rest on
+        the module thread (:meth:`_load`), and once nothing is loading, reports the applied
+        revision and writes the local cache. Control thread."""
+        registry = self._require_registry()
+
+        def load(tenant: TenantConfig, name: str, sha256: str) -> Evaluator:
+            return self._load(tenant, name, sha256, fetch=fetch)
+
+        registry.apply_evaluators(self._wanted, sorted(tenants), load)
+        if self._require_loads().pending:
+            return
+        registry.revision = self.applied
+        if self._cache_due:
+            self._cache_due = False
+            self._write_cache()
+
     def _apply_tenants(self) -> None:
         """The config's own tenants and the store's that may be served beside them, to the
         daemon; a refused store row is dropped (logged once: :mod:`_fleet_tenants`)."""
@@ -369,6 +404,20 @@ class FleetStore:
         self._daemon.apply_tenants(list(result.served.values()))
 
     def _load(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
+        """One evaluator of the store if loaded; else its load (:meth:`_load_now`) starts on
+        the module thread and the tenant is served again once it is done (control thread).
+
+        Raises:
+            StillLoading: it is being loaded.
+            EvaldError: why it is not served (it did not load).
+        """
+        return self._require_loads().take(
+            (tenant.name, name, sha256),
+            lambda: self._load_now(tenant, name, sha256, fetch=fetch),
+            lambda tenant_name: self._serve_wanted([tenant_name], fetch=fetch),
+        )
+
+    def _load_now(self, tenant: TenantConfig, name: str, sha256: str, *, fetch: bool) -> Evaluator:
         """One evaluator of the store: its bytes from the local cache (checked against the
         hash) or else from the store (checked, then compiled in the sandboxed worker), held to
         the rules; a failure is logged once (tried again at each full read) and raised.

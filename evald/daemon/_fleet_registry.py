@@ -20,13 +20,14 @@ from time import monotonic
 from typing import Any
 
 from evald.contract import ErrorCode, EvaldError
+from evald.daemon._background_loads import StillLoading
 from evald.daemon._config import TenantConfig
 from evald.daemon._fleet_status import FleetStatus
 from evald.daemon._postgres import Database
 from evald.daemon._registry import Evaluator, Registry, check_not_reserved
 from evald.daemon._state_files import StateFileError
 from evald.daemon._store import ModuleStore
-from evald.host import CompiledModule, Limits, WasmHost, peek_manifest_section
+from evald.host import CompiledModule, LoadedModule, WasmHost, peek_manifest_section
 
 __all__ = ["FleetRegistry"]
 
@@ -68,12 +69,15 @@ class FleetRegistry(Registry):
                 raise EvaldError(ErrorCode.UNAVAILABLE, refusal)
         return Registry.resolve(self, tenant, name_or_tag)
 
-    def register(
-        self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool
+    def commit_upload(
+        self, tenant: TenantConfig, wasm: bytes, module: LoadedModule, replace: bool
     ) -> Evaluator:
-        evaluator = super().register(tenant, wasm, limits, replace)
+        evaluator = super().commit_upload(tenant, wasm, module, replace)
         self._committed()  # catch up to the revision that carries it (and any before it)
         return evaluator
+
+    def _check_not_loading(self, tenant: str) -> None:
+        """The store checks the rules against every module of the tenant: nothing to wait for."""
 
     def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
         evaluator = super().delete(tenant, name)
@@ -115,30 +119,6 @@ class FleetRegistry(Registry):
     def _changed(self) -> None:
         """The revision is the store's: the follower sets it when it applies one."""
 
-    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
-        """Drops compiled code nobody here serves any more (the cache keeps the file until
-        the next revision's clean-up)."""
-        if evaluator is None or self.serves(sha256):
-            return
-        self._host.forget(evaluator.module)
-
-    def serves(self, sha256: str) -> bool:
-        return any(
-            ev.module.sha256 == sha256 for owned in self._owned.values() for ev in owned.values()
-        )
-
-    def set_tenants(self, tenants: Iterable[TenantConfig], limits_for: dict[str, Limits]) -> None:
-        """As the registry's, but a new tenant's modules come from the store, not an index."""
-        with self._write_lock:
-            configs = {tenant.name: tenant for tenant in tenants}
-            for name in list(self._owned):
-                if name not in configs:
-                    del self._owned[name]
-            for name in configs:
-                self._owned.setdefault(name, {})
-            self._tenants = configs
-            self._rebuild()
-
     def apply_evaluators(
         self,
         wanted: dict[str, dict[str, str]],
@@ -147,8 +127,9 @@ class FleetRegistry(Registry):
     ) -> None:
         """Serves, for each of ``tenants``, exactly the evaluators ``wanted`` names (name ->
         module hash): one whose hash is already served is kept as it is, a new or changed one is
-        loaded with ``load`` (one that does not load is not served; ``load`` logs it), one no
-        longer wanted stops being served."""
+        loaded with ``load`` (one that does not load is not served; ``load`` logs it; one still
+        loading keeps the module served before, if any), one no longer wanted stops being
+        served."""
         with self._write_lock:
             for tenant in tenants:
                 config = self._tenants.get(tenant)
@@ -163,12 +144,17 @@ class FleetRegistry(Registry):
                         continue
                     try:
                         owned[name] = load(config, name, sha256)
+                    except StillLoading:
+                        if served is not None:
+                            owned[name] = served
                     except EvaldError:
                         continue
                 self._owned[tenant] = owned
                 for name, served in current.items():
                     if owned.get(name) is not served and not self.serves(served.module.sha256):
                         self._host.forget(served.module)
+                    if name not in owned and self.on_removed is not None:
+                        self.on_removed(tenant, name)
             self._rebuild()
 
     def owners(self) -> list[str]:

@@ -15,9 +15,11 @@ a scrape sees an evaluation at most one slice (a few milliseconds) after it fini
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from bisect import bisect_left
+from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -160,6 +162,36 @@ class Metrics:
             _add_to_histogram(seconds, elapsed_s, latency_buckets)
             _add_to_histogram(fuel, fuel_used, fuel_buckets)
 
+    def count_modules(self, tenants: Iterable[str], count: Callable[[str], int]) -> None:
+        """``evald_registered_modules`` of each tenant, read at scrape time as ``count(tenant)``
+        (it changes as a tenant's stored modules load, off the control thread)."""
+        for tenant in tenants:
+            self.modules.labels(tenant).set_function(functools.partial(count, tenant))
+
+    def forget_evaluator(self, tenant: str, evaluator: str) -> None:
+        """Removes every series of one of ``tenant``'s evaluators (it was deleted): without
+        this, each name ever registered kept its 35 series (2.7 KiB) for the daemon's life."""
+        self._forget(lambda key: key[0] == tenant and key[1] == evaluator)
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Removes every series of a tenant that is no longer served (removed by a reload or
+        the store)."""
+        self._forget(lambda key: key[0] == tenant)
+        for key in [key for key in self._rpc_children if key[1] == tenant]:
+            self._rpc_children.pop(key, None)
+            _remove(self.rpcs, key)
+        _remove(self.inflight, (tenant,))
+        _remove(self.modules, (tenant,))
+
+    def _forget(self, matches: Callable[[tuple[str, str, str]], bool]) -> None:
+        """Removes the evaluation series whose ``(tenant, evaluator, outcome)`` ``matches``.
+        A worker's tally not flushed yet may add one back (at most one slice's worth)."""
+        for key in [key for key in list(self._evaluation_children) if matches(key)]:
+            self._evaluation_children.pop(key, None)
+            _remove(self.evaluations, key)
+            _remove(self.eval_seconds, key[:2])
+            _remove(self.fuel, key[:2])
+
     def observe_rpc(self, method: str, tenant: str, code: str) -> None:
         """Records one finished RPC; ``code`` is ``ok`` or the call-level error code."""
         key = (method, tenant, code)
@@ -189,6 +221,14 @@ class Metrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+def _remove(metric: Any, labels: tuple[str, ...]) -> None:
+    """Removes one labelled series; none is fine (removed already, or never observed)."""
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass
 
 
 def _add_to_histogram(child: Any, total: float, bucket_counts: list[int]) -> None:

@@ -6,19 +6,28 @@ a name that does not exist, so nothing leaks). The standard names and tags are r
 
 Readers (:meth:`Registry.resolve`, :meth:`Registry.visible`) run on the event loop for every
 evaluation and take no lock: writers build new dictionaries and swap them in whole.
+
+Module work never runs on the daemon's control thread (:mod:`evald.daemon._control_threads`):
+a registration is checked and compiled (:meth:`Registry.prepare_upload`, the module thread),
+then committed (:meth:`Registry.commit_upload`, the control thread, where the rules are checked
+again); a tenant's stored modules are loaded on the module thread and served by a job on the
+control thread (:attr:`Registry.schedule`). Until a tenant's modules are served, a name it has
+no evaluator for yet is answered ``unavailable`` (loading, retry), not ``unknown_evaluator``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from evald.contract import STANDARD_EVALUATORS, ErrorCode, EvaldError, parse_manifest
 from evald.daemon._config import TenantConfig
-from evald.daemon._store import IndexEntry, ModuleStore, StoreError
+from evald.daemon._store import IndexEntry, ModuleStore
 from evald.host import (
     CompiledModule,
     Limits,
@@ -28,7 +37,14 @@ from evald.host import (
     peek_manifest_section,
 )
 
-__all__ = ["STANDARD_OWNER", "Evaluator", "Registry", "check_not_reserved"]
+__all__ = [
+    "STANDARD_OWNER",
+    "Evaluator",
+    "Registry",
+    "check_not_reserved",
+    "check_storable",
+    "shown",
+]
 
 STANDARD_OWNER = "standard"
 
@@ -52,7 +68,7 @@ class Evaluator:
         return str(self.module.manifest.semantics_version)
 
 
-def _shown(name: str) -> str:
+def shown(name: str) -> str:
     """A name as a log line shows it: at most 64 characters (a file may hold any string)."""
     return name if len(name) <= 64 else name[:64] + "..."
 
@@ -76,8 +92,50 @@ def check_not_reserved(name: str, tag: str, reserved: Iterable[str] = STANDARD_E
             )
 
 
+def check_storable(manifest: bytes) -> None:
+    """Refuses a manifest whose text no store can keep: a NUL (U+0000) or a lone surrogate in
+    any string, key or value. PostgreSQL's ``text`` and ``jsonb`` refuse both, and protobuf
+    cannot send a lone surrogate: accepted, such a manifest failed at the store's write as
+    ``unavailable ... retry``, an outage for what is a permanent refusal. Malformed JSON is
+    left to the manifest's own parser, which says why.
+
+    Raises:
+        EvaldError: ``invalid_module`` naming the field.
+    """
+    try:
+        document = json.loads(manifest)
+    except (ValueError, RecursionError):
+        return
+    pending: list[tuple[str, object]] = [("", document)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((f"{where}.{key}".lstrip("."), key) for key in value)
+            pending.extend((f"{where}.{key}".lstrip("."), item) for key, item in value.items())
+        elif isinstance(value, list):
+            pending.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
+        elif isinstance(value, str):
+            what = "a NUL character (U+0000)" if "\x00" in value else _unencodable(value)
+            if what:
+                raise EvaldError(
+                    ErrorCode.INVALID_MODULE,
+                    f"the manifest's {shown(where) or 'document'} holds {what}, which no evald "
+                    "store can keep; remove it from the manifest and build the module again",
+                )
+
+
+def _unencodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone surrogate (not valid UTF-8)"
+    return ""
+
+
 class Registry:
-    """The evaluators the daemon serves, per tenant.
+    """The evaluators the daemon serves, per tenant; a store's registry says where
+    registrations are kept (:class:`~evald.daemon._indexed_registry.IndexedRegistry`: the state
+    folder; :class:`~evald.daemon._fleet.FleetRegistry`: the fleet store).
 
     Thread-safety: :meth:`resolve` and :meth:`visible` may be called from any thread at any time;
     :meth:`register` and :meth:`delete` serialize on an internal lock and block (they compile
@@ -116,6 +174,15 @@ class Registry:
         self.revision = 0
         #: Called with the new revision after each change (the embedded store persists it).
         self.on_change: Callable[[int], None] | None = None
+        #: Called with ``(tenant, name)`` when one of a tenant's evaluators stops being served
+        #: (deleted, or no longer in the store); not when it is replaced.
+        self.on_removed: Callable[[str, str], None] | None = None
+        #: ``schedule(load, apply)`` runs ``load`` off the control thread and then
+        #: ``apply(its result)`` on it (the daemon's :class:`ControlThreads`); None: both at
+        #: once, on the calling thread.
+        self.schedule: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None = None
+        #: Per tenant: loads of its stored modules not yet served.
+        self._loading: dict[str, int] = {}
         self._rebuild()
 
     # Loading ---------------------------------------------------------------------------------
@@ -158,142 +225,34 @@ class Registry:
             self._rebuild()
         return sorted(loaded)
 
-    def load_registered(self, limits_for: dict[str, Limits]) -> dict[str, int]:
-        """Reloads every module tenants registered before the last stop.
-
-        Every entry is held to the rules of registration (:meth:`_load_entry`). An entry that
-        breaks one, or whose module no longer loads (corrupt file, a limit lowered since), is
-        logged, not served and left in the index, so fixing the config or the index brings it
-        back; the tenant's other modules are served. Indexes of tenants that are no longer
-        configured are kept on disk and not served. Unreferenced module files are removed.
-
-        Returns:
-            Evaluators loaded per tenant.
-        """
-        counts: dict[str, int] = {}
-        referenced: set[str] = set()
-        with self._write_lock:
-            for tenant in self._store.tenant_names():
-                index = self._read_index(tenant, referenced)
-                if index is None:
-                    continue
-                if tenant not in self._tenants:
-                    _log.warning(
-                        "registered modules of a tenant not in the config are not served",
-                        extra={"fields": {"tenant": tenant, "modules": len(index)}},
-                    )
-                    continue
-                counts[tenant] = self._serve_index(tenant, index, limits_for[tenant])
-            self._rebuild()
-        removed = self._store.collect_garbage(referenced)
-        # Compiled code of modules nobody refers to any more (refused or deleted before a
-        # crash, or compiled by an older wasmtime).
-        standard = {evaluator.module.sha256 for evaluator in self._standard.values()}
-        removed += self._host.collect_cache(referenced | standard)
-        if removed:
-            _log.info("removed unreferenced files", extra={"fields": {"files": removed}})
-        return counts
-
-    def _read_index(self, tenant: str, referenced: set[str]) -> dict[str, IndexEntry] | None:
-        """A tenant's index, its hashes added to ``referenced``; None (logged once) when it
-        cannot be read: then every module file counts as referenced (the index may be repaired
-        by hand) and the tenant's index is never overwritten."""
-        try:
-            index = self._store.read_index(tenant)
-        except StoreError as exc:
-            _log.error("tenant index unreadable", extra={"fields": {"error": exc.message}})
-            referenced.update(path.stem for path in self._store.modules_dir.glob("*.wasm"))
-            self._unreadable.add(tenant)
-            return None
-        referenced.update(entry.sha256 for entry in index.values())
-        return index
-
-    def _serve_index(self, tenant: str, index: dict[str, IndexEntry], limits: Limits) -> int:
-        """Loads and serves one tenant's index (caller holds the lock); returns how many of
-        its entries are served."""
-        self._index[tenant] = index
-        owned: dict[str, Evaluator] = {}
-        config = self._tenants[tenant]
-        past_cap = 0
-        for entry in index.values():
-            if len(owned) >= config.max_modules:
-                past_cap += 1  # not loaded at all: one line says how many
-                continue
-            try:
-                owned[entry.name] = self._load_entry(config, owned, entry, limits)
-            except EvaldError as exc:
-                _log.error(
-                    "registered module not served",
-                    extra={
-                        "fields": {
-                            "tenant": tenant,
-                            "evaluator": _shown(entry.name),
-                            "error": exc.message[:300],
-                        }
-                    },
-                )
-        if past_cap:
-            _log.error(
-                "registered modules not served: past max_modules",
-                extra={
-                    "fields": {
-                        "tenant": tenant,
-                        "entries": past_cap,
-                        "max_modules": config.max_modules,
-                    }
-                },
-            )
-        self._owned[tenant] = owned
-        return len(owned)
-
     def set_tenants(self, tenants: Iterable[TenantConfig], limits_for: dict[str, Limits]) -> None:
-        """Serves ``tenants`` from now on (a live reload): a new tenant's modules are loaded
-        from its index, a removed tenant's are no longer served (its index is kept), a changed
-        tenant's config (evaluators, may-register, max modules) applies at once. Blocking."""
+        """Serves ``tenants`` from now on (a live reload, the store's tenants): a removed
+        tenant's modules are no longer served, a changed tenant's config (evaluators,
+        may-register, max modules) applies at once. ``limits_for`` are the tenants' limits
+        (for a store that loads a new tenant's modules)."""
         with self._write_lock:
             configs = {tenant.name: tenant for tenant in tenants}
-            added = [name for name in configs if name not in self._tenants]
-            for name in list(self._tenants):
+            for name in list(self._owned):
                 if name not in configs:
-                    self._owned.pop(name, None)
-                    self._index.pop(name, None)
-            self._tenants = configs
-            for name in added:
+                    del self._owned[name]
+            for name in configs:
                 self._owned.setdefault(name, {})
-                self._index.setdefault(name, {})
-                index = self._read_index(name, set())
-                if index:
-                    self._serve_index(name, index, limits_for[name])
+            self._tenants = configs
             self._rebuild()
 
-    def _load_entry(
-        self,
-        tenant: TenantConfig,
-        owned: dict[str, Evaluator],
-        entry: IndexEntry,
-        limits: Limits,
-    ) -> Evaluator:
-        """One index entry, loaded and held to the rules of registration: its name is not
-        reserved, its module's manifest names it, its tag is not reserved and clashes with
-        none of the tenant's other modules, and the tenant is within ``max_modules``.
+    def is_loading(self) -> bool:
+        """Whether any tenant's stored modules are still loading."""
+        return bool(self._loading)
 
-        An index is the daemon's own file, but it is a file: edited by hand, restored from an
-        old backup or damaged, it must not make a tenant's ``calc`` run the tenant's module.
-
-        Raises:
-            EvaldError: the rule it breaks, or why the module does not load.
-        """
-        check_not_reserved(entry.name, entry.name, self._reserved)
-        wasm = self._store.read_module(entry.sha256)
-        module = self._host.load(wasm, limits=limits)
-        if module.manifest.name != entry.name:
-            raise EvaldError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"the index names the module {entry.sha256[:12]} {entry.name!r}, but its "
-                f"manifest names it {module.manifest.name!r}",
-            )
-        self._check_rules(tenant, owned, entry.name, str(module.manifest.tag), replace=False)
-        return Evaluator(name=entry.name, owner=tenant.name, module=module)
+    def loading(self, tenant: str, delta: int) -> None:
+        """Counts one load of ``tenant``'s stored modules begun (+1) or served (-1); while any
+        is pending the tenant is *loading* (see the module)."""
+        with self._write_lock:
+            left = self._loading.get(tenant, 0) + delta
+            if left > 0:
+                self._loading[tenant] = left
+            else:
+                self._loading.pop(tenant, None)
 
     def _rebuild(self) -> None:
         visible: dict[str, dict[str, Evaluator]] = {}
@@ -316,7 +275,8 @@ class Registry:
         Raises:
             EvaldError: ``unknown_evaluator`` when the tenant has nothing by that name (another
                 tenant's module included); ``permission_denied`` for a standard evaluator the
-                tenant's config does not allow.
+                tenant's config does not allow; ``unavailable`` while the tenant's modules are
+                loading (the name may be one of them).
         """
         evaluator = self._visible.get(tenant, {}).get(name_or_tag)
         if evaluator is not None:
@@ -340,6 +300,12 @@ class Registry:
                 f"the standard evaluator {standard_name!r} is not installed on this daemon "
                 "(build it with `make wasm`)",
             )
+        if self._loading.get(tenant):
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                f"tenant {tenant!r}'s evaluators are still loading (the daemon started, or its "
+                "store changed, moments ago); retry shortly",
+            )
         shown = name_or_tag if len(name_or_tag) <= 64 else name_or_tag[:64] + "..."
         raise EvaldError(
             ErrorCode.UNKNOWN_EVALUATOR,
@@ -360,7 +326,15 @@ class Registry:
     def register(
         self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool
     ) -> Evaluator:
-        """Validates, stores and serves a tenant's module. Blocking: call from a worker thread.
+        """:meth:`prepare_upload` then :meth:`commit_upload`, on the calling thread."""
+        module = self.prepare_upload(tenant, wasm, limits, replace)
+        return self.commit_upload(tenant, wasm, module, replace)
+
+    def prepare_upload(
+        self, tenant: TenantConfig, wasm: bytes, limits: Limits, replace: bool
+    ) -> LoadedModule:
+        """Checks and compiles a tenant's upload; serves nothing. Blocking: the daemon runs it
+        on its module thread.
 
         Everything cheap is checked before anything is compiled: the permission, the tenant's
         index, the size cap, and (from the manifest, read without parsing the code) the name,
@@ -371,16 +345,10 @@ class Registry:
         Raises:
             EvaldError: ``permission_denied`` (registration not allowed), ``invalid_module`` (the
                 host's validator refused it), ``invalid_argument`` (name taken or reserved, too
-                many modules), ``unavailable`` (the store could not write, or the tenant's index
-                is unreadable; nothing was kept).
+                many modules), ``unavailable`` (the tenant's index is unreadable, or its modules
+                are still loading).
         """
-        if not tenant.allow_register:
-            raise EvaldError(
-                ErrorCode.PERMISSION_DENIED,
-                f"tenant {tenant.name!r} may not register evaluators "
-                "(set allow_register = true for it in the daemon config)",
-            )
-        self._check_index_readable(tenant.name)
+        self._check_may_register(tenant)
         module_bytes = self._host.config.module_bytes
         if len(wasm) > module_bytes:
             raise EvaldError(
@@ -391,15 +359,29 @@ class Registry:
         payload = peek_manifest_section(wasm)
         with self._write_lock:
             if payload is not None:
+                check_storable(payload)
                 early = parse_manifest(payload)
                 self._check_name(tenant, early.name, early.tag, replace)
             elif not replace:
                 self._check_room(tenant, dict(self._owned.get(tenant.name, {})), None)
         compiled = self._compile(wasm, self._host.memory_cap(limits))
-        module = self._host.adopt(wasm, compiled, limits=limits)
+        return self._host.adopt(wasm, compiled, limits=limits)
+
+    def commit_upload(
+        self, tenant: TenantConfig, wasm: bytes, module: LoadedModule, replace: bool
+    ) -> Evaluator:
+        """Stores and serves a module :meth:`prepare_upload` compiled, holding it to the rules
+        again under ``tenant``'s config now (a registration of the same name may have committed
+        meanwhile). The daemon runs it on its control thread, after checking that the call's
+        token still names ``tenant``.
+
+        Raises:
+            EvaldError: as :meth:`prepare_upload` (nothing compiles here), or ``unavailable``
+                (the store could not write; nothing was kept).
+        """
         name = str(module.manifest.name)
         with self._write_lock:
-            self._check_index_readable(tenant.name)
+            self._check_may_register(tenant)
             owned = self._check_name(tenant, name, str(module.manifest.tag), replace)
             replaced = owned.get(name)
             self._persist(tenant, name, wasm, replace)
@@ -413,35 +395,55 @@ class Registry:
             self._changed()
         return evaluator
 
+    def _check_may_register(self, tenant: TenantConfig) -> None:
+        if not tenant.allow_register:
+            raise EvaldError(
+                ErrorCode.PERMISSION_DENIED,
+                f"tenant {tenant.name!r} may not register evaluators "
+                "(set allow_register = true for it in the daemon config)",
+            )
+        self._check_index_readable(tenant.name)
+        self._check_not_loading(tenant.name)
+
+    def _check_not_loading(self, tenant: str) -> None:
+        """Refuses a change to a tenant whose stored modules are not served yet: the rules
+        (names, ``max_modules``) would be checked against part of them."""
+        if self._loading.get(tenant):
+            raise EvaldError(
+                ErrorCode.UNAVAILABLE,
+                f"tenant {tenant!r}'s evaluators are still loading (the daemon started moments "
+                "ago); retry shortly",
+            )
+
     def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
-        """Stores one registration durably before it is served (caller holds the lock): the
-        module file, then the tenant's index. The fleet store overrides it.
+        """Stores one registration durably before it is served (caller holds the lock).
 
         Raises:
             EvaldError: ``unavailable`` when it could not be stored; nothing was kept.
         """
-        sha256, created = self._store.put_module(wasm)
-        index = dict(self._index.get(tenant.name, {}))
-        index[name] = self._store.new_entry(name, sha256)
-        try:
-            self._store.write_index(tenant.name, index)
-        except StoreError:
-            if created:
-                self._store.remove_module(sha256)
-            raise
-        self._index[tenant.name] = index
+        raise NotImplementedError
 
     def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
         """Stores one deletion durably before the module stops being served (caller holds
-        the lock). The fleet store overrides it.
+        the lock).
 
         Raises:
-            EvaldError: ``unavailable``: the index could not be written; nothing changed.
+            EvaldError: ``unavailable``: nothing changed.
         """
-        index = dict(self._index.get(tenant.name, {}))
-        index.pop(name, None)
-        self._store.write_index(tenant.name, index)
-        self._index[tenant.name] = index
+        raise NotImplementedError
+
+    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
+        """Drops the compiled code of ``evaluator`` once nobody here serves ``sha256``
+        (caller holds the lock)."""
+        if evaluator is None or self.serves(sha256):
+            return
+        self._host.forget(evaluator.module)
+
+    def serves(self, sha256: str) -> bool:
+        """Whether any tenant's evaluator served now runs the module ``sha256``."""
+        return any(
+            ev.module.sha256 == sha256 for owned in self._owned.values() for ev in owned.values()
+        )
 
     def _changed(self) -> None:
         """One change was applied (caller holds the lock): the revision grows."""
@@ -519,6 +521,7 @@ class Registry:
         """
         with self._write_lock:
             owned = dict(self._owned.get(tenant.name, {}))
+            self._check_not_loading(tenant.name)
             evaluator = owned.get(name)
             if evaluator is not None:
                 self._check_index_readable(tenant.name)
@@ -538,26 +541,6 @@ class Registry:
             self._rebuild()
             self._forget_if_unused(evaluator.module.sha256, evaluator)
             self._changed()
+        if self.on_removed is not None:
+            self.on_removed(tenant.name, name)
         return evaluator
-
-    def _forget_if_unused(self, sha256: str, evaluator: Evaluator | None) -> None:
-        """Once no tenant's index refers to ``sha256``, removes its file and its compiled code
-        (in memory and in the disk cache); caller holds the lock.
-
-        Every index on disk counts, served or not. An index that cannot be read (corrupt, or
-        unreadable when the daemon started) might refer to it: then everything is kept.
-        """
-        for tenant in self._store.tenant_names():
-            index = None if tenant in self._unreadable else self._index.get(tenant)
-            if index is None or tenant not in self._tenants:
-                try:
-                    index = self._store.read_index(tenant)
-                except StoreError:
-                    return
-            if any(entry.sha256 == sha256 for entry in index.values()):
-                return
-        self._store.remove_module(sha256)
-        if not any(ev.module.sha256 == sha256 for ev in self._standard.values()):
-            self._host.discard_code(sha256)
-        if evaluator is not None:
-            self._host.forget(evaluator.module)

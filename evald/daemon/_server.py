@@ -17,11 +17,13 @@ thread, the metrics, and :meth:`EvaldServer.run`, the one function the scheduler
 Threading: the event loop only parses requests, authenticates, resolves evaluators, admits work
 against quotas and sends responses. Guest code always runs on the scheduler's worker threads (a
 ctypes call into wasmtime releases the GIL, so workers run guests in parallel), so one tenant's
-slow evaluation never delays the loop. Registration and deletion (fsync) run on a separate
-single control thread, so they never take a worker from evaluations, one registration at a
-time from a queue shared fairly between tenants (:mod:`evald.daemon._compile_queue`);
-validating and compiling an upload runs in a niced, CPU- and memory-limited worker process
-(:class:`evald.host.Compiler`), so it holds neither the GIL nor every core.
+slow evaluation never delays the loop. Changes (tenants, tokens, registrations' commits,
+deletions) apply on one control thread and module work (compiling, loading) runs on a module
+thread (:mod:`evald.daemon._control_threads`), so a revocation never waits for a compile and
+the daemon serves before its store's modules are loaded. Registrations compile one at a time
+from a queue shared fairly between tenants (:mod:`evald.daemon._compile_queue`), in a niced,
+CPU- and memory-limited worker process (:class:`evald.host.Compiler`), so a compile holds
+neither the GIL nor every core.
 """
 
 from __future__ import annotations
@@ -33,17 +35,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from grpc_health.v1 import health_pb2
 
-from evald.contract import ErrorCode, EvaldError, pb
+from evald.contract import ErrorCode, pb
 from evald.daemon._admission import Admission, Tenant, host_limits
 from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
 from evald.daemon._control_store import ControlStore
+from evald.daemon._control_threads import ControlThreads, still_names
 from evald.daemon._cpu_group import AutogroupPriority, group_reason
 from evald.daemon._data_path import DataServer
 from evald.daemon._embedded import EmbeddedStore
@@ -57,20 +59,31 @@ from evald.daemon._scheduler import Scheduler, Work
 from evald.daemon._standard_modules import standard_module_paths
 from evald.daemon._store import ModuleStore
 from evald.daemon._transport import Stoppable
-from evald.host import CompiledModule, Compiler, EvalOutcome, HostConfig, Limits, WasmHost
+from evald.host import (
+    CompiledModule,
+    Compiler,
+    EvalOutcome,
+    HostConfig,
+    Limits,
+    LoadedModule,
+    WasmHost,
+)
 
 __all__ = ["SERVICE_NAME", "STORE_HEALTH_SERVICE", "EvaldServer", "host_config", "serve"]
 
 #: The health service that says whether the daemon reaches its store (NOT_SERVING: degraded,
 #: it serves what it has).
 STORE_HEALTH_SERVICE = "evald.v1.Store"
+#: How long a start waits for its store's modules before it serves without them (those still
+#: loading then answer ``unavailable``, retry): compiled code from the disk cache loads well
+#: within it, a store of modules to compile could take minutes.
+START_LOAD_WAIT_S = 1.0
 #: An item that waited less than this for a worker keeps its whole deadline: the limits it
 #: shares with its tenant's other items are not copied for a wait the guest cannot notice.
 WAITED_MS = 2
 
 
 _log = logging.getLogger("evald.server")
-_T = TypeVar("_T")
 
 
 def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
@@ -137,9 +150,6 @@ class EvaldServer:
         self.metrics = Metrics()
         self.metrics_port: int | None = None
         self.stopping = False
-        #: Set shortly before the shutdown grace ends: control-plane calls still waiting for
-        #: the control thread then end with ``unavailable`` (before gRPC cancels them untyped).
-        self._cut_off: asyncio.Event | None = None
         self.admission = Admission(config, self.metrics, self.threads)
         self.priorities = _priorities(settings.heavy_tenant_nice)
         self.scheduler = Scheduler(
@@ -162,7 +172,8 @@ class EvaldServer:
         self.abandon = self.scheduler.abandon
         self.watch = self.admission.watch
         self.watch_token = self.admission.watch_token
-        self._control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
+        self._threads = ControlThreads()
+        self.control = self._threads.control
         self._compile_queue = CompileQueue(
             capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant
         )
@@ -211,12 +222,14 @@ class EvaldServer:
     def apply_tenants(self, tenants: Sequence[TenantConfig]) -> None:
         """Serves ``tenants`` from now on: tokens and limits at once, modules of new tenants,
         and the streams and data-path connections of revoked tokens end ``unauthenticated``."""
+        before = set(self.admission.tenants)
         ended = self.admission.apply_tenants(tenants)
         limits = {name: state.limits for name, state in self.admission.tenants.items()}
         if self._registry is not None:
             self._registry.set_tenants(tenants, limits)
-            for name in limits:
-                self.metrics.modules.labels(name).set(self._registry.owned_count(name))
+            self.metrics.count_modules(limits, self._registry.owned_count)
+        for name in before - set(limits):
+            self.metrics.forget_tenant(name)
         if ended:
             _log.info(
                 "calls of revoked tokens ended",
@@ -283,17 +296,16 @@ class EvaldServer:
                 }
             },
         )
-        self.metrics.revision.set(self.revision)
         return True
 
-    async def delete(self, tenant: Tenant, name: str) -> Evaluator:
-        """Deletes one of the tenant's modules on the control thread."""
-        evaluator = await self.control(self.registry.delete, tenant.config, name)
-        self._count_modules(tenant)
-        return evaluator
+    async def delete(self, tenant: Tenant, name: str, recheck: Callable[[], Tenant]) -> Evaluator:
+        """Deletes one of the tenant's modules on the control thread, if the call's token
+        still names the tenant there (``recheck``)."""
 
-    def _count_modules(self, tenant: Tenant) -> None:
-        self.metrics.modules.labels(tenant.name).set(self.registry.owned_count(tenant.name))
+        def commit() -> Evaluator:
+            return self.registry.delete(still_names(tenant, recheck).config, name)
+
+        return await self.control(commit)
 
     @property
     def registry(self) -> Registry:
@@ -391,43 +403,27 @@ class EvaldServer:
             )
         return response
 
-    async def register(self, tenant: Tenant, wasm: bytes, replace: bool) -> Evaluator:
-        """Queues one registration for the control thread, in the tenant's share of the compile
-        queue (:mod:`evald.daemon._compile_queue`)."""
+    async def register(
+        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Callable[[], Tenant]
+    ) -> Evaluator:
+        """Queues one registration in the tenant's share of the compile queue
+        (:mod:`evald.daemon._compile_queue`): it compiles on the module thread, then commits on
+        the control thread if the call's token still names the tenant there (``recheck``)."""
         registry = self.registry
-        evaluator = await self._compile_queue.submit(
-            tenant.name,
-            lambda: self.control(registry.register, tenant.config, wasm, tenant.limits, replace),
-        )
-        self._count_modules(tenant)
-        return evaluator
 
-    async def control(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Runs a control-plane operation on the control thread.
+        def commit(module: LoadedModule) -> Evaluator:
+            assert self._control_store is not None
+            self._control_store.catch_up()  # a revocation committed in the store is applied
+            current = still_names(tenant, recheck)
+            return registry.commit_upload(current.config, wasm, module, replace)
 
-        Raises:
-            EvaldError: ``unavailable`` when the daemon stops before the operation has run or
-                finished (shortly before the shutdown grace ends; gRPC would otherwise cancel
-                the call with an untyped ``CANCELLED``).
-        """
-        loop = asyncio.get_running_loop()
-        if self._cut_off is None:
-            self._cut_off = asyncio.Event()
-        job = loop.run_in_executor(self._control_pool, function, *args)
-        cut_off = asyncio.ensure_future(self._cut_off.wait())
-        try:
-            await asyncio.wait((job, cut_off), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            cut_off.cancel()
-        if not job.done():
-            job.add_done_callback(_consume)
-            raise EvaldError(
-                ErrorCode.UNAVAILABLE,
-                "the daemon is shutting down and the operation had not finished (it waited for "
-                "the control thread); list the evaluators once the daemon is back to see whether "
-                "it took effect",
+        async def job() -> Evaluator:
+            module = await self._threads.modules(
+                registry.prepare_upload, tenant.config, wasm, tenant.limits, replace
             )
-        return job.result()
+            return await self.control(commit, module)
+
+        return await self._compile_queue.submit(tenant.name, job)
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -453,11 +449,13 @@ class EvaldServer:
 
             compiler.warm()  # it compiles what other daemons register: ready before the first
 
-            control_store = FleetStore(self.config, self, store, self._control_pool)
+            control_store = FleetStore(self.config, self, store, self._threads.control_pool)
         else:
             control_store = EmbeddedStore(self.config, self, store)
         self._control_store = control_store
         registry = control_store.make_registry(self._host, compile_upload)
+        registry.schedule = self._threads.schedule
+        registry.on_removed = self.metrics.forget_evaluator
         self._registry = registry
         self.admission.registry = registry
         standard = registry.load_standard(
@@ -465,11 +463,10 @@ class EvaldServer:
             host_limits(self.config.default_limits),
         )
         counts = control_store.load()
-        for name in self.admission.tenants:
-            self.metrics.modules.labels(name).set(registry.owned_count(name))
-        self.metrics.revision.set(registry.revision)
+        self.metrics.count_modules(self.admission.tenants, registry.owned_count)
+        self.metrics.revision.set_function(lambda: registry.revision)
         _log.info(
-            "evaluators loaded",
+            "evaluators loading",
             extra={
                 "fields": {
                     "standard": standard,
@@ -491,7 +488,10 @@ class EvaldServer:
         self._loop = loop
         settings = self.config.server
         try:
-            await loop.run_in_executor(self._control_pool, self._load)
+            await loop.run_in_executor(self._threads.control_pool, self._load)
+            give_up = time.monotonic() + START_LOAD_WAIT_S  # modules from the disk cache load
+            while self.registry.is_loading() and time.monotonic() < give_up:  # in milliseconds
+                await asyncio.sleep(0.01)
             server, health = grpc_server(self)
             self._socket_path = bind(server, self.listen, settings)
             await server.start()
@@ -546,11 +546,7 @@ class EvaldServer:
         )
         cut_off_s = grace - min(1.0, grace / 4)
         self._compiler.stop(cut_off_s)
-        if self._cut_off is None:
-            self._cut_off = asyncio.Event()
-        asyncio.get_running_loop().call_later(
-            max(0.0, cut_off_s + min(0.25, (grace - cut_off_s) / 2)), self._cut_off.set
-        )
+        self._threads.cut_off_after(cut_off_s + min(0.25, (grace - cut_off_s) / 2))
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         for stream in list(self._streams):
@@ -580,8 +576,8 @@ class EvaldServer:
         await loop.run_in_executor(None, self.scheduler.pool.shutdown, True)
         if self.priorities is not None:
             self.priorities.close()
-        await loop.run_in_executor(None, self._control_pool.shutdown, True)
-        await loop.run_in_executor(None, self._compiler.close)
+        await loop.run_in_executor(None, self._compiler.close)  # ends the module thread's compile
+        await loop.run_in_executor(None, self._threads.close)
         self.metrics.close()
         if self._host is not None:
             self._host.close()
@@ -592,12 +588,6 @@ class EvaldServer:
         if self._store is not None:
             self._store.unlock()
             self._store = None
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Retrieves the outcome of a control-thread job nobody waits for any more."""
-    if not future.cancelled():
-        future.exception()
 
 
 def serve(config: Config) -> None:

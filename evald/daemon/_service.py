@@ -61,12 +61,16 @@ class ControlPlane(Protocol):
         """The evaluators ``tenant`` may call: the standard ones it is allowed, and its own."""
         ...
 
-    async def register(self, tenant: Tenant, wasm: bytes, replace: bool) -> Evaluator:
-        """Validates, compiles and stores one of ``tenant``'s modules (typed refusals)."""
+    async def register(
+        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Callable[[], Tenant]
+    ) -> Evaluator:
+        """Validates, compiles and stores one of ``tenant``'s modules (typed refusals);
+        ``recheck`` authenticates the call again when the registration commits."""
         ...
 
-    async def delete(self, tenant: Tenant, name: str) -> Evaluator:
-        """Removes one of ``tenant``'s modules (typed refusals)."""
+    async def delete(self, tenant: Tenant, name: str, recheck: Callable[[], Tenant]) -> Evaluator:
+        """Removes one of ``tenant``'s modules (typed refusals); ``recheck`` as for
+        :meth:`register`."""
         ...
 
 
@@ -117,8 +121,15 @@ class _Service(pb_grpc.EvaluatorServicer):
         Raises:
             EvaldError: ``permission_denied`` with what to fix.
         """
+        return self._recheck(context)()
+
+    def _recheck(self, context: Any) -> Callable[[], Tenant]:
+        """Authenticates the call's metadata again, from any thread and at any time (a change
+        commits only while the call's token still names its tenant)."""
         over_unix = str(context.peer()).startswith("unix:")
-        return self._core.authenticate(context.invocation_metadata(), over_unix=over_unix)
+        metadata = tuple(context.invocation_metadata() or ())
+        authenticate = self._core.authenticate
+        return lambda: authenticate(metadata, over_unix=over_unix)
 
     def _response_budget(self) -> ResponseBudget:
         """A fresh value budget for one response message (``max_message_bytes``)."""
@@ -265,7 +276,9 @@ class _Service(pb_grpc.EvaluatorServicer):
                     f"tenant {tenant.name!r} may not register evaluators ({where})",
                 )
             wasm = bytes(request.module)
-            evaluator = await self._control.register(tenant, wasm, request.replace)
+            evaluator = await self._control.register(
+                tenant, wasm, request.replace, self._recheck(context)
+            )
             _log.info(
                 "registered evaluator",
                 extra={
@@ -288,7 +301,7 @@ class _Service(pb_grpc.EvaluatorServicer):
         self, request: pb.DeleteEvaluatorRequest, context: Any
     ) -> pb.DeleteEvaluatorResponse:
         async def body(tenant: Tenant) -> pb.DeleteEvaluatorResponse:
-            evaluator = await self._control.delete(tenant, request.name)
+            evaluator = await self._control.delete(tenant, request.name, self._recheck(context))
             _log.info(
                 "deleted evaluator",
                 extra={"fields": {"tenant": tenant.name, "evaluator": evaluator.name}},

@@ -81,4 +81,17 @@ HARDENING = (
     "evald tenants add X --token-sha256 <a config tenant's hash> made that tenant's calls run "
     "as X, silently; the CLI refuses it, and a daemon refuses such a store tenant (logged, "
     "naming both) and keeps the token the config's.",
+    "One control thread compiled modules and applied changes: a revocation committed while "
+    "another tenant's module compiled applied after the compile (5.6 s on every daemon, SIGHUP "
+    "6.4 s) and a new daemon compiled its whole store before it served; compiles and loads now "
+    "run on a module thread, tenants and tokens apply at once, and a module still loading "
+    "answers unavailable (retry).",
+    "A registration sent with a token revoked while it compiled still committed and replaced "
+    "the tenant's evaluator; at commit the call's token must still name its tenant (the fleet "
+    "daemon first catches up with the store), else permission_denied and nothing changes.",
+    "Metric series of deleted evaluators stayed for the daemon's life (35 series, 2.7 KiB per "
+    "name ever registered); a deleted evaluator's and a removed tenant's series are removed.",
+    "A manifest holding \\u0000 was answered unavailable ... retry (PostgreSQL cannot store it) "
+    "and one with a lone surrogate broke listing (internal); text no store can keep is now "
+    "invalid_module, naming the field.",
 )

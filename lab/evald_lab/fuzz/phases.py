@@ -14,6 +14,7 @@ from typing import Any
 from evald_lab.fuzz import faults, noisy, protocol
 from evald_lab.fuzz.compile_queue import compile_queue_fairness
 from evald_lab.fuzz.context import FuzzContext
+from evald_lab.fuzz.control_plane import changes_while_compiling
 from evald_lab.fuzz.daemon_under_test import DaemonUnderTest
 from evald_lab.fuzz.monitor import DaemonMonitor
 from evald_lab.fuzz.narration import Narrator
@@ -27,8 +28,8 @@ def noisy_neighbour_phase(
 ) -> dict[str, Any]:
     """The victim's latency alone and under attack: as many attackers as the daemon has workers
     (or ``--noisy-attackers``), one fewer, and registrations; then the compile queue's share
-    per tenant (``compile_share``, the daemon's ``compile_queue_per_tenant``). Empty without
-    the loop module."""
+    per tenant (``compile_share``, the daemon's ``compile_queue_per_tenant``), and a change of
+    the victim's while the attacker's module compiles. Empty without the loop module."""
     section: dict[str, Any] = {}
     if not ctx.secrets.attacker_loop:
         return section
@@ -46,6 +47,8 @@ def noisy_neighbour_phase(
     section["registration"] = noisy.measure_registration_neighbour(ctx, samples=samples)
     narrator.say("the compile queue's share per tenant")
     section["compile_queue"] = compile_queue_fairness(ctx, share=compile_share)
+    narrator.say("a change while another tenant's module compiles")
+    section["control_plane"] = changes_while_compiling(ctx)
     return section
 
 

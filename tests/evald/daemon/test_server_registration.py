@@ -15,7 +15,7 @@ from daemon_harness import Daemon, module, start_daemon, tenant_block
 
 from evald.client import CallError
 from evald.daemon import TenantConfig, TenantLimits
-from evald.daemon._registry import Registry
+from evald.daemon._indexed_registry import IndexedRegistry
 from evald.daemon._store import ModuleStore
 from evald.host import CompiledModule, Limits, WasmHost, compile_module
 from evald.testing import guest, manifest_bytes
@@ -135,7 +135,7 @@ def test_registration_compiles_bytes_another_tenant_uploaded(tmp_path: Path) -> 
         TenantConfig(name=name, token_sha256s=(), limits=limits, allow_register=True)
         for name in ("alpha", "beta")
     ]
-    registry = Registry(host, store, tenants, compile=compile_upload)
+    registry = IndexedRegistry(host, store, tenants, compile=compile_upload)
     wasm = module("echo", "same")
     registry.register(tenants[0], wasm, Limits(), False)
     registry.delete(tenants[0], "same")

@@ -5,8 +5,8 @@ every kind, a memory or table above the caps, a data segment outside memory or p
 cap, compile bombs (too many functions, locals or bytes of code; a function whose branches, or
 locals times branches, cost the compiler gigabytes; one over the worker's memory limit), buffers
 outside memory, bad manifests (among them input grammars and result regexes that can produce
-``<``), and bytes that are not a module at all. The rows' order is part of a run: the modules
-step draws from the list.
+``<``, and text no store can keep: a NUL, a lone surrogate), and bytes that are not a module at
+all. The rows' order is part of a run: the modules step draws from the list.
 """
 
 from __future__ import annotations
@@ -179,6 +179,12 @@ REFUSED_AT_REGISTRATION: tuple[ModuleRow, ...] = (
     _refuse("two_manifests", "two_manifests", _two_manifests),
     _refuse("json", "manifest_not_json", _echo_with_raw_manifest(b"{not json")),
     _refuse("huge_manifest", "manifest_over_64kib", _echo_with_manifest(description="x" * 70_000)),
+    # text no store can keep (PostgreSQL refuses NUL and lone surrogates): a permanent refusal,
+    # never `unavailable ... retry`
+    _refuse("nul_manifest", "manifest_holds_nul", _echo_with_manifest(description="a\u0000b")),
+    _refuse(
+        "surrogate_manifest", "manifest_lone_surrogate", _echo_with_manifest(description="\ud800")
+    ),
     _refuse(
         "calc_shadow",
         "reserved_name",
