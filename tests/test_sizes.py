@@ -16,8 +16,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("evald", "engine_adapter", "evaluators_wasm")
 GENERATED = (ROOT / "evald" / "v1",)
@@ -86,12 +84,6 @@ def test_the_check_finds_a_long_function_and_module_and_takes_a_reason() -> None
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="modules being split on other branches: cli/_tenants._tenants, daemon/_postgres.py, "
-    "daemon/_server.py, engine_adapter/_injector.py, engine_adapter/cli.build_parser, "
-    "engine_adapter/local/_engine.generate (issue 44); remove this mark once they are merged",
-)
 def test_no_product_function_or_module_is_over_its_limit_without_a_reason() -> None:
     findings = [
         finding
