@@ -43,7 +43,7 @@ import grpc
 
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._types import EvalResult
-from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
+from evald.client import CallError, Client, DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
     ErrorCode,
@@ -85,6 +85,8 @@ def evaluator_listing(
     token: str | None,
     *,
     timeout_s: float = 5.0,
+    connect_timeout_s: float | None = None,
+    abandon: threading.Event | None = None,
     tls_ca: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
@@ -92,22 +94,74 @@ def evaluator_listing(
     """``(the tenant's evaluators, the daemon's revision)`` from one ``ListEvaluators`` answer.
 
     ``token`` None means no token (``$EVALD_TOKEN`` is not read: the caller applied its own
-    defaults).
+    defaults). With ``connect_timeout_s``, an address that does not complete a connection in
+    that time (it accepts and never answers, or nothing listens) fails then, not after
+    ``timeout_s``; ``abandon`` set (its owner is closing) ends that wait early.
 
     Raises:
         evald.CallError: refused (``permission_denied``, ``unauthenticated``) or unreachable.
     """
-    with Client(
-        target,
-        token,
-        timeout_s=timeout_s,
-        env_token=False,
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-    ) as client:
+    with (
+        _connected(target, connect_timeout_s, abandon, tls_ca, tls_cert, tls_key),
+        Client(
+            target,
+            token,
+            timeout_s=timeout_s,
+            env_token=False,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        ) as client,
+    ):
         infos, revision = client.listing()
     return [EvaluatorSpec.from_info(info) for info in infos], revision
+
+
+@contextlib.contextmanager
+def _connected(
+    target: str,
+    timeout_s: float | None,
+    abandon: threading.Event | None,
+    *tls: str | None,
+) -> Iterator[None]:
+    """Enters once a gRPC connection to ``target`` is up (the server answered the HTTP/2
+    handshake), else raises an unreachable :class:`~evald.client.CallError`; ``timeout_s``
+    None: enters at once.
+
+    gRPC's call deadline cannot tell "nobody answers the handshake" from "the call is slow";
+    this probe can, so a dead or hung address costs its caller ``timeout_s`` (short) rather
+    than a whole call timeout. The probe's channel stays open inside the block and has the
+    arguments a :class:`~evald.client.Client`'s channel has, so gRPC gives the client's call
+    the connection the probe opened (over TCP, seen: one connection accepted, not two).
+    """
+    if timeout_s is None:
+        yield
+        return
+    tls_ca, tls_cert, tls_key = tls
+    endpoint = resolve_endpoint(
+        target, None, env_token=False, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )
+    channel = endpoint.channel(max_message_bytes=CLIENT_MAX_MESSAGE_BYTES)
+    try:
+        ready = grpc.channel_ready_future(channel)
+        give_up = time.monotonic() + timeout_s
+        while True:
+            left = give_up - time.monotonic()
+            try:
+                ready.result(timeout=max(0.0, min(left, _ABANDON_POLL_S)))
+                break
+            except grpc.FutureTimeoutError:
+                if left <= _ABANDON_POLL_S or (abandon is not None and abandon.is_set()):
+                    ready.cancel()
+                    message = f"evald at {target} did not connect within {timeout_s:g} s"
+                    raise CallError(None, message, target=target) from None
+        yield
+    finally:
+        channel.close()
+
+
+#: How often a connection wait looks at its ``abandon`` event.
+_ABANDON_POLL_S = 0.1
 
 
 @dataclass
