@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from daemon_harness import TOKENS, Daemon, module, start_daemon
 from engine_adapter import TokenCodec
 from engine_adapter._server_config import AdapterConfig
 from engine_adapter._tenant_runtimes import TenantRuntimes
+from engine_adapter.testing import SilentAddress
 from evald.contract import ErrorCode
 from evald.daemon import hash_token
 from evald.testing import tenant_table
@@ -165,39 +164,12 @@ def test_one_tenants_many_tokens_evict_only_its_own(tmp_path: Path) -> None:
         evald.stop()
 
 
-class SilentAddress:
-    """The fault under test, which no real evald can be made to produce on demand: an address
-    that accepts connections and never says a word (a hung process or proxy). A plain TCP
-    listener; it counts the connections it accepted and holds them open."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self._server.settimeout(0.1)
-        self.target = f"127.0.0.1:{self._server.getsockname()[1]}"
-        self.held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.held.append(self._server.accept()[0])
-            except TimeoutError:
-                continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        for connection in [*self.held, self._server]:
-            connection.close()
-
-
 @pytest.fixture
 def silent() -> Iterator[SilentAddress]:
-    address = SilentAddress()
-    yield address
-    address.close()
+    """The fault under test: an allowed address that accepts and never answers (a stand-in,
+    engine_adapter.testing.SilentAddress)."""
+    with SilentAddress() as address:
+        yield address
 
 
 def _flood(runtimes: TenantRuntimes, target: str, first: int, count: int) -> list[Any]:
@@ -226,7 +198,7 @@ def test_an_address_that_hangs_delays_no_other_addresss_checks(
     )
     try:
         flood = _flood(runtimes, silent.target, 0, 50)
-        _until(lambda: len(silent.held) >= 1, "the hung address's check connected")
+        _until(lambda: silent.accepted >= 1, "the hung address's check connected")
         real = runtimes.for_request({"evald_token": TOKENS["alpha"]}).runtime
         flood += _flood(runtimes, silent.target, 50, 50)  # newer than the real tenant
         assert _value(real) == ("42", None)
@@ -259,7 +231,7 @@ def test_an_address_that_did_not_answer_is_answered_unavailable_for_a_while(
             assert runtime.admitted and runtime.refusal is not None
             assert runtime.refusal[0] == ErrorCode.UNAVAILABLE
             assert "did not connect within 0.5 s" in runtime.refusal[1]
-        assert runtimes.stats["unreachable"] == 1 and len(silent.held) == 1
+        assert runtimes.stats["unreachable"] == 1 and silent.accepted == 1
         assert runtimes.stats["unreachable_cached"] >= 20
         assert _value(runtimes.for_request({"evald_token": TOKENS["alpha"]}).runtime) == (
             "42",
