@@ -52,6 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_adapter._client import ConnectionProbe
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import TokenCodec
 from engine_adapter._request_options import allowed_targets, request_options
@@ -129,6 +130,9 @@ class _Checks:
     checking: tuple[Key, AdapterRuntime] | None = None
     unreachable: tuple[float, str] | None = None
     """``(until, message)`` after a check got no answer: new tenants there are answered then."""
+    probe: ConnectionProbe | None = None
+    """Tells the checks whether the address connects (kept open: the checks' calls use its
+    connection)."""
 
 
 def _party(target: str, specs: Sequence[EvaluatorSpec]) -> bytes:
@@ -304,14 +308,18 @@ class TenantRuntimes:
             retired = [*self._accepted.values(), *waiting]
             self._accepted.clear()
             self._parties.clear()
+            probes = [checks.probe for checks in self._checks.values() if checks.probe]
             for checks in self._checks.values():
                 checks.waiting.clear()
+                checks.probe = None
         for runtime in waiting:
             runtime.refuse(ErrorCode.UNAVAILABLE, "the server is shutting down")
         for thread in threads:
             thread.join(timeout=CHECK_TIMEOUT_S + 1.0)
         for runtime in retired:
             runtime.retire()
+        for probe in probes:
+            probe.close()
 
     # ------------------------------------------------------------------ admission
 
@@ -449,15 +457,27 @@ class TenantRuntimes:
         return specs, int(revision)
 
     def _list_with_token(self, config: AdapterConfig) -> Listing:
-        """The default check: ``ListEvaluators`` with the tenant's token, a short connect."""
+        """The default check: ``ListEvaluators`` with the tenant's token, once the address's
+        probe says it connects (within :attr:`connect_timeout_s`)."""
         from engine_adapter._client import evaluator_listing
 
+        with self._lock:
+            if self._closed:  # a probe made now would never be closed
+                raise RuntimeError("the server is shutting down")
+            checks = self._checks.setdefault(config.target, _Checks())
+            if checks.probe is None:
+                checks.probe = ConnectionProbe(
+                    config.target,
+                    tls_ca=config.tls_ca,
+                    tls_cert=config.tls_cert,
+                    tls_key=config.tls_key,
+                )
+            probe = checks.probe
+        probe.wait(self.connect_timeout_s, self._stopping)
         return evaluator_listing(
             config.target,
             config.token,
             timeout_s=CHECK_TIMEOUT_S,
-            connect_timeout_s=self.connect_timeout_s,
-            abandon=self._stopping,
             tls_ca=config.tls_ca,
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
