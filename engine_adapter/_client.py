@@ -40,11 +40,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._types import EvalResult
-from evald.client import CallError, Client, DataCallError, DataConnection, resolve_endpoint
+from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
     ErrorCode,
@@ -54,13 +53,7 @@ from evald.contract import (
     unix_socket_path,
 )
 
-__all__ = [
-    "ClientStats",
-    "ConnectionProbe",
-    "EvaluatorClient",
-    "evaluator_listing",
-    "list_evaluators",
-]
+__all__ = ["ClientStats", "EvaluatorClient", "evaluator_listing", "list_evaluators"]
 
 _UNAVAILABLE: str = ErrorCode.UNAVAILABLE
 _DEADLINE: str = ErrorCode.DEADLINE_EXCEEDED
@@ -115,72 +108,6 @@ def evaluator_listing(
     ) as client:
         infos, revision = client.listing()
     return [EvaluatorSpec.from_info(info) for info in infos], revision
-
-
-class ConnectionProbe:
-    """Whether evald at one address connects and answers, known within a short time.
-
-    gRPC's call deadline cannot tell "nobody answers the connection" (an address that accepts
-    and never answers, or a hung evald) from "this call is slow"; the probe asks the one
-    question every evald answers at once and without a token, a health ``Check``, so such an
-    address costs its caller the probe's short timeout rather than a whole call timeout. Keep
-    one per address for as long as calls go there: its channel keeps the connection open, and
-    a :class:`~evald.client.Client` opened meanwhile for the same address (same channel
-    arguments) is given that connection rather than a new one (over TCP, measured: a probe and
-    five checks opened one connection). It never watches the channel's connectivity (gRPC
-    polls that on a thread of its own that raises when ``close`` comes during a poll).
-    """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-    ) -> None:
-        endpoint = resolve_endpoint(
-            target, None, env_token=False, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
-        self.target = endpoint.target
-        self._channel = endpoint.channel(max_message_bytes=CLIENT_MAX_MESSAGE_BYTES)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def wait(self, timeout_s: float, abandon: threading.Event | None = None) -> None:
-        """Returns once evald has answered the probe (any answer: it is there).
-
-        Raises:
-            evald.CallError: unreachable: refused, no answer within ``timeout_s``, or
-                ``abandon`` was set (its owner is closing) while waiting.
-        """
-        call = self._health.Check.future(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        while True:
-            try:
-                call.result(timeout=_ABANDON_POLL_S)
-                return
-            except grpc.FutureTimeoutError:
-                if abandon is not None and abandon.is_set():
-                    call.cancel()
-                    raise CallError(None, "the check was abandoned", target=self.target) from None
-            except grpc.RpcError as error:
-                failure = decode_rpc_error(error)
-                if failure.code is not None or failure.status not in _NO_ANSWER:
-                    return  # refused, but by something that answers
-                message = (
-                    f"evald at {self.target} did not connect within {timeout_s:g} s"
-                    if failure.status == grpc.StatusCode.DEADLINE_EXCEEDED
-                    else f"evald at {self.target} is not reachable: {failure.details}"
-                )
-                raise CallError(None, message, target=self.target) from None
-
-    def close(self) -> None:
-        self._channel.close()
-
-
-#: How often a probe looks at its ``abandon`` event.
-_ABANDON_POLL_S = 0.1
-#: What a probe that got no answer ends with.
-_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 @dataclass

@@ -17,19 +17,20 @@ a server process"):
   and a queue of its own, so an address that hangs delays only the checks of tokens sent
   there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
   that the oldest waiting one is answered ``unavailable``. A check gets
-  :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect; an address that did not answer is remembered
-  for :data:`DEFAULT_UNREACHABLE_S`, in which its waiting and new tenants are answered
-  ``unavailable`` without a check. A refused token is remembered, by a salted digest and for
-  :data:`DEFAULT_REFUSED_S`, in a table of at most :data:`DEFAULT_REFUSED_KEPT` entries: a
-  flood of made-up tokens costs its own requests their answers, never a real tenant its slot.
+  :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect (a health ``Check`` on a channel kept per
+  address); an address that did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`,
+  in which its waiting and new tenants are answered ``unavailable`` without a check. A
+  refused token is remembered, by a salted digest and for :data:`DEFAULT_REFUSED_S`, in a
+  table of at most :data:`DEFAULT_REFUSED_KEPT` entries: a flood of made-up tokens costs its
+  own requests their answers, never a real tenant its slot.
 - **Who is evicted.** When a token is accepted past the cap, the least recently used token of
   the *party* that holds the most slots (the newcomer's counted): a party with many tokens
-  evicts only its own, and a new party takes a slot from the largest. evald says which tenant
-  a token is to nobody (``ListEvaluators`` answers evaluators and a revision), so a party is
-  what the adapter can see: the address and the evaluators the token grants (their
-  manifests). All tokens of one tenant are one party; two tenants are one party only if they see
-  exactly the same evaluators, and then share its slots least recently used first, as every
-  token did before. Any tenant idle for :data:`DEFAULT_IDLE_S` is evicted too (its
+  evicts only its own, and a new party takes a slot from the largest. evald tells nobody
+  which tenant a token is (``ListEvaluators`` answers evaluators and a revision), so a party
+  is what the adapter can see: the address and the evaluators the token grants (their
+  manifests). All tokens of one tenant are one party; two tenants are one party only if they
+  see exactly the same evaluators, and then share its slots least recently used first, as
+  every token did before. Any tenant idle for :data:`DEFAULT_IDLE_S` is evicted too (its
   connection is closed; a request still holding its runtime reconnects).
 - **When evaluator specs are refreshed.** With ``refresh_s`` set (SGLang, which lowers
   ``evaluated_tag`` on the server), a background thread lists each recently used tenant's
@@ -52,12 +53,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter._client import ConnectionProbe
 from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import TokenCodec
 from engine_adapter._request_options import allowed_targets, request_options
 from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime
+from engine_adapter._server_runtime import AdapterRuntime, ConnectionProbe
 from engine_adapter._types import SpanBinding
 from evald.contract import ErrorCode
 
@@ -91,8 +91,9 @@ DEFAULT_REFUSED_S = 30.0
 DEFAULT_REFRESH_S = 5.0
 #: How long one ``ListEvaluators`` check may take.
 CHECK_TIMEOUT_S = 5.0
-#: How long a check waits for a connection (evald's answer to the HTTP/2 handshake): an address
-#: that accepts and never answers costs its check this, not :data:`CHECK_TIMEOUT_S`.
+#: How long a check waits for evald to connect and answer a health ``Check``
+#: (:class:`~engine_adapter._server_runtime.ConnectionProbe`): an address that accepts and
+#: never answers costs its check this, not :data:`CHECK_TIMEOUT_S`.
 DEFAULT_CONNECT_TIMEOUT_S = 2.0
 #: An address whose check got no answer is answered ``unavailable`` for this long, without a
 #: check (long enough that a hung address costs one thread a fraction of the time; short enough
