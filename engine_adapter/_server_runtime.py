@@ -6,19 +6,20 @@ the tokenizer's :class:`~engine_adapter.TokenCodec` (built once, about a second 
 vocabulary), the evaluator list used to lower ``evaluated_tag``s (cached), and the engine-wide
 :class:`~engine_adapter.EvaluatorClient` — one bidirectional stream per process, created on the
 first evaluated request, shared by every grammar object and flushed once per decode step.
-A :class:`ConnectionProbe` per evald address tells the tenant checks, within a short time,
-whether the address answers at all.
+:func:`answering` tells a tenant check, within a short time, whether evald at an address answers
+at all.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -35,7 +36,7 @@ from evald.contract import CLIENT_MAX_MESSAGE_BYTES, decode_rpc_error
 
 __all__ = [
     "AdapterRuntime",
-    "ConnectionProbe",
+    "answering",
     "close_shared_clients",
     "shared_client",
 ]
@@ -102,64 +103,68 @@ def close_shared_clients() -> None:
         client.close()
 
 
-class ConnectionProbe:
-    """Whether evald at one address connects and answers, known within a short time.
+@contextlib.contextmanager
+def answering(
+    target: str,
+    timeout_s: float,
+    *,
+    abandon: threading.Event | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> Iterator[None]:
+    """Enters once evald at ``target`` has answered a probe within ``timeout_s``.
 
     gRPC's call deadline cannot tell "nobody answers the connection" (an address that accepts
     and never answers, or a hung evald) from "this call is slow"; the probe asks the one
     question every evald answers at once and without a token, a health ``Check``, so such an
-    address costs its caller the probe's short timeout rather than a whole call timeout. Keep
-    one per address for as long as calls go there: its channel keeps the connection open, and
-    a :class:`~evald.client.Client` opened meanwhile for the same address (same channel
-    arguments) is given that connection rather than a new one (over TCP, measured: a probe and
-    five checks opened one connection). It never watches the channel's connectivity (gRPC
-    polls that on a thread of its own that raises when ``close`` comes during a poll).
+    address costs its caller ``timeout_s`` (short) rather than a whole call timeout. The
+    probe's channel stays open inside the block, and a :class:`~evald.client.Client` opened
+    there for the same address (same channel arguments) is given its connection rather than a
+    new one (over TCP, measured: a probe and a check open one connection); it is closed after
+    the block, so no gRPC reconnect backoff outlives it (a channel kept open across an outage
+    would refuse calls for as long as its backoff, up to two minutes, after evald is back).
+
+    Raises:
+        evald.CallError: unreachable: refused, no answer within ``timeout_s``, or ``abandon``
+            set (its owner is closing) while waiting.
     """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-    ) -> None:
-        endpoint = resolve_endpoint(
-            target, None, env_token=False, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    endpoint = resolve_endpoint(
+        target, None, env_token=False, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )
+    channel = endpoint.channel(max_message_bytes=CLIENT_MAX_MESSAGE_BYTES)
+    try:
+        probe = health_pb2_grpc.HealthStub(channel).Check.future(
+            health_pb2.HealthCheckRequest(), timeout=timeout_s
         )
-        self.target = endpoint.target
-        self._channel = endpoint.channel(max_message_bytes=CLIENT_MAX_MESSAGE_BYTES)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        _probe_answer(probe, endpoint.target, timeout_s, abandon)
+        yield
+    finally:
+        channel.close()
 
-    def wait(self, timeout_s: float, abandon: threading.Event | None = None) -> None:
-        """Returns once evald has answered the probe (any answer: it is there).
 
-        Raises:
-            evald.CallError: unreachable: refused, no answer within ``timeout_s``, or
-                ``abandon`` was set (its owner is closing) while waiting.
-        """
-        call = self._health.Check.future(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        while True:
-            try:
-                call.result(timeout=_ABANDON_POLL_S)
-                return
-            except grpc.FutureTimeoutError:
-                if abandon is not None and abandon.is_set():
-                    call.cancel()
-                    raise CallError(None, "the check was abandoned", target=self.target) from None
-            except grpc.RpcError as error:
-                failure = decode_rpc_error(error)
-                if failure.code is not None or failure.status not in _NO_ANSWER:
-                    return  # refused, but by something that answers
-                message = (
-                    f"evald at {self.target} did not connect within {timeout_s:g} s"
-                    if failure.status == grpc.StatusCode.DEADLINE_EXCEEDED
-                    else f"evald at {self.target} is not reachable: {failure.details}"
-                )
-                raise CallError(None, message, target=self.target) from None
-
-    def close(self) -> None:
-        self._channel.close()
+def _probe_answer(
+    probe: Any, target: str, timeout_s: float, abandon: threading.Event | None
+) -> None:
+    """Waits for the probe's answer (any answer: evald is there), looking at ``abandon``."""
+    while True:
+        try:
+            probe.result(timeout=_ABANDON_POLL_S)
+            return
+        except grpc.FutureTimeoutError:
+            if abandon is not None and abandon.is_set():
+                probe.cancel()
+                raise CallError(None, "the check was abandoned", target=target) from None
+        except grpc.RpcError as error:
+            failure = decode_rpc_error(error)
+            if failure.code is not None or failure.status not in _NO_ANSWER:
+                return  # refused, but by something that answers
+            message = (
+                f"evald at {target} did not connect within {timeout_s:g} s"
+                if failure.status == grpc.StatusCode.DEADLINE_EXCEEDED
+                else f"evald at {target} is not reachable: {failure.details}"
+            )
+            raise CallError(None, message, target=target) from None
 
 
 #: How often a probe looks at its ``abandon`` event.

@@ -17,12 +17,12 @@ a server process"):
   and a queue of its own, so an address that hangs delays only the checks of tokens sent
   there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
   that the oldest waiting one is answered ``unavailable``. A check gets
-  :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect (a health ``Check`` on a channel kept per
-  address); an address that did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`,
-  in which its waiting and new tenants are answered ``unavailable`` without a check. A
-  refused token is remembered, by a salted digest and for :data:`DEFAULT_REFUSED_S`, in a
-  table of at most :data:`DEFAULT_REFUSED_KEPT` entries: a flood of made-up tokens costs its
-  own requests their answers, never a real tenant its slot.
+  :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect and answer a health ``Check``; an address that
+  did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`, in which its waiting and new
+  tenants are answered ``unavailable`` without a check. A refused token is remembered, by a
+  salted digest and for :data:`DEFAULT_REFUSED_S`, in a table of at most
+  :data:`DEFAULT_REFUSED_KEPT` entries: a flood of made-up tokens costs its own requests their
+  answers, never a real tenant its slot.
 - **Who is evicted.** When a token is accepted past the cap, the least recently used token of
   the *party* that holds the most slots (the newcomer's counted): a party with many tokens
   evicts only its own, and a new party takes a slot from the largest. evald tells nobody
@@ -57,7 +57,7 @@ from engine_adapter._grammar import EvaluatorSpec
 from engine_adapter._injector import TokenCodec
 from engine_adapter._request_options import allowed_targets, request_options
 from engine_adapter._server_config import AdapterConfig
-from engine_adapter._server_runtime import AdapterRuntime, ConnectionProbe
+from engine_adapter._server_runtime import AdapterRuntime, answering
 from engine_adapter._types import SpanBinding
 from evald.contract import ErrorCode
 
@@ -92,8 +92,8 @@ DEFAULT_REFRESH_S = 5.0
 #: How long one ``ListEvaluators`` check may take.
 CHECK_TIMEOUT_S = 5.0
 #: How long a check waits for evald to connect and answer a health ``Check``
-#: (:class:`~engine_adapter._server_runtime.ConnectionProbe`): an address that accepts and
-#: never answers costs its check this, not :data:`CHECK_TIMEOUT_S`.
+#: (:func:`~engine_adapter._server_runtime.answering`): an address that accepts and never
+#: answers costs its check this, not :data:`CHECK_TIMEOUT_S`.
 DEFAULT_CONNECT_TIMEOUT_S = 2.0
 #: An address whose check got no answer is answered ``unavailable`` for this long, without a
 #: check (long enough that a hung address costs one thread a fraction of the time; short enough
@@ -131,9 +131,6 @@ class _Checks:
     checking: tuple[Key, AdapterRuntime] | None = None
     unreachable: tuple[float, str] | None = None
     """``(until, message)`` after a check got no answer: new tenants there are answered then."""
-    probe: ConnectionProbe | None = None
-    """Tells the checks whether the address connects (kept open: the checks' calls use its
-    connection)."""
 
 
 def _party(target: str, specs: Sequence[EvaluatorSpec]) -> bytes:
@@ -309,18 +306,14 @@ class TenantRuntimes:
             retired = [*self._accepted.values(), *waiting]
             self._accepted.clear()
             self._parties.clear()
-            probes = [checks.probe for checks in self._checks.values() if checks.probe]
             for checks in self._checks.values():
                 checks.waiting.clear()
-                checks.probe = None
         for runtime in waiting:
             runtime.refuse(ErrorCode.UNAVAILABLE, "the server is shutting down")
         for thread in threads:
             thread.join(timeout=CHECK_TIMEOUT_S + 1.0)
         for runtime in retired:
             runtime.retire()
-        for probe in probes:
-            probe.close()
 
     # ------------------------------------------------------------------ admission
 
@@ -458,31 +451,14 @@ class TenantRuntimes:
         return specs, int(revision)
 
     def _list_with_token(self, config: AdapterConfig) -> Listing:
-        """The default check: ``ListEvaluators`` with the tenant's token, once the address's
-        probe says it connects (within :attr:`connect_timeout_s`)."""
+        """The default check: ``ListEvaluators`` with the tenant's token, once evald at the
+        address has answered a probe within :attr:`connect_timeout_s`."""
         from engine_adapter._client import evaluator_listing
 
-        with self._lock:
-            if self._closed:  # a probe made now would never be closed
-                raise RuntimeError("the server is shutting down")
-            checks = self._checks.setdefault(config.target, _Checks())
-            if checks.probe is None:
-                checks.probe = ConnectionProbe(
-                    config.target,
-                    tls_ca=config.tls_ca,
-                    tls_cert=config.tls_cert,
-                    tls_key=config.tls_key,
-                )
-            probe = checks.probe
-        probe.wait(self.connect_timeout_s, self._stopping)
-        return evaluator_listing(
-            config.target,
-            config.token,
-            timeout_s=CHECK_TIMEOUT_S,
-            tls_ca=config.tls_ca,
-            tls_cert=config.tls_cert,
-            tls_key=config.tls_key,
-        )
+        target, token = config.target, config.token
+        tls = {"tls_ca": config.tls_ca, "tls_cert": config.tls_cert, "tls_key": config.tls_key}
+        with answering(target, self.connect_timeout_s, abandon=self._stopping, **tls):
+            return evaluator_listing(target, token, timeout_s=CHECK_TIMEOUT_S, **tls)
 
     def _remember_refusal_locked(self, key: Key, code: str, msg: str) -> None:
         digest = self._digest(key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -207,6 +208,8 @@ def test_an_address_that_hangs_delays_no_other_addresss_checks(
     finally:
         runtimes.close()
     assert all(r.refusal is not None for r in flood)  # closing answered every waiting one
+    checkers = [t for t in threading.enumerate() if t.name.endswith(silent.target)]
+    assert not any(t.is_alive() for t in checkers)  # closing ended the hung check's wait
 
 
 def test_an_address_that_did_not_answer_is_answered_unavailable_for_a_while(
