@@ -6,25 +6,34 @@ the tokenizer's :class:`~engine_adapter.TokenCodec` (built once, about a second 
 vocabulary), the evaluator list used to lower ``evaluated_tag``s (cached), and the engine-wide
 :class:`~engine_adapter.EvaluatorClient` — one bidirectional stream per process, created on the
 first evaluated request, shared by every grammar object and flushed once per decode step.
+:func:`answering` tells a tenant check, within a short time, whether evald at an address answers
+at all.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_adapter.evaluation import EvaluatorClient, SpanRecord, TokenCodec, evaluator_listing
 from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.spans import EvalResult, EvaluatorSpec, EvaluatorsUnavailable
+from evald.client import CallError, resolve_endpoint
+from evald.contract import CLIENT_MAX_MESSAGE_BYTES, decode_rpc_error
 
 __all__ = [
     "AdapterRuntime",
+    "answering",
     "close_shared_clients",
     "shared_client",
 ]
@@ -89,6 +98,76 @@ def close_shared_clients() -> None:
         _CLIENTS.clear()
     for client in clients:
         client.close()
+
+
+@contextlib.contextmanager
+def answering(
+    target: str,
+    timeout_s: float,
+    *,
+    abandon: threading.Event | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> Iterator[None]:
+    """Enters once evald at ``target`` has answered a probe within ``timeout_s``.
+
+    gRPC's call deadline cannot tell "nobody answers the connection" (an address that accepts
+    and never answers, or a hung evald) from "this call is slow"; the probe asks the one
+    question every evald answers at once and without a token, a health ``Check``, so such an
+    address costs its caller ``timeout_s`` (short) rather than a whole call timeout. The
+    probe's channel stays open inside the block, and a :class:`~evald.client.Client` opened
+    there for the same address (same channel arguments) is given its connection rather than a
+    new one (over TCP, measured: a probe and a check open one connection); it is closed after
+    the block, so no gRPC reconnect backoff outlives it (a channel kept open across an outage
+    would refuse calls for as long as its backoff, up to two minutes, after evald is back).
+
+    Raises:
+        evald.CallError: unreachable: refused, no answer within ``timeout_s``, or ``abandon``
+            set (its owner is closing) while waiting.
+    """
+    endpoint = resolve_endpoint(
+        target, None, env_token=False, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+    )
+    channel = endpoint.channel(max_message_bytes=CLIENT_MAX_MESSAGE_BYTES)
+    try:
+        probe = health_pb2_grpc.HealthStub(channel).Check.future(
+            health_pb2.HealthCheckRequest(), timeout=timeout_s
+        )
+        _probe_answer(probe, endpoint.target, timeout_s, abandon)
+        yield
+    finally:
+        channel.close()
+
+
+def _probe_answer(
+    probe: Any, target: str, timeout_s: float, abandon: threading.Event | None
+) -> None:
+    """Waits for the probe's answer (any answer: evald is there), looking at ``abandon``."""
+    while True:
+        try:
+            probe.result(timeout=_ABANDON_POLL_S)
+            return
+        except grpc.FutureTimeoutError:
+            if abandon is not None and abandon.is_set():
+                probe.cancel()
+                raise CallError(None, "the check was abandoned", target=target) from None
+        except grpc.RpcError as error:
+            failure = decode_rpc_error(error)
+            if failure.code is not None or failure.status not in _NO_ANSWER:
+                return  # refused, but by something that answers
+            message = (
+                f"evald at {target} did not connect within {timeout_s:g} s"
+                if failure.status == grpc.StatusCode.DEADLINE_EXCEEDED
+                else f"evald at {target} is not reachable: {failure.details}"
+            )
+            raise CallError(None, message, target=target) from None
+
+
+#: How often a probe looks at its ``abandon`` event.
+_ABANDON_POLL_S = 0.1
+#: What a probe that got no answer ends with.
+_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class AdapterRuntime:

@@ -14,14 +14,25 @@ a server process"):
 - **Who takes a slot.** A token takes one of :data:`DEFAULT_MAX_TENANTS` slots only once evald
   has accepted it. Until then the tenant is *provisional*: its spans wait (without blocking
   the scheduler) while a background thread asks evald (``ListEvaluators``, which also brings
-  the tenant's evaluators and the daemon's revision). At most :data:`DEFAULT_MAX_CHECKING`
-  tenants wait to be checked, newest first; past that the oldest waiting one is answered
-  ``unavailable``. A refused token is remembered, by a salted digest and for
-  :data:`DEFAULT_REFUSED_S`, in a table of at most :data:`DEFAULT_REFUSED_KEPT` entries: a
-  flood of made-up tokens costs its own requests their answers, never a real tenant its slot.
-- **Who is evicted.** The least recently used accepted tenant when a new one is accepted past
-  the cap, and any tenant idle for :data:`DEFAULT_IDLE_S` (its connection is closed; a request
-  still holding its runtime reconnects).
+  the tenant's evaluators and the daemon's revision). Each evald address has a checking thread
+  and a queue of its own, so an address that hangs delays only the checks of tokens sent
+  there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
+  that the oldest waiting one is answered ``unavailable``. A check gets
+  :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect and answer a health ``Check``; an address that
+  did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`, in which its waiting and new
+  tenants are answered ``unavailable`` without a check. A refused token is remembered, by a
+  salted digest and for :data:`DEFAULT_REFUSED_S`, in a table of at most
+  :data:`DEFAULT_REFUSED_KEPT` entries: a flood of made-up tokens costs its own requests their
+  answers, never a real tenant its slot.
+- **Who is evicted.** When a token is accepted past the cap, the least recently used token of
+  the *party* that holds the most slots (the newcomer's counted): a party with many tokens
+  evicts only its own, and a new party takes a slot from the largest. evald tells nobody
+  which tenant a token is (``ListEvaluators`` answers evaluators and a revision), so a party
+  is what the adapter can see: the address and the evaluators the token grants (their
+  manifests). All tokens of one tenant are one party; two tenants are one party only if they
+  see exactly the same evaluators, and then share its slots least recently used first, as
+  every token did before. Any tenant idle for :data:`DEFAULT_IDLE_S` is evicted too (its
+  connection is closed; a request still holding its runtime reconnects).
 - **When evaluator specs are refreshed.** With ``refresh_s`` set (SGLang, which lowers
   ``evaluated_tag`` on the server), a background thread lists each recently used tenant's
   evaluators every ``refresh_s``; a new daemon revision replaces the specs and bumps
@@ -33,29 +44,32 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import hashlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapter.evaluation import TokenCodec
 from engine_adapter.serving._request_options import allowed_targets, request_options
 from engine_adapter.serving._server_config import AdapterConfig
-from engine_adapter.serving._server_runtime import AdapterRuntime
+from engine_adapter.serving._server_runtime import AdapterRuntime, answering
 from engine_adapter.spans import EvaluatorSpec, SpanBinding
 from evald.contract import ErrorCode
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_IDLE_S",
     "DEFAULT_MAX_CHECKING",
     "DEFAULT_MAX_TENANTS",
     "DEFAULT_REFRESH_S",
     "DEFAULT_REFUSED_KEPT",
     "DEFAULT_REFUSED_S",
+    "DEFAULT_UNREACHABLE_S",
     "Tenancy",
     "TenantRuntimes",
 ]
@@ -67,7 +81,8 @@ logger = logging.getLogger("engine_adapter")
 DEFAULT_MAX_TENANTS = 256
 #: An accepted tenant unused this long is evicted (its connection closed).
 DEFAULT_IDLE_S = 600.0
-#: Tenants waiting for evald to accept their token, at most (newest checked first).
+#: Tenants waiting for evald to accept their token, at most, per evald address (newest checked
+#: first).
 DEFAULT_MAX_CHECKING = 256
 #: Refused tokens remembered at most (salted digests, not tokens), and for how long.
 DEFAULT_REFUSED_KEPT = 4096
@@ -76,6 +91,14 @@ DEFAULT_REFUSED_S = 30.0
 DEFAULT_REFRESH_S = 5.0
 #: How long one ``ListEvaluators`` check may take.
 CHECK_TIMEOUT_S = 5.0
+#: How long a check waits for evald to connect and answer a health ``Check``
+#: (:func:`~engine_adapter.serving._server_runtime.answering`): an address that accepts and never
+#: answers costs its check this, not :data:`CHECK_TIMEOUT_S`.
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
+#: An address whose check got no answer is answered ``unavailable`` for this long, without a
+#: check (long enough that a hung address costs one thread a fraction of the time; short enough
+#: that tenants of a restarted evald wait no longer than its restart).
+DEFAULT_UNREACHABLE_S = 2.0
 
 #: What evald answered that means "this token grants nothing" (remembered, not retried).
 _REFUSING_CODES = frozenset({ErrorCode.PERMISSION_DENIED, ErrorCode.UNAUTHENTICATED})
@@ -85,12 +108,42 @@ _REFUSALS_KEPT = 64
 Listing = tuple[Sequence[EvaluatorSpec], int]
 """``(evaluator specs, daemon revision)`` of one ``ListEvaluators`` answer."""
 Check = Callable[[AdapterConfig], Listing]
+Key = tuple[str, str | None]
+"""A tenant: ``(evald address, token)``."""
 
 
 @dataclass(frozen=True)
 class _Refused:
     code: str
     message: str
+    reached: bool = True
+    """False: nobody answered at the address (not a refusal of this token)."""
+
+
+@dataclass
+class _Checks:
+    """One evald address's checks: its own queue and thread, so a hung address delays no
+    other address's tenants."""
+
+    waiting: collections.OrderedDict[Key, AdapterRuntime] = field(
+        default_factory=collections.OrderedDict
+    )
+    checking: tuple[Key, AdapterRuntime] | None = None
+    unreachable: tuple[float, str] | None = None
+    """``(until, message)`` after a check got no answer: new tenants there are answered then."""
+
+
+def _party(target: str, specs: Sequence[EvaluatorSpec]) -> bytes:
+    """Which party a token belongs to, as far as the adapter can tell: its address and the
+    evaluators it grants (the same for every token of one tenant)."""
+    digest = hashlib.blake2b(target.encode("utf-8", "surrogateescape"), digest_size=16)
+    for spec in sorted(
+        (s.name, s.tag, s.version, s.semantics_version, s.description, s.input_grammar,
+         s.result_regex)
+        for s in specs
+    ):  # fmt: skip
+        digest.update(repr(spec).encode("utf-8", "surrogateescape"))
+    return digest.digest()
 
 
 @dataclass(frozen=True)
@@ -115,10 +168,12 @@ class TenantRuntimes:
         codec: the tokenizer's codec, shared by every tenant.
         allowed: the addresses a request may name (default: :func:`allowed_targets`).
         max_tenants, idle_s: the cap on accepted tenants and the idle time that evicts one.
-        max_checking: tenants waiting for evald's answer, at most.
+        max_checking: tenants waiting for evald's answer, at most, per address.
         refused_kept, refused_s: the bound and lifetime of the refused-token memory.
         refresh_s: how often recently used tenants' evaluator specs are re-listed (None: never;
             for engines that receive lowered tags and use no specs).
+        connect_timeout_s: how long the default check waits for a connection to evald.
+        unreachable_s: how long an address whose check got no answer answers ``unavailable``.
         check: asks evald about a tenant (default: ``ListEvaluators`` with its token).
         runtime_factory: builds the server's own tenant's runtime (tests pass a stand-in
             evaluator); the default shares the process-wide client.
@@ -136,6 +191,8 @@ class TenantRuntimes:
         refused_kept: int = DEFAULT_REFUSED_KEPT,
         refused_s: float = DEFAULT_REFUSED_S,
         refresh_s: float | None = DEFAULT_REFRESH_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        unreachable_s: float = DEFAULT_UNREACHABLE_S,
         check: Check | None = None,
         runtime_factory: Callable[[AdapterConfig], AdapterRuntime] | None = None,
     ) -> None:
@@ -150,20 +207,21 @@ class TenantRuntimes:
         self.refused_kept = refused_kept
         self.refused_s = refused_s
         self.refresh_s = refresh_s
-        self._check = check or _list_with_token
+        self.connect_timeout_s = connect_timeout_s
+        self.unreachable_s = unreachable_s
+        self._check = check or self._list_with_token
         factory = runtime_factory or (lambda cfg: AdapterRuntime(cfg, codec))
         self.default = factory(config)
         """The server's own tenant (``EVALD_TOKEN`` at ``EVALD_TARGET``): never evicted."""
         self._salt = os.urandom(16)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._accepted: collections.OrderedDict[tuple[str, str | None], AdapterRuntime] = (
-            collections.OrderedDict()
-        )
-        self._waiting: collections.OrderedDict[tuple[str, str | None], AdapterRuntime] = (
-            collections.OrderedDict()
-        )
-        self._checking: tuple[tuple[str, str | None], AdapterRuntime] | None = None
+        self._stopping = threading.Event()
+        self._accepted: collections.OrderedDict[Key, AdapterRuntime] = collections.OrderedDict()
+        self._parties: dict[Key, bytes] = {}
+        """The party (:func:`_party`) of each accepted tenant."""
+        self._checks: dict[str, _Checks] = {}
+        """Per address a request may name (bounded by ``allowed``)."""
         self._refused: collections.OrderedDict[bytes, tuple[float, str, str]] = (
             collections.OrderedDict()
         )
@@ -173,7 +231,8 @@ class TenantRuntimes:
         self._refreshing = False
         self.stats = collections.Counter[str]()
         """``accepted``, ``refused``, ``refused_cached``, ``dropped``, ``evicted``,
-        ``refreshed`` (approximate; for logs and tests)."""
+        ``unreachable`` (checks that got no answer), ``unreachable_cached`` (tenants answered
+        from that memory), ``refreshed`` (approximate; for logs and tests)."""
 
     # ------------------------------------------------------------------ the one entry point
 
@@ -199,17 +258,11 @@ class TenantRuntimes:
             runtime = self._accepted.get(key)
             if runtime is not None:
                 self._accepted.move_to_end(key)
-            elif self._checking is not None and self._checking[0] == key:
-                runtime = self._checking[1]
-            elif key in self._waiting:
-                runtime = self._waiting[key]
-                self._waiting.move_to_end(key)
             else:
-                refused = self._refused.get(self._digest(key))
-                if refused is not None and refused[0] > now:
-                    self.stats["refused_cached"] += 1
-                    return Tenancy(self._refusing_locked(refused[1], refused[2]), reading.bindings)
-                runtime = self._provisional_locked(key, config)
+                runtime = self._pending_locked(key) or self._remembered_locked(key, now)
+                if runtime is not None and runtime.refusal is not None:
+                    return Tenancy(runtime, reading.bindings)  # answered without a check
+                runtime = runtime or self._provisional_locked(key, config)
             runtime.last_used = now
         self._start_refresher()
         return Tenancy(runtime, reading.bindings)
@@ -220,14 +273,22 @@ class TenantRuntimes:
             return [self.default, *self._accepted.values()]
 
     def sizes(self) -> dict[str, int]:
-        """How full each table is: ``accepted``, ``waiting`` (for evald's answer), ``refused``
-        (remembered refusals)."""
+        """How full each table is: ``accepted``, ``waiting`` (for evald's answer, every
+        address), ``refused`` (remembered refusals)."""
         with self._lock:
             return {
                 "accepted": len(self._accepted),
-                "waiting": len(self._waiting) + (self._checking is not None),
+                "waiting": sum(
+                    len(checks.waiting) + (checks.checking is not None)
+                    for checks in self._checks.values()
+                ),
                 "refused": len(self._refused),
             }
+
+    def parties(self) -> dict[bytes, int]:
+        """Accepted tenants per party (see the module's docstring; for logs and tests)."""
+        with self._lock:
+            return dict(collections.Counter(self._parties.values()))
 
     def __len__(self) -> int:
         """Accepted tenants (the server's own not counted)."""
@@ -236,15 +297,19 @@ class TenantRuntimes:
 
     def close(self) -> None:
         """Stops the background threads and closes the tenants' connections."""
+        self._stopping.set()
         with self._lock:
             self._closed = True
             self._wake.notify_all()
             threads, self._threads = self._threads, []
-            retired = [*self._accepted.values(), *self._waiting.values()]
+            waiting = [r for checks in self._checks.values() for r in checks.waiting.values()]
+            retired = [*self._accepted.values(), *waiting]
             self._accepted.clear()
-            for runtime in self._waiting.values():
-                runtime.refuse(ErrorCode.UNAVAILABLE, "the server is shutting down")
-            self._waiting.clear()
+            self._parties.clear()
+            for checks in self._checks.values():
+                checks.waiting.clear()
+        for runtime in waiting:
+            runtime.refuse(ErrorCode.UNAVAILABLE, "the server is shutting down")
         for thread in threads:
             thread.join(timeout=CHECK_TIMEOUT_S + 1.0)
         for runtime in retired:
@@ -252,65 +317,119 @@ class TenantRuntimes:
 
     # ------------------------------------------------------------------ admission
 
-    def _provisional_locked(
-        self, key: tuple[str, str | None], config: AdapterConfig
-    ) -> AdapterRuntime:
+    def _pending_locked(self, key: Key) -> AdapterRuntime | None:
+        """The tenant's provisional runtime while its check waits or runs."""
+        checks = self._checks.get(key[0])
+        if checks is None:
+            return None
+        if checks.checking is not None and checks.checking[0] == key:
+            return checks.checking[1]
+        runtime = checks.waiting.get(key)
+        if runtime is not None:
+            checks.waiting.move_to_end(key)
+        return runtime
+
+    def _remembered_locked(self, key: Key, now: float) -> AdapterRuntime | None:
+        """A refusing runtime when the answer is remembered: the token was refused, or its
+        address got no answer a moment ago."""
+        refused = self._refused.get(self._digest(key))
+        if refused is not None and refused[0] > now:
+            self.stats["refused_cached"] += 1
+            return self._refusing_locked(refused[1], refused[2])
+        checks = self._checks.get(key[0])
+        if checks is not None and checks.unreachable is not None:
+            until, message = checks.unreachable
+            if until > now:
+                self.stats["unreachable_cached"] += 1
+                return self._refusing_locked(ErrorCode.UNAVAILABLE, message)
+            checks.unreachable = None
+        return None
+
+    def _provisional_locked(self, key: Key, config: AdapterConfig) -> AdapterRuntime:
         runtime = AdapterRuntime(
             config, self.codec, admission=concurrent.futures.Future(), own_client=True
         )
-        self._waiting[key] = runtime
-        while len(self._waiting) > self.max_checking:
-            _, dropped = self._waiting.popitem(last=False)
+        checks = self._checks.setdefault(config.target, _Checks())
+        checks.waiting[key] = runtime
+        while len(checks.waiting) > self.max_checking:
+            _, dropped = checks.waiting.popitem(last=False)
             self.stats["dropped"] += 1
             dropped.refuse(
                 ErrorCode.UNAVAILABLE,
                 "evald did not get to this tenant's token in time (too many unchecked tokens "
                 "at once); send the request again",
             )
-        self._start_locked("evald-tenant-check", self._check_loop)
+        name = f"evald-tenant-check {config.target}"
+        self._start_locked(name, functools.partial(self._check_loop, checks))
         self._wake.notify_all()
         return runtime
 
-    def _check_loop(self) -> None:
+    def _check_loop(self, checks: _Checks) -> None:
+        """Checks one address's waiting tenants, newest first, one at a time."""
         while True:
             with self._lock:
-                while not self._waiting and not self._closed:
+                while not checks.waiting and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     return
-                key, runtime = self._waiting.popitem(last=True)  # newest first
-                self._checking = (key, runtime)
+                key, runtime = checks.waiting.popitem(last=True)  # newest first
+                checks.checking = (key, runtime)
             try:
-                self._admit(key, runtime)
+                self._admit(key, runtime, checks)
             except Exception:  # the checker must keep running
                 logger.exception("evald adapter: checking a tenant failed")
                 runtime.refuse(ErrorCode.INTERNAL, "checking the tenant failed")
             finally:
                 with self._lock:
-                    self._checking = None
+                    checks.checking = None
 
-    def _admit(self, key: tuple[str, str | None], runtime: AdapterRuntime) -> None:
+    def _admit(self, key: Key, runtime: AdapterRuntime, checks: _Checks) -> None:
         outcome = self._ask(runtime.config)
         if not isinstance(outcome, _Refused):
             specs, revision = outcome
-            evicted: list[AdapterRuntime] = []
             with self._lock:
                 self._accepted[key] = runtime
                 self._accepted.move_to_end(key)
-                while len(self._accepted) > self.max_tenants:
-                    evicted.append(self._accepted.popitem(last=False)[1])
+                self._parties[key] = _party(key[0], specs)
+                evicted = self._evict_past_cap_locked(key)
                 self.stats["accepted"] += 1
-                self.stats["evicted"] += len(evicted)
             runtime.admit(specs, revision)
             for old in evicted:
                 old.retire()
             return
         code, message = outcome.code, outcome.message
-        if code in _REFUSING_CODES:
-            with self._lock:
+        stranded: list[AdapterRuntime] = []
+        with self._lock:
+            if code in _REFUSING_CODES:
                 self._remember_refusal_locked(key, code, message)
                 self.stats["refused"] += 1
-        runtime.refuse(code, message)
+            elif not outcome.reached:  # so are the others waiting there: answer them now
+                checks.unreachable = (time.monotonic() + self.unreachable_s, message)
+                stranded = list(checks.waiting.values())
+                checks.waiting.clear()
+                self.stats["unreachable"] += 1
+        for waiting in (runtime, *stranded):
+            waiting.refuse(code, message)
+
+    def _evict_past_cap_locked(self, newcomer: Key) -> list[AdapterRuntime]:
+        """Past the cap: the least recently used token of the party holding the most slots
+        (the newcomer's counted, the newcomer itself spared)."""
+        evicted: list[AdapterRuntime] = []
+        while len(self._accepted) > self.max_tenants:
+            held = collections.Counter(self._parties.values())
+            most = max(held.values())
+            victim = next(
+                key
+                for key in self._accepted  # least recently used first
+                if key != newcomer and held[self._parties[key]] == most
+            )
+            evicted.append(self._drop_locked(victim))
+            self.stats["evicted"] += 1
+        return evicted
+
+    def _drop_locked(self, key: Key) -> AdapterRuntime:
+        self._parties.pop(key, None)
+        return self._accepted.pop(key)
 
     def _ask(self, config: AdapterConfig) -> Listing | _Refused:
         """evald's answer for a tenant: its listing, or why there is none."""
@@ -320,20 +439,35 @@ class TenantRuntimes:
             specs, revision = self._check(config)
         except CallError as exc:
             if exc.code is None:
-                return _Refused(ErrorCode.UNAVAILABLE, f"evald at {config.target} did not answer")
+                return _Refused(
+                    ErrorCode.UNAVAILABLE,
+                    f"evald at {config.target} did not answer ({exc.message}); send the "
+                    f"request again",
+                    reached=False,
+                )
             return _Refused(exc.code.value, exc.message)
         except Exception as exc:
             return _Refused(ErrorCode.UNAVAILABLE, f"evald at {config.target} failed: {exc}")
         return specs, int(revision)
 
-    def _remember_refusal_locked(self, key: tuple[str, str | None], code: str, msg: str) -> None:
+    def _list_with_token(self, config: AdapterConfig) -> Listing:
+        """The default check: ``ListEvaluators`` with the tenant's token, once evald at the
+        address has answered a probe within :attr:`connect_timeout_s`."""
+        from engine_adapter.evaluation import evaluator_listing
+
+        target, token = config.target, config.token
+        tls = {"tls_ca": config.tls_ca, "tls_cert": config.tls_cert, "tls_key": config.tls_key}
+        with answering(target, self.connect_timeout_s, abandon=self._stopping, **tls):
+            return evaluator_listing(target, token, timeout_s=CHECK_TIMEOUT_S, **tls)
+
+    def _remember_refusal_locked(self, key: Key, code: str, msg: str) -> None:
         digest = self._digest(key)
         self._refused[digest] = (time.monotonic() + self.refused_s, code, msg)
         self._refused.move_to_end(digest)
         while len(self._refused) > self.refused_kept:
             self._refused.popitem(last=False)
 
-    def _digest(self, key: tuple[str, str | None]) -> bytes:
+    def _digest(self, key: Key) -> bytes:
         digest = hashlib.blake2b(key=self._salt, digest_size=16)
         digest.update(repr(key).encode("utf-8", "surrogateescape"))
         return digest.digest()
@@ -360,7 +494,7 @@ class TenantRuntimes:
             key, runtime = next(iter(self._accepted.items()))
             if now - runtime.last_used < self.idle_s:
                 return
-            del self._accepted[key]
+            self._drop_locked(key)
             self.stats["evicted"] += 1
             threading.Thread(target=runtime.retire, daemon=True).start()
 
@@ -396,7 +530,7 @@ class TenantRuntimes:
             for key, runtime in due:
                 self.refresh(key, runtime)
 
-    def refresh(self, key: tuple[str, str | None], runtime: AdapterRuntime) -> bool:
+    def refresh(self, key: Key, runtime: AdapterRuntime) -> bool:
         """Re-lists one tenant's evaluators; a revoked token evicts the tenant.
 
         Returns whether the specs changed (a new daemon revision).
@@ -410,27 +544,17 @@ class TenantRuntimes:
             runtime.set_listing(specs, revision)  # the held specs are current again
             if unchanged:
                 return False
+            with self._lock:
+                if self._accepted.get(key) is runtime:  # what it grants may have changed
+                    self._parties[key] = _party(key[0], specs)
             self.stats["refreshed"] += 1
             return True
         code, message = outcome.code, outcome.message
         if code in _REFUSING_CODES and runtime is not self.default:
             with self._lock:
                 if self._accepted.get(key) is runtime:
-                    del self._accepted[key]
+                    self._drop_locked(key)
                 self._remember_refusal_locked(key, code, message)
             runtime.refuse(code, message)
             runtime.retire()
         return False
-
-
-def _list_with_token(config: AdapterConfig) -> Listing:
-    from engine_adapter.evaluation import evaluator_listing
-
-    return evaluator_listing(
-        config.target,
-        config.token,
-        timeout_s=CHECK_TIMEOUT_S,
-        tls_ca=config.tls_ca,
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
-    )

@@ -7,7 +7,7 @@ its environment (the engine loads the adapter through its plugin entry point) an
 is healthy; this package holds what both share — SmolLM2 as a folder the servers load
 (:func:`model_folder`), a structural tag whose span contents the caller fixes
 (:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
-(:func:`stopped`).
+(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`).
 
 The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
 package; importing it imports neither SGLang nor vLLM.
@@ -20,6 +20,7 @@ from engine_adapter.testing._common import (
     SPAN,
     STALL_FACTOR,
     STALL_FLOOR_S,
+    SilentAddress,
     fixed_tag,
     free_port,
     has_amx,
@@ -35,6 +36,7 @@ __all__ = [
     "SPAN",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
+    "SilentAddress",
     "fixed_tag",
     "free_port",
     "has_amx",

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ __all__ = [
     "SPAN",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
+    "SilentAddress",
     "fixed_tag",
     "free_port",
     "has_amx",
@@ -111,6 +113,49 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class SilentAddress:
+    """A TCP address on 127.0.0.1 that accepts every connection and never says a word: what an
+    evald that hangs looks like to a client (a frozen process behind a live socket, a proxy that
+    swallows traffic). A stand-in for that fault, named as such: unlike a stopped daemon
+    (:func:`stopped`) it stays silent for as long as the test runs, whatever its backlog, and it
+    counts the connections a client opened (:attr:`accepted`). Close it, or use it as a
+    context manager.
+    """
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self._server.settimeout(0.1)
+        self.target = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="silent-address", daemon=True)
+        self._thread.start()
+
+    @property
+    def accepted(self) -> int:
+        """Connections accepted so far (each held open, unanswered)."""
+        return len(self._held)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._held.append(self._server.accept()[0])
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for connection in [*self._held, self._server]:
+            connection.close()
+
+    def __enter__(self) -> SilentAddress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def fixed_tag(*parts: Any) -> dict[str, Any]:

@@ -1,23 +1,28 @@
 """The engine-neutral tenant layer (``TenantRuntimes``) against a real daemon: who gets the
-server's own tenant, who takes a slot, what a flood of made-up tokens costs, eviction, and the
-spec refresh on a new daemon revision. Every wait below reads a counter or a future the code
-sets, never a clock."""
+server's own tenant, who takes a slot, what a flood of made-up tokens costs, eviction (one
+tenant's many tokens evict only its own), an address that hangs, and the spec refresh on a new
+daemon revision. Every wait below reads a counter or a future the code sets, never a clock."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import gc
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import TOKENS, Daemon, module
+from daemon_harness import TOKENS, Daemon, module, start_daemon
 
 from engine_adapter import TokenCodec
 from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.serving._tenant_runtimes import TenantRuntimes
+from engine_adapter.testing import SilentAddress
 from evald.contract import ErrorCode
+from evald.daemon import hash_token
+from evald.testing import tenant_table
 
 CODEC = TokenCodec([b"a", b"b"])
 
@@ -119,6 +124,124 @@ def test_the_least_recently_used_and_idle_tenants_are_evicted(
         runtime.last_used -= 7200.0  # idle for two hours, as far as the table can tell
     runtimes.for_request({"evald_token": TOKENS["beta"]})
     assert runtimes.stats["evicted"] == 4  # alpha pushed beta out; then both idle ones
+
+
+def test_one_tenants_many_tokens_evict_only_its_own(tmp_path: Path) -> None:
+    """A tenant with more valid tokens than there are slots (the issue's 300 for 256, scaled
+    down) takes every slot but one other tenant's: each of its tokens past the cap evicts its
+    own least recently used one, and a third tenant's first token takes a slot from it too.
+    Before, the least recently used token of any tenant went: the quiet tenant first."""
+    crowd = [f"crowd-{i:03d}-token-0123456789" for i in range(30)]
+    quiet, third = "quiet-token-0123456789", "third-token-0123456789"
+    config = "\n".join(
+        [
+            "[server]\nthreads = 2\nshutdown_grace_s = 2",
+            tenant_table(
+                "crowd", token_sha256s=[hash_token(t) for t in crowd], evaluators=["calc"]
+            ),
+            tenant_table("quiet", token=quiet, evaluators=["*"]),
+            tenant_table("third", token=third, evaluators=["calc", "date"]),
+        ]
+    )
+    evald = start_daemon(tmp_path, config)
+    runtimes = TenantRuntimes(AdapterConfig(evald.target), CODEC, max_tenants=8, refresh_s=None)
+    try:
+        held = runtimes.for_request({"evald_token": quiet}).runtime
+        assert _value(held) == ("42", None)
+        for token in crowd:
+            runtime = runtimes.for_request({"evald_token": token}).runtime
+            _until(lambda runtime=runtime: runtime.admitted, "the crowd token's check")
+            assert runtime.refusal is None
+        assert held in runtimes.runtimes()
+        assert sorted(runtimes.parties().values()) == [1, 7]
+        assert runtimes.stats["evicted"] == 1 + 30 - 8  # every one of them the crowd's
+        newcomer = runtimes.for_request({"evald_token": third}).runtime
+        assert _value(newcomer) == ("42", None)
+        assert sorted(runtimes.parties().values()) == [1, 1, 6]
+        assert runtimes.for_request({"evald_token": quiet}).runtime is held  # never re-checked
+        assert runtimes.stats["accepted"] == 1 + 30 + 1
+    finally:
+        runtimes.close()
+        evald.stop()
+
+
+@pytest.fixture
+def silent() -> Iterator[SilentAddress]:
+    """The fault under test: an allowed address that accepts and never answers (a stand-in,
+    engine_adapter.testing.SilentAddress)."""
+    with SilentAddress() as address:
+        yield address
+
+
+def _flood(runtimes: TenantRuntimes, target: str, first: int, count: int) -> list[Any]:
+    return [
+        runtimes.for_request(
+            {"evald_target": target, "evald_token": f"flood-{i:04d}-0123456789"}
+        ).runtime
+        for i in range(first, first + count)
+    ]
+
+
+def test_an_address_that_hangs_delays_no_other_addresss_checks(
+    daemon: Daemon, silent: SilentAddress
+) -> None:
+    """A flood of new tokens naming an allowed address that accepts and never answers, before
+    and after a real tenant's first request: the real tenant is accepted and its span answered
+    while the hung address's first check still waits for its connection (given two minutes
+    here, so that nothing but the real check can finish first). Before, one thread checked
+    every token, newest first, 5 s each, and the real tenant's span had no value after 30 s."""
+    runtimes = TenantRuntimes(
+        AdapterConfig(daemon.target),
+        CODEC,
+        allowed=frozenset({daemon.target, silent.target}),
+        connect_timeout_s=120.0,
+        refresh_s=None,
+    )
+    try:
+        flood = _flood(runtimes, silent.target, 0, 50)
+        _until(lambda: silent.accepted >= 1, "the hung address's check connected")
+        real = runtimes.for_request({"evald_token": TOKENS["alpha"]}).runtime
+        flood += _flood(runtimes, silent.target, 50, 50)  # newer than the real tenant
+        assert _value(real) == ("42", None)
+        assert runtimes.stats["unreachable"] == 0 and not any(r.admitted for r in flood)
+        assert len(runtimes) == 1
+    finally:
+        runtimes.close()
+    assert all(r.refusal is not None for r in flood)  # closing answered every waiting one
+    checkers = [t for t in threading.enumerate() if t.name.endswith(silent.target)]
+    assert not any(t.is_alive() for t in checkers)  # closing ended the hung check's wait
+
+
+def test_an_address_that_did_not_answer_is_answered_unavailable_for_a_while(
+    daemon: Daemon, silent: SilentAddress
+) -> None:
+    """One check finds the address unreachable within its short connect timeout; it answers
+    every tenant waiting there, and new ones are answered from that memory, without a check or
+    a connection; the real daemon's tenants are checked as ever."""
+    runtimes = TenantRuntimes(
+        AdapterConfig(daemon.target),
+        CODEC,
+        allowed=frozenset({daemon.target, silent.target}),
+        connect_timeout_s=0.5,
+        unreachable_s=3600.0,
+        refresh_s=None,
+    )
+    try:
+        first = _flood(runtimes, silent.target, 0, 20)
+        _until(lambda: all(r.admitted for r in first), "the hung address's check")
+        later = _flood(runtimes, silent.target, 20, 20)
+        for runtime in first + later:
+            assert runtime.admitted and runtime.refusal is not None
+            assert runtime.refusal[0] == ErrorCode.UNAVAILABLE
+            assert "did not connect within 0.5 s" in runtime.refusal[1]
+        assert runtimes.stats["unreachable"] == 1 and silent.accepted == 1
+        assert runtimes.stats["unreachable_cached"] >= 20
+        assert _value(runtimes.for_request({"evald_token": TOKENS["alpha"]}).runtime) == (
+            "42",
+            None,
+        )
+    finally:
+        runtimes.close()
 
 
 def test_a_request_to_another_address_gets_no_server_token(daemon: Daemon) -> None:

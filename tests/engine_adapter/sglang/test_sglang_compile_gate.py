@@ -24,13 +24,13 @@ pytest.importorskip(
 )
 
 from daemon_harness import Daemon, start_daemon
-from sglang_harness import CONFIG, TOKEN, environment
+from sglang_harness import CALC_ONLY_TOKEN, CONFIG, TOKEN, environment
 
 from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.serving._server_runtime import AdapterRuntime
 from engine_adapter.sglang import EvaluatorGrammar, structural_tag_for
 from engine_adapter.sglang._compile_gate import GatedExecutor
-from engine_adapter.testing import stopped
+from engine_adapter.testing import SilentAddress, stopped
 
 pytestmark = pytest.mark.sglang
 
@@ -138,6 +138,52 @@ def test_a_tenant_evald_does_not_answer_for_holds_no_compile_thread(
         assert stranger.runtime.refusal is not None
         assert stranger.runtime.refusal[0] in ("permission_denied", "unavailable")
     backend.executor.shutdown(wait=False)
+
+
+def test_a_new_tenant_compiles_while_a_flood_names_an_address_that_hangs(
+    plugins_loaded: None, adapter_env: dict[str, str], tokenizer: Any, daemon: Daemon
+) -> None:
+    """Requests with new tokens naming an allowed address that accepts and never answers (a
+    stand-in for a hung evald, :class:`~engine_adapter.testing.SilentAddress`), before and
+    after a new tenant's first request at the real evald: the new tenant's grammar compiles,
+    bound to its accepted runtime, while the hung address's first check still waits for its
+    connection (given two minutes here, so that only the real check can finish first). Before,
+    one thread checked every token, newest first, up to 5 s each, and the new tenant waited
+    behind the flood for as long as it lasted."""
+    from sglang.srt.constrained.grammar_manager import GrammarManager
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+    with SilentAddress() as silent:
+        with environment(**adapter_env, EVALD_ALLOWED_TARGETS=silent.target):
+            backend = XGrammarGrammarBackend(
+                tokenizer, vocab_size=len(tokenizer), model_eos_token_ids=[tokenizer.eos_token_id]
+            )
+        tenants = backend._evald_tenants
+        tenants.connect_timeout_s = 120.0
+        manager = SimpleNamespace(grammar_backend=backend, grammar_queue=[])
+        manager._get_request_thinking_budget = lambda req: None
+        manager._apply_request_reasoning_config = lambda req: None
+        tag = json.dumps(structural_tag_for(daemon.target, TOKEN, ["calc"], prefix="<calc>"))
+        flood = [
+            request(tag, {"evald_token": f"flood-{i:04d}-0123456789abcdef",
+                          "evald_target": silent.target})
+            for i in range(60)
+        ]  # fmt: skip
+        newcomer = request(tag, {"evald_token": CALC_ONLY_TOKEN})
+        try:
+            for req in flood[:30]:
+                GrammarManager.process_req_with_grammar(manager, req)
+            GrammarManager.process_req_with_grammar(manager, newcomer)
+            for req in flood[30:]:  # newer than the new tenant's
+                GrammarManager.process_req_with_grammar(manager, req)
+            grammar = newcomer.grammar.result(timeout=120)
+            assert isinstance(grammar, EvaluatorGrammar)
+            assert grammar.runtime.admitted and grammar.runtime.refusal is None
+            assert not any(req.grammar.done() for req in flood)
+            assert tenants.stats["unreachable"] == 0 and silent.accepted >= 1
+        finally:
+            tenants.close()  # answers the flood; its grammars compile refused
+            backend.executor.shutdown(wait=False)
 
 
 def test_held_specs_answer_at_once_while_evald_does_not(
