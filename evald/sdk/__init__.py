@@ -11,7 +11,13 @@ folder is code that runs at build time: every compiler runs in a bwrap sandbox u
 
 from __future__ import annotations
 
-from evald.sdk._assemblyscript import ASC_FLAGS, ASC_VERSION, GUEST_PACKAGES, find_asc
+from evald.sdk._assemblyscript import (
+    ASC_FLAGS,
+    ASC_VERSION,
+    CHECKOUT_ASC,
+    GUEST_PACKAGES,
+    find_asc,
+)
 from evald.sdk._compiler import BuildError
 from evald.sdk._rust import GUEST_CRATE, RUST_VERSION, find_rustc
 from evald.sdk._sandbox import DEFAULT_LIMITS, BuildLimits, BuildSandbox, find_bwrap
@@ -37,6 +43,7 @@ from evald.sdk._toolchain import build_evaluator, compile_folder, language_of
 __all__ = [
     "ASC_FLAGS",
     "ASC_VERSION",
+    "CHECKOUT_ASC",
     "DEFAULT_LIMITS",
     "GUEST_CRATE",
     "GUEST_PACKAGES",

@@ -31,7 +31,9 @@ killing of the process group still apply, the file system view and the namespace
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
 import resource
 import shutil
@@ -64,6 +66,8 @@ _SYSTEM_LINKS: Final = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 #: How much of a compiler's output is kept (its diagnostics come first; the rest is cut).
 _OUTPUT_BYTES: Final = 1 << 20
+#: How long the end of a killed sandbox may take (the kernel kills its processes at once).
+_REAP_S: Final = 30.0
 _INSTALL_BWRAP: Final = (
     "install bubblewrap (`apt-get install bubblewrap` on Debian or Ubuntu, `dnf install "
     "bubblewrap` on Fedora), or pass --unsandboxed to build without it (dangerous: the "
@@ -78,11 +82,11 @@ class BuildLimits:
 
     Attributes:
         timeout_s: wall-clock seconds for the whole build (every compiler run together); past
-            them every process of the build is killed. Generous: a cold Rust build of a port
-            takes about 10 s on two busy cores.
+            them every process of the build is killed. Generous: the repository's builds take
+            6 to 11 s each on two busy cores, cold caches included.
         cpu_s: CPU seconds per process (``RLIMIT_CPU``; ``SIGXCPU``, then ``SIGKILL``).
-        memory_bytes: heap and writable memory per process (``RLIMIT_DATA``); the largest
-            build of the repository (the Rust port with LTO) peaks near 200 MiB.
+        memory_bytes: heap and writable memory per process (``RLIMIT_DATA``); the
+            repository's builds peak under 300 MiB resident (asc on the AssemblyScript port).
         file_bytes: the largest file a build may write (``RLIMIT_FSIZE``).
         processes: processes and threads the build may add (``RLIMIT_NPROC``, counted above
             what the builder's user runs already; Linux does not apply it to root).
@@ -144,10 +148,8 @@ def find_bwrap() -> str:
         EvaldError: ``INVALID_ARGUMENT``: no ``bwrap``, or it cannot make namespaces here
             (the message says what to install or allow, and the ``--unsandboxed`` way out).
     """
-    bwrap = next(
-        (p for p in (shutil.which("bwrap"), "/usr/bin/bwrap") if p and os.path.isabs(p)), None
-    )
-    if bwrap is None or not Path(bwrap).is_file():
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or not os.path.isabs(bwrap):
         raise EvaldError(
             ErrorCode.INVALID_ARGUMENT,
             "evald build runs a folder's compilers in a sandbox, and bwrap (bubblewrap) is not "
@@ -289,16 +291,17 @@ class Scratch:
                 wall clock (every process of the build is then killed).
         """
         environment = self.environment(env or {}, path)
-        argv = list(command)
-        if self._bwrap is not None:
-            argv = [*self._view(cwd, needs, environment), "--", *argv]
-        log_path = self.root / f"{len(list(self.root.glob('*.log')))}.log"
-        remaining = self._deadline - time.monotonic()
-        with open(log_path, "wb") as log:
+        number = len(list(self.root.glob("*.log")))
+        log_path, info_path = self.root / f"{number}.log", self.root / f"{number}.info"
+        with open(log_path, "wb") as log, open(info_path, "wb") as info:
+            argv, keep = list(command), ()
+            if self._bwrap is not None:
+                view = self._view(cwd, needs, environment)
+                argv, keep = [*view, "--info-fd", str(info.fileno()), "--", *argv], (info.fileno(),)
             try:
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    cwd=cwd, env=environment, start_new_session=True,
+                    cwd=cwd, env=environment, start_new_session=True, pass_fds=keep,
                     preexec_fn=_apply(self._rlimits),
                 )  # fmt: skip
             except OSError as exc:
@@ -307,11 +310,11 @@ class Scratch:
                 ) from None
             timed_out = False
             try:
-                proc.wait(timeout=max(remaining, 0.0))
+                proc.wait(timeout=max(self._deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                _kill_group(proc)
+                _stop(proc, info_path)
         output = _read_output(log_path)
         if timed_out:
             raise BuildError(
@@ -342,13 +345,24 @@ class Scratch:
         return [*args, "--chdir", str(cwd)]
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kills what is left of the run's process group (the sandbox's first process with it,
-    which takes its PID namespace along) and reaps the run."""
-    try:
+def _stop(proc: subprocess.Popen[bytes], info_path: Path) -> None:
+    """Ends what is left of a run and reaps it. In the sandbox, the PID namespace's first
+    process (bwrap's ``child-pid``) is killed: the kernel then kills every process of the
+    namespace, and bwrap returns only once they are all gone, so none outlives the build.
+    Then the run's process group (all of an unsandboxed run, whose compilers start no
+    session of their own)."""
+    if proc.poll() is None:
+        try:
+            child = int(json.loads(info_path.read_bytes() or b"{}").get("child-pid", 0))
+        except (OSError, ValueError, AttributeError):
+            child = 0
+        if child > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_REAP_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
