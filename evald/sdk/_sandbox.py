@@ -294,7 +294,7 @@ class Scratch:
         number = len(list(self.root.glob("*.log")))
         log_path, info_path = self.root / f"{number}.log", self.root / f"{number}.info"
         with open(log_path, "wb") as log, open(info_path, "wb") as info:
-            argv, keep = list(command), ()
+            argv, keep = list(command), tuple[int, ...]()
             if self._bwrap is not None:
                 view = self._view(cwd, needs, environment)
                 argv, keep = [*view, "--info-fd", str(info.fileno()), "--", *argv], (info.fileno(),)

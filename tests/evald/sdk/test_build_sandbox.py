@@ -269,9 +269,7 @@ def test_a_rust_toolchain_file_names_no_compiler(
     rustc.parent.mkdir(parents=True)
     rustc.write_text(f"#!/bin/sh\necho ran >> {marker}\necho 'rustc 9.9.9 (the folder)'\n")
     rustc.chmod(0o755)
-    (folder / "rust-toolchain.toml").write_text(
-        f'[toolchain]\npath = "{folder / "toolchain"}"\n'
-    )
+    (folder / "rust-toolchain.toml").write_text(f'[toolchain]\npath = "{folder / "toolchain"}"\n')
     monkeypatch.chdir(folder)
     run = cli("build", ".", "--no-grammar-check")
     assert not marker.exists()

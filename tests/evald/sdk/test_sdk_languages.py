@@ -22,10 +22,10 @@ from sdk_cli import Run, cli, roman
 from toolchains import require_toolchain
 
 import evald.sdk as sdk
-from evald.sdk import _assemblyscript
 from evald.cli import main
 from evald.contract import GUEST_ERROR_CODES
 from evald.host import HostConfig, Limits
+from evald.sdk import _assemblyscript
 from evaluators_wasm import PORTS, PORTS_DIR
 
 TENANT = "beta"
