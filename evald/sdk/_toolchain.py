@@ -203,25 +203,35 @@ def build_evaluator(folder: Path, *, sandbox: BuildSandbox | None = None) -> byt
 
 
 def manifest_source(folder: Path) -> dict[str, Any]:
-    """The folder's manifest (``manifest.json`` + ``grammar.ebnf``), read only from the folder:
-    a link that leads out of it is refused, or any file the builder can read (the grammar
-    is text the daemon hands to every caller) would be copied into the module.
+    """The folder's manifest (``manifest.json`` + ``grammar.ebnf``), read only from the folder's
+    own regular files: these are read by the builder, outside the sandbox, and the grammar is
+    text the daemon hands to every caller. A link that leads out of the folder would copy any
+    file the builder can read into the module; a FIFO or a device would hang or flood the
+    build.
 
     Raises:
-        EvaldError: ``INVALID_ARGUMENT`` naming the file and where it leads.
+        EvaldError: ``INVALID_ARGUMENT`` naming the file and what is wrong with it.
         OSError, json.JSONDecodeError, UnicodeDecodeError: as
             :func:`evald.contract.load_manifest_source`.
     """
     root = folder.resolve()
     for name in ("manifest.json", "grammar.ebnf"):
-        target = (root / name).resolve()
-        if (root / name).exists() and not target.is_relative_to(root):
-            raise EvaldError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"{root / name} leads to {target}, outside the evaluator folder; a build "
-                "reads only the folder's own files (copy the file into the folder)",
+        path = root / name
+        if not path.exists():
+            continue
+        target = path.resolve()
+        if not target.is_relative_to(root):
+            raise _usage(
+                f"{path} leads to {target}, outside the evaluator folder; a build reads only "
+                "the folder's own files (copy the file into the folder)"
             )
+        if not target.is_file():
+            raise _usage(f"{path} is not a regular file; a build reads only regular files")
     return load_manifest_source(root)
+
+
+def _usage(message: str) -> EvaldError:
+    return EvaldError(ErrorCode.INVALID_ARGUMENT, message)
 
 
 def with_manifest(wasm: bytes, folder: Path) -> bytes:

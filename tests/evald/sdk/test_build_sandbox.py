@@ -11,6 +11,7 @@ the operator says ``--unsandboxed``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -293,6 +294,32 @@ def test_a_manifest_file_leading_out_of_the_folder_is_refused(tmp_path: Path) ->
         "file into the folder)\n"
     )
     assert not list(folder.glob("*.wasm"))
+
+
+def test_a_manifest_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """A FIFO as grammar.ebnf would hold the builder (who reads the manifest outside the
+    sandbox) until someone writes to it; here a writer does, so without the rule the build
+    would go on with what it wrote."""
+    folder = _new(tmp_path, "zig")
+    fifo = folder / "grammar.ebnf"
+    fifo.unlink()
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with contextlib.suppress(OSError), open(fifo, "w") as writer:
+            writer.write('root ::= "fed"\n')
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    run = cli("build", folder, "--no-grammar-check")
+    assert (run.status, run.err) == (
+        2,
+        f"error: invalid_argument: {fifo} is not a regular file; a build reads only regular "
+        "files\n",
+    )
+    with contextlib.suppress(OSError):  # let the writer go
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    feeder.join(timeout=60)
 
 
 # --- limits -------------------------------------------------------------------------------
