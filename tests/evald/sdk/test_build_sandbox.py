@@ -304,22 +304,27 @@ def test_a_manifest_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -
     fifo = folder / "grammar.ebnf"
     fifo.unlink()
     os.mkfifo(fifo)
+    done = threading.Event()
 
-    def feed() -> None:
-        with contextlib.suppress(OSError), open(fifo, "w") as writer:
-            writer.write('root ::= "fed"\n')
+    def feed() -> None:  # a grammar to every reader, until the test is over
+        while not done.is_set():
+            with contextlib.suppress(OSError), open(fifo, "w") as writer:
+                writer.write('root ::= "fed"\n')
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    run = cli("build", folder, "--no-grammar-check")
+    try:
+        run = cli("build", folder, "--no-grammar-check")
+    finally:
+        done.set()
+        with contextlib.suppress(OSError):  # let the writer go
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        feeder.join(timeout=60)
     assert (run.status, run.err) == (
         2,
         f"error: invalid_argument: {fifo} is not a regular file; a build reads only regular "
         "files\n",
     )
-    with contextlib.suppress(OSError):  # let the writer go
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-    feeder.join(timeout=60)
 
 
 # --- limits -------------------------------------------------------------------------------
