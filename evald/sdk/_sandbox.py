@@ -220,7 +220,9 @@ def _rlimits(limits: BuildLimits) -> dict[int, int]:
 def _apply(limits: Mapping[int, int]) -> Callable[[], None]:
     def apply() -> None:  # in the child, between fork and exec: system calls only
         for which, value in limits.items():
-            resource.setrlimit(which, (value, value))
+            # CPU: SIGXCPU at the limit (which names it), SIGKILL a second later
+            hard = value + 1 if which == resource.RLIMIT_CPU else value
+            resource.setrlimit(which, (value, hard))
 
     return apply
 
@@ -324,7 +326,7 @@ class Scratch:
                 output,
             )
         if proc.returncode != 0:
-            raise BuildError(_failure(what, proc.returncode, self.sandbox.limits), output)
+            raise BuildError(_failure(what, proc.returncode, output, self.sandbox.limits), output)
         return output
 
     def _view(self, cwd: Path, needs: Iterable[Path], env: Mapping[str, str]) -> list[str]:
@@ -373,8 +375,15 @@ def _read_output(log_path: Path) -> str:
     return text + ("\n[output cut at 1 MiB]\n" if len(data) > _OUTPUT_BYTES else "")
 
 
-def _failure(what: str, returncode: int, limits: BuildLimits) -> str:
-    """Why a compiler run failed, naming a limit when a signal ended it."""
+#: What the compilers print when an allocation fails (Zig, rustc/LLVM, Node.js, libc).
+_OUT_OF_MEMORY: Final = (
+    "OutOfMemory", "SystemResources", "out of memory", "memory allocation of",
+    "Cannot allocate memory", "heap out of memory",
+)  # fmt: skip
+
+
+def _failure(what: str, returncode: int, output: str, limits: BuildLimits) -> str:
+    """Why a compiler run failed, naming a limit when a signal ended it or memory ran out."""
     signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
     if signum == signal.SIGXCPU:
         return (
@@ -385,5 +394,10 @@ def _failure(what: str, returncode: int, limits: BuildLimits) -> str:
         return (
             f"compiling {what} failed: the compiler was killed by {signal.Signals(signum).name} "
             f"(the build's limits: {limits.describe()})"
+        )
+    if any(sign in output for sign in _OUT_OF_MEMORY):
+        return (
+            f"compiling {what} failed: the compiler ran out of memory or another resource (the "
+            f"build's memory limit is {limits.memory_bytes >> 20} MiB per process: --memory-mib)"
         )
     return f"compiling {what} failed"

@@ -354,6 +354,32 @@ def test_a_comptime_loop_ends_at_the_builds_wall_clock_with_nothing_left(
     assert not list(folder.glob("*.wasm"))
 
 
+def test_a_comptime_loop_ends_at_the_cpu_limit(tmp_path: Path) -> None:
+    folder = _new(tmp_path, "zig", "forever")
+    source = folder / "main.zig"
+    source.write_text(source.read_text() + COMPTIME_LOOP)
+    run = cli("build", folder, "--no-grammar-check", "--cpu-seconds", "2", "--timeout", "300")
+    assert run.status == 2
+    assert run.err.endswith(
+        "error: invalid_module: compiling main.zig was stopped: a compiler process used the "
+        "build's 2 CPU seconds (--cpu-seconds)\n"
+    ), run.err
+    assert _processes_naming(str(source)) == []
+
+
+def test_a_compiler_past_the_memory_limit_fails_naming_it(tmp_path: Path) -> None:
+    """Zig needs more than 32 MiB for the template: under --memory-mib 32 its allocations
+    fail, and the message says which limit."""
+    folder = _new(tmp_path, "zig")
+    run = cli("build", folder, "--no-grammar-check", "--memory-mib", "32")
+    assert run.status == 2
+    assert run.err.endswith(
+        "error: invalid_module: compiling main.zig failed: the compiler ran out of memory or "
+        "another resource (the build's memory limit is 32 MiB per process: --memory-mib) "
+        "(compiler output above)\n"
+    ), run.err
+
+
 def test_limits_must_be_positive(tmp_path: Path) -> None:
     run = cli("build", tmp_path, "--timeout", "0")
     assert (run.status, run.err) == (
