@@ -115,7 +115,7 @@ def find_rustc() -> Compiler:
         if not Path(rustc).exists():
             tried.append(f"{rustc} (not installed)")
             continue
-        probe = _probe(rustc)
+        probe = _probe(os.path.abspath(rustc))  # asked from /: a relative name must not move
         if isinstance(probe, str):
             tried.append(f"{rustc} ({probe})")
         elif not probe[1]:
