@@ -95,12 +95,16 @@ ports: setup toolchains
 	$(PY) tools/build_wasm.py --ports
 
 # The SDK's Rust and AssemblyScript compilers: Debian's rustc with the wasm32 standard library
-# (as root, where missing) and the pinned assemblyscript package into tools/assemblyscript/.
+# (as root, where missing) and the pinned assemblyscript package into tools/assemblyscript/;
+# and bubblewrap, the sandbox every build runs its compilers in.
 toolchains:
 	@test -n "$$(ls /usr/lib/rustlib/wasm32-unknown-unknown/lib/libstd-*.rlib 2>/dev/null)" || \
 	  { [ "$$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends rustc \
 	      libstd-rust-dev-wasm32 lld-14 >/dev/null; } || \
 	  echo "make toolchains: install rustc, libstd-rust-dev-wasm32 and lld-14 (Debian) as root"
+	@command -v bwrap >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; } || \
+	  echo "make toolchains: install bubblewrap (Debian) as root"
 	test -x tools/assemblyscript/node_modules/.bin/asc || npm ci --prefix tools/assemblyscript --no-audit --no-fund --silent
 
 clean:

@@ -7,7 +7,8 @@ module with its embedded manifest is written to ``evaluators_wasm/wasm/NAME.wasm
 ``evaluators_wasm/ports/NAME/`` (Rust or AssemblyScript), is written beside its source as
 ``NAME.wasm``, where ``evald build`` writes it; the ports need rustc for wasm32 and the
 repository's pinned asc (``make toolchains``). The build is the SDK's
-(:func:`evald.sdk.build_evaluator`, the one ``evald build`` runs) and is deterministic:
+(:func:`evald.sdk.build_evaluator`, the one ``evald build`` runs, in its sandbox where bwrap
+is installed) and is deterministic:
 ``tests/evaluators_wasm/test_build_reproducible.py`` rebuilds and compares the bytes with the
 committed modules. A repository tool, not part of any wheel: the guest package holds the
 sources and the built modules, the SDK the build.
@@ -19,7 +20,8 @@ import argparse
 import os
 from pathlib import Path
 
-from evald.sdk import build_evaluator
+from evald.contract import EvaldError
+from evald.sdk import BuildSandbox, build_evaluator, find_bwrap
 from evaluators_wasm import PORTS, PORTS_DIR, SOURCE_DIR, WASM_DIR, port_path
 
 #: The AssemblyScript compiler ``make toolchains`` installs (package.json and lock beside it).
@@ -44,11 +46,23 @@ def main(argv: list[str] | None = None) -> None:
         names = args.names or sorted(p.name for p in SOURCE_DIR.iterdir() if p.is_dir())
         sources = {name: SOURCE_DIR / name for name in names}
         targets = {name: (args.out or WASM_DIR) / f"{name}.wasm" for name in names}
+    sandbox = _sandbox()
     for name in names:
-        wasm = build_evaluator(sources[name])
+        wasm = build_evaluator(sources[name], sandbox=sandbox)
         targets[name].parent.mkdir(parents=True, exist_ok=True)
         targets[name].write_bytes(wasm)
         print(f"built {targets[name].name} ({len(wasm)} bytes)")
+
+
+def _sandbox() -> BuildSandbox:
+    """The SDK's sandbox where bwrap works here; these are the repository's own sources, so
+    without it they are built unsandboxed (the same bytes), saying so."""
+    try:
+        find_bwrap()
+    except EvaldError as exc:
+        print(f"note: building unsandboxed, as the sources are the repository's own: {exc.message}")
+        return BuildSandbox(unsandboxed=True)
+    return BuildSandbox()
 
 
 if __name__ == "__main__":

@@ -153,16 +153,23 @@ def _register(parser: argparse.ArgumentParser) -> Runner:
         help="when building a folder, skip compiling its grammar with XGrammar",
     )
     add_client_options(parser)
+    from evald.cli._sdk import add_build_options
+
+    add_build_options(parser, short_timeout=False)
 
     @_guarded
     def run(args: argparse.Namespace) -> int:
         if args.path.is_dir():
-            from evald.cli._sdk import build_for_cli, print_failure
+            from evald.cli._sdk import build_for_cli, build_sandbox, print_failure
             from evald.contract import EvaldError
             from evald.sdk import BuildError
 
             try:
-                module = build_for_cli(args.path, check_grammars=not args.no_grammar_check).wasm
+                module = build_for_cli(
+                    args.path,
+                    check_grammars=not args.no_grammar_check,
+                    sandbox=build_sandbox(args),
+                ).wasm
             except (BuildError, EvaldError) as exc:
                 return print_failure(exc)
         else:

@@ -16,9 +16,9 @@ from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
 
 if TYPE_CHECKING:
     from evald.contract import EvaldError
-    from evald.sdk import BuildError, BuildResult, CaseResult, DaemonSettings
+    from evald.sdk import BuildError, BuildResult, BuildSandbox, CaseResult, DaemonSettings
 
-__all__ = ["build_for_cli", "print_failure"]
+__all__ = ["add_build_options", "build_for_cli", "build_sandbox", "print_failure"]
 
 EXIT_MISMATCH = 1
 
@@ -37,7 +37,8 @@ def print_failure(exc: BuildError | EvaldError) -> int:
         if exc.output:
             sys.stderr.write(exc.output if exc.output.endswith("\n") else exc.output + "\n")
         first = str(exc).splitlines()[0]
-        return _fail("invalid_module", f"{first} (compiler output above)")
+        above = " (compiler output above)" if exc.output.strip() else ""
+        return _fail("invalid_module", first + above)
     return _fail(exc.code.value, exc.message)
 
 
@@ -69,6 +70,79 @@ def _add_daemon_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_build_options(parser: argparse.ArgumentParser, *, short_timeout: bool = True) -> None:
+    """The build sandbox's options (``build``, ``test`` and ``register`` of a folder);
+    ``--timeout`` is also ``--build-timeout`` where the command has no timeout of its own
+    (``register``'s is the call's)."""
+    from evald.sdk import DEFAULT_LIMITS
+
+    group = parser.add_argument_group(
+        "the build's sandbox (a folder is code that runs at build time; docs/"
+        "writing-evaluators.md, 'Building a tenant's folder')"
+    )
+    group.add_argument(
+        *(["--timeout"] if short_timeout else []),
+        "--build-timeout",
+        dest="build_timeout",
+        type=float,
+        metavar="SECONDS",
+        default=DEFAULT_LIMITS.timeout_s,
+        help="wall clock for the whole build; then every process of it is killed "
+        "(default %(default)g)",
+    )
+    group.add_argument(
+        "--cpu-seconds",
+        type=int,
+        metavar="N",
+        default=DEFAULT_LIMITS.cpu_s,
+        help="CPU seconds per compiler process (default %(default)d)",
+    )
+    group.add_argument(
+        "--memory-mib",
+        type=int,
+        metavar="MIB",
+        default=DEFAULT_LIMITS.memory_bytes >> 20,
+        help="heap and writable memory per compiler process, in MiB (default %(default)d)",
+    )
+    group.add_argument(
+        "--unsandboxed",
+        action="store_true",
+        help="DANGEROUS: build without bwrap, only for sources you trust (the folder's "
+        "compile-time code then reads what you can read and reaches the network; the limits "
+        "and the clean environment still apply)",
+    )
+    group.add_argument(
+        "--toolchain-from-folder",
+        action="store_true",
+        help="DANGEROUS: take asc from the folder's own node_modules (the folder then chooses "
+        "the program that compiles it; it still runs in the sandbox)",
+    )
+
+
+def build_sandbox(args: argparse.Namespace) -> BuildSandbox:
+    """The sandbox the options of :func:`add_build_options` ask for.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` for a limit that is not positive.
+    """
+    from evald.contract import ErrorCode, EvaldError
+    from evald.sdk import BuildLimits, BuildSandbox
+
+    if args.build_timeout <= 0 or args.cpu_seconds <= 0 or args.memory_mib <= 0:
+        raise EvaldError(
+            ErrorCode.INVALID_ARGUMENT,
+            "--build-timeout, --cpu-seconds and --memory-mib must be positive",
+        )
+    limits = BuildLimits(
+        timeout_s=args.build_timeout, cpu_s=args.cpu_seconds, memory_bytes=args.memory_mib << 20
+    )
+    return BuildSandbox(
+        limits=limits,
+        unsandboxed=args.unsandboxed,
+        toolchain_from_folder=args.toolchain_from_folder,
+    )
+
+
 def _settings(args: argparse.Namespace) -> DaemonSettings:
     from evald.sdk import daemon_settings
 
@@ -82,15 +156,23 @@ def build_for_cli(
     out: Path | None = None,
     check_grammars: bool = True,
     quiet: bool = False,
+    sandbox: BuildSandbox | None = None,
 ) -> BuildResult:
     """Builds ``folder`` for a command and reports it on stdout (shared with ``register``).
 
     ``settings`` defaults to the daemon config ``evald serve`` would read and its token-less
-    tenant's limits.
+    tenant's limits; ``sandbox`` to the default sandbox and limits.
     """
     from evald.sdk import build_folder
 
-    result = build_folder(folder, out=out, settings=settings, check_grammars=check_grammars)
+    if sandbox is not None and sandbox.unsandboxed:
+        print(
+            "warning: --unsandboxed: the folder's compilers run with your file access and network",
+            file=sys.stderr,
+        )
+    result = build_folder(
+        folder, out=out, settings=settings, check_grammars=check_grammars, sandbox=sandbox
+    )
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if not quiet:
@@ -144,12 +226,17 @@ def _build(parser: argparse.ArgumentParser) -> Runner:
         help="skip compiling the grammar and regex with XGrammar (it takes seconds to import)",
     )
     _add_daemon_options(parser)
+    add_build_options(parser)
 
     @_guarded
     def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
         result = build_for_cli(
-            args.path, settings, out=args.out, check_grammars=not args.no_grammar_check
+            args.path,
+            settings,
+            out=args.out,
+            check_grammars=not args.no_grammar_check,
+            sandbox=build_sandbox(args),
         )
         if result.grammars_checked:
             grammar_note = "input grammar and result regex compile with XGrammar"
@@ -185,6 +272,7 @@ def _test(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per case")
     _add_daemon_options(parser)
+    add_build_options(parser)
 
     @_guarded
     def run(args: argparse.Namespace) -> int:
@@ -196,7 +284,9 @@ def _test(parser: argparse.ArgumentParser) -> Runner:
         if path.is_dir():
             cases_path = cases_path or path / "cases.jsonl"
             cases = load_cases(cases_path)
-            wasm = build_for_cli(path, settings, check_grammars=False, quiet=args.json).wasm
+            wasm = build_for_cli(
+                path, settings, check_grammars=False, quiet=args.json, sandbox=build_sandbox(args)
+            ).wasm
         else:
             if cases_path is None:
                 return _fail("invalid_argument", "give the cases file: evald test MODULE CASES")

@@ -18,7 +18,10 @@ the daemon allow them), and the crate's arena as the allocator. The
 
 Which rustc: ``$EVALD_RUSTC``, else the first of ``rustc`` on PATH and ``/usr/bin/rustc`` whose
 sysroot holds the wasm32 standard library (a rustup toolchain without the target is skipped:
-Debian's ``rustc`` with ``libstd-rust-dev-wasm32`` is what CI installs).
+Debian's ``rustc`` with ``libstd-rust-dev-wasm32`` is what CI installs). A build runs the
+compiler binary itself (``SYSROOT/bin/rustc``), never rustup's proxy, so a folder's
+``rust-toolchain.toml`` cannot name a compiler of its own; inside the build's sandbox no
+``RUSTUP_*``, ``CARGO_*`` or ``RUSTC_BOOTSTRAP`` variable is set.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import functools
 import os
 import shutil
 import subprocess
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Final
 
 from evald.contract import ErrorCode, EvaldError
 from evald.sdk._compiler import BuildError, Compiler
+from evald.sdk._sandbox import Scratch
 
 __all__ = [
     "GUEST_CRATE",
@@ -74,41 +77,53 @@ def _missing(message: str) -> EvaldError:
 
 
 @functools.cache
-def _probe(rustc: str) -> tuple[str, bool] | str:
-    """``(version, has the wasm32 standard library)`` of one rustc, or why it cannot run."""
+def _probe(rustc: str) -> tuple[str, bool, Path] | str:
+    """``(version, has the wasm32 standard library, the compiler binary itself)`` of one
+    rustc, or why it cannot run. Asked from ``/``, so that a rustup proxy answers for the
+    operator's toolchain and no folder's ``rust-toolchain.toml`` applies; the binary is
+    ``SYSROOT/bin/rustc``, which a build then runs directly, never through the proxy."""
+
+    def ask(binary: str, *question: str) -> str:
+        return subprocess.run(
+            [binary, *question], capture_output=True, text=True, timeout=60, check=True, cwd="/"
+        ).stdout.strip()
+
     try:
-        version = subprocess.run(
-            [rustc, "--version"], capture_output=True, text=True, timeout=60, check=True
-        ).stdout.split()[1]
-        libdir = subprocess.run(
-            [rustc, "--print", "target-libdir", "--target", RUST_TARGET],
-            capture_output=True, text=True, timeout=60, check=True,
-        ).stdout.strip()  # fmt: skip
+        sysroot = Path(ask(rustc, "--print", "sysroot"))
+        binary = sysroot / "bin" / "rustc"
+        real = str(binary) if binary.is_file() else rustc
+        version = ask(real, "--version").split()[1]
+        libdir = ask(real, "--print", "target-libdir", "--target", RUST_TARGET)
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
         return f"does not run ({exc})"
-    return version, any(Path(libdir).glob("libstd-*.rlib"))
+    return version, any(Path(libdir).glob("libstd-*.rlib")), Path(real)
 
 
 def find_rustc() -> Compiler:
-    """The rustc ``evald build`` uses for Rust (module docstring says which).
+    """The rustc ``evald build`` uses for Rust (module docstring says which): the compiler
+    binary itself, with its sysroot as what the build's sandbox shows it.
 
     Raises:
         EvaldError: ``INVALID_ARGUMENT`` saying what was tried and what to install.
     """
     chosen = os.environ.get(_ENV_VARIABLE)
-    candidates = [chosen] if chosen else [shutil.which("rustc"), _SYSTEM_RUSTC]
+    on_path = shutil.which("rustc")
+    candidates = [chosen] if chosen else [on_path if on_path and os.path.isabs(on_path) else None,
+                                          _SYSTEM_RUSTC]  # fmt: skip
     tried = []
     for rustc in dict.fromkeys(c for c in candidates if c):
         if not Path(rustc).exists():
             tried.append(f"{rustc} (not installed)")
             continue
-        probe = _probe(rustc)
+        probe = _probe(os.path.abspath(rustc))  # asked from /: a relative name must not move
         if isinstance(probe, str):
             tried.append(f"{rustc} ({probe})")
         elif not probe[1]:
             tried.append(f"{rustc} (rustc {probe[0]}, no {RUST_TARGET} standard library)")
         else:
-            return Compiler("rustc", rustc, probe[0], RUST_VERSION)
+            binary = probe[2].resolve()
+            sysroot = binary.parent.parent
+            return Compiler("rustc", str(probe[2]), probe[0], RUST_VERSION, needs=(sysroot,))
     where = f"${_ENV_VARIABLE}={chosen}" if chosen else "rustc on PATH and /usr/bin/rustc"
     raise _missing(
         f"no Rust compiler for {RUST_TARGET} was found (tried {where}: "
@@ -143,42 +158,44 @@ def refuse_dependencies(folder: Path) -> None:
         )
 
 
-def compile_rust(folder: Path, toolchain: Compiler) -> bytes:
-    """Compiles ``folder/src/lib.rs`` and the guest crate to a module (no manifest yet).
+def compile_rust(folder: Path, toolchain: Compiler, scratch: Scratch) -> bytes:
+    """Compiles ``folder/src/lib.rs`` and the guest crate to a module (no manifest yet), each
+    in the build's sandbox.
 
     Raises:
-        BuildError: rustc refused the source (its diagnostics attached).
+        BuildError: rustc refused the source (its diagnostics attached), or a limit stopped it.
         EvaldError: ``INVALID_ARGUMENT`` for a dependency other than evald-guest, or a rustc
             that cannot link for wasm32.
     """
     refuse_dependencies(folder)
-    with tempfile.TemporaryDirectory(prefix="evald-rust-") as tmp:
-        out = Path(tmp)
-        guest = [
-            toolchain.path, *RUST_FLAGS, "--crate-type", "rlib", "--crate-name", "evald_guest",
-            "--remap-path-prefix", f"{GUEST_CRATE}=evald-guest", "--out-dir", str(out),
-            str(GUEST_CRATE / "src" / "lib.rs"),
-        ]  # fmt: skip
-        _run(guest, GUEST_CRATE, "the evald-guest crate")
-        module = out / "module.wasm"
-        evaluator = [
-            toolchain.path, *RUST_FLAGS, "-C", "lto", "-C", "strip=symbols",
-            "-C", "link-arg=-zstack-size=65536", "--crate-type", "cdylib",
-            "--crate-name", "evaluator", "--extern", f"evald_guest={out / 'libevald_guest.rlib'}",
-            "--remap-path-prefix", f"{folder}=.", "-o", str(module), RUST_SOURCE,
-        ]  # fmt: skip
-        _run(evaluator, folder, RUST_SOURCE)
-        return module.read_bytes()
+    out = scratch.out
+    guest = [
+        *toolchain.argv, *RUST_FLAGS, "--crate-type", "rlib", "--crate-name", "evald_guest",
+        "--remap-path-prefix", f"{GUEST_CRATE}=evald-guest", "--out-dir", str(out),
+        str(GUEST_CRATE / "src" / "lib.rs"),
+    ]  # fmt: skip
+    _run(guest, GUEST_CRATE, "the evald-guest crate", toolchain, scratch)
+    module = out / "module.wasm"
+    evaluator = [
+        *toolchain.argv, *RUST_FLAGS, "-C", "lto", "-C", "strip=symbols",
+        "-C", "link-arg=-zstack-size=65536", "--crate-type", "cdylib",
+        "--crate-name", "evaluator", "--extern", f"evald_guest={out / 'libevald_guest.rlib'}",
+        "--remap-path-prefix", f"{folder}=.", "-o", str(module), RUST_SOURCE,
+    ]  # fmt: skip
+    _run(evaluator, folder, RUST_SOURCE, toolchain, scratch)
+    if not module.is_file():
+        raise BuildError(f"compiling {RUST_SOURCE} failed: rustc wrote no module")
+    return module.read_bytes()
 
 
-def _run(command: list[str], cwd: Path, what: str) -> None:
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600)
-    if proc.returncode == 0:
-        return
-    if "linker `rust-lld` not found" in proc.stderr:
-        raise _missing(
-            f"{command[0]} cannot link for {RUST_TARGET}: its linker rust-lld is missing "
-            "(on Debian or Ubuntu `apt-get install lld-14`: the rustc package links "
-            "/usr/bin/rust-lld to it)"
-        )
-    raise BuildError(f"compiling {what} failed", proc.stderr + proc.stdout)
+def _run(command: list[str], cwd: Path, what: str, toolchain: Compiler, scratch: Scratch) -> None:
+    try:
+        scratch.run(command, what=what, cwd=cwd, needs=(*toolchain.needs, GUEST_CRATE))
+    except BuildError as exc:
+        if "linker `rust-lld` not found" in exc.output:
+            raise _missing(
+                f"{toolchain.path} cannot link for {RUST_TARGET}: its linker rust-lld is "
+                "missing (on Debian or Ubuntu `apt-get install lld-14`: the rustc package "
+                "links /usr/bin/rust-lld to it)"
+            ) from None
+        raise

@@ -39,7 +39,6 @@ from evald.contract import (
     ErrorCode,
     EvaldError,
     Manifest,
-    load_manifest_source,
     may_produce,
     parse_manifest,
 )
@@ -47,11 +46,13 @@ from evald.daemon import Config, load_config
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost, check_manifest_grammars
 from evald.sdk._assemblyscript import GUEST_PACKAGES
 from evald.sdk._rust import GUEST_CRATE
+from evald.sdk._sandbox import BuildSandbox
 from evald.sdk._toolchain import (
     LANGUAGES,
     ZIG_VERSION,
     compile_folder,
     language_of,
+    manifest_source,
     with_manifest,
 )
 
@@ -348,6 +349,7 @@ def build_folder(
     settings: DaemonSettings | None = None,
     check_grammars: bool = True,
     write: bool = True,
+    sandbox: BuildSandbox | None = None,
 ) -> BuildResult:
     """Compiles an evaluator folder, embeds its manifest and checks it.
 
@@ -359,12 +361,15 @@ def build_folder(
         check_grammars: also compile the grammar and regex with XGrammar (if installed;
             importing it takes seconds).
         write: write the module (only when every check passed).
+        sandbox: how the compilers run (default :class:`BuildSandbox`: in bwrap, under the
+            default limits, never a compiler from the folder).
 
     Raises:
         BuildError: the compiler refused the source (``output`` holds its
-            diagnostics verbatim).
-        EvaldError: a missing file or compiler (``INVALID_ARGUMENT``, saying what to install),
-            an unreadable manifest, or any check that failed.
+            diagnostics verbatim), or a limit of the build's sandbox stopped it.
+        EvaldError: a missing file, compiler or bwrap (``INVALID_ARGUMENT``, saying what to
+            install), a manifest file outside the folder, an unreadable manifest, or any check
+            that failed.
     """
     started = time.perf_counter()
     folder = folder.resolve()  # the compiler runs inside the folder
@@ -372,12 +377,12 @@ def build_folder(
     if not (folder / "manifest.json").is_file():
         raise _usage(f"{folder} has no manifest.json")
     try:
-        load_manifest_source(folder)
+        manifest_source(folder)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EvaldError(
             ErrorCode.INVALID_MODULE, f"{folder / 'manifest.json'} is not valid JSON: {exc}"
         ) from None
-    compiled = compile_folder(folder)
+    compiled = compile_folder(folder, sandbox=sandbox)
     wasm = with_manifest(compiled.wasm, folder)
     manifest, input_cap, output_cap, checked = check_module(
         wasm, settings, check_grammars=check_grammars
@@ -502,11 +507,7 @@ def run_cases(
             outcome = host.evaluate(
                 module, case.input.encode("utf-8"), settings.limits, pool_key=pool_key
             )
-            got = (
-                repr(outcome.value)
-                if outcome.error is None
-                else f"error {outcome.error.value}"
-            )
+            got = repr(outcome.value) if outcome.error is None else f"error {outcome.error.value}"
             problem = ""
             if case.value is not None and outcome.value != case.value:
                 problem = f"expected {case.value!r}, got {got}"

@@ -5,7 +5,9 @@ One build for every module evald's side makes: ``evald build`` (a tenant's evalu
 ``make wasm`` (the standard set in ``evaluators_wasm/src/``, and the ports in
 ``evaluators_wasm/ports/``). The language is the folder's source file (:data:`LANGUAGES`); Zig
 and C compile with the pinned ``ziglang`` package, Rust with rustc (:mod:`evald.sdk._rust`),
-AssemblyScript with asc (:mod:`evald.sdk._assemblyscript`). Every build is reproducible: the
+AssemblyScript with asc (:mod:`evald.sdk._assemblyscript`), each compiler in the build's
+sandbox (:mod:`evald.sdk._sandbox`: a folder is code that runs at build time, so it sees only
+itself, the compiler and a scratch folder, under limits). Every build is reproducible: the
 same sources and the same compiler version give byte-identical modules, whatever the folder or
 the compiler's cache. The manifest section's name and payload come from :mod:`evald.contract`,
 which the host reads them by; a guest library never writes one.
@@ -15,12 +17,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from evald.contract import (
     MANIFEST_SECTION,
@@ -31,8 +30,9 @@ from evald.contract import (
     load_manifest_source,
 )
 from evald.sdk._assemblyscript import ASSEMBLYSCRIPT_SOURCE, compile_assemblyscript, find_asc
-from evald.sdk._compiler import BuildError
+from evald.sdk._compiler import BuildError, Compiler
 from evald.sdk._rust import RUST_SOURCE, compile_rust, find_rustc, refuse_dependencies
+from evald.sdk._sandbox import BuildSandbox, Scratch
 
 __all__ = [
     "GUEST_STACK_BYTES",
@@ -43,7 +43,9 @@ __all__ = [
     "build_evaluator",
     "compile_folder",
     "compile_zig",
+    "find_zig",
     "language_of",
+    "manifest_source",
     "with_manifest",
 ]
 
@@ -97,89 +99,145 @@ def language_of(folder: Path) -> str | None:
     return None
 
 
-def _zig_toolchain() -> tuple[str, list[str]]:
-    if importlib.util.find_spec("ziglang") is None:
+def find_zig() -> tuple[Compiler, list[str]]:
+    """The pinned Zig of the ``ziglang`` package (its ``zig`` binary, run directly), and a
+    warning when another release is installed.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` when ``ziglang`` is not installed.
+    """
+    spec = importlib.util.find_spec("ziglang")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations or not (Path(locations[0]) / "zig").is_file():
         raise EvaldError(
             ErrorCode.INVALID_ARGUMENT,
             f"the Zig toolchain is not installed: run `pip install ziglang=={ZIG_VERSION}` "
             "(or install evald with the `sdk` extra)",
         )
+    package = Path(locations[0]).resolve()
     try:
         installed = importlib.metadata.version("ziglang")
     except importlib.metadata.PackageNotFoundError:
         installed = "unknown"
+    zig = Compiler("ziglang", str(package / "zig"), installed, ZIG_VERSION, needs=(package,))
     if installed != ZIG_VERSION:
-        return f"ziglang {installed}", [
+        return zig, [
             f"ziglang {installed} is installed; evald builds are pinned to {ZIG_VERSION} "
             f"(`pip install ziglang=={ZIG_VERSION}`), so this module may differ byte for byte "
             "from a pinned build"
         ]
-    return f"ziglang {installed}", []
+    return zig, []
 
 
-def compile_zig(source: Path, *, cache_dir: Path | None = None) -> bytes:
-    """Compiles one Zig (or C, by extension) file to a freestanding wasm32 module.
+def compile_zig(source: Path, zig: Compiler, scratch: Scratch) -> bytes:
+    """Compiles one Zig (or C, by extension) file to a freestanding wasm32 module, in the
+    build's sandbox (its caches in the scratch folder: nothing is shared between builds).
 
     Raises:
-        BuildError: the compiler failed; its output is attached.
+        BuildError: the compiler failed (its output attached) or a limit stopped it.
     """
-    with tempfile.TemporaryDirectory(prefix="evald-build-") as tmp:
-        out = Path(tmp) / "module.wasm"
-        if source.suffix == ".c":
-            cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-freestanding",
-                   "-nostdlib", "-Wl,--no-entry", "-Wl,--export-dynamic", "-Os",
-                   f"-Wl,-z,stack-size={GUEST_STACK_BYTES}", "-o", str(out), str(source)]
-        else:
-            cmd = [sys.executable, "-m", "ziglang", "build-exe", str(source), *ZIG_FLAGS,
-                   f"-femit-bin={out}"]
-            if cache_dir is not None:
-                cmd += ["--cache-dir", str(cache_dir), "--global-cache-dir", str(cache_dir)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=source.parent)
-        if proc.returncode != 0 or not out.exists():
-            raise BuildError(f"compiling {source.name} failed", proc.stderr + proc.stdout)
-        return out.read_bytes()
+    out = scratch.out / "module.wasm"
+    cache = str(scratch.root / "cache")
+    if source.suffix == ".c":
+        cmd = [*zig.argv, "cc", "-target", "wasm32-freestanding", "-nostdlib",
+               "-Wl,--no-entry", "-Wl,--export-dynamic", "-Os",
+               f"-Wl,-z,stack-size={GUEST_STACK_BYTES}", "-o", str(out), str(source)]  # fmt: skip
+    else:
+        cmd = [*zig.argv, "build-exe", str(source), *ZIG_FLAGS, f"-femit-bin={out}",
+               "--cache-dir", cache, "--global-cache-dir", cache]  # fmt: skip
+    scratch.run(
+        cmd, what=source.name, cwd=source.parent, needs=zig.needs,
+        env={"ZIG_GLOBAL_CACHE_DIR": cache, "ZIG_LOCAL_CACHE_DIR": cache},
+    )  # fmt: skip
+    if not out.is_file():
+        raise BuildError(f"compiling {source.name} failed: the compiler wrote no module")
+    return out.read_bytes()
 
 
-def compile_folder(folder: Path, *, cache_dir: Path | None = None) -> Compiled:
-    """Finds the folder's language and its compiler, and compiles it (no manifest yet).
+def compile_folder(folder: Path, *, sandbox: BuildSandbox | None = None) -> Compiled:
+    """Finds the folder's language and its compiler, and compiles it (no manifest yet) in the
+    build's sandbox (:mod:`evald.sdk._sandbox`; default :class:`BuildSandbox`: bwrap, the
+    default limits, no compiler from the folder).
 
     Raises:
-        BuildError: no source, or the compiler refused it.
-        EvaldError: ``INVALID_ARGUMENT`` when the language's compiler is missing (the message
-            says what to install and how).
+        BuildError: no source, the compiler refused it, or a limit stopped it.
+        EvaldError: ``INVALID_ARGUMENT`` when the language's compiler or bwrap is missing (the
+            message says what to install and how).
     """
     folder = folder.resolve()
+    sandbox = sandbox or BuildSandbox()
     language = language_of(folder)
     if language is None:
         sources = ", ".join(LANGUAGES.values())
         raise BuildError(f"{folder} has no evaluator source (one of {sources})")
     source = folder / LANGUAGES[language]
+    warnings: list[str] = []
     if language == "rust":
         refuse_dependencies(folder)
-        rust = find_rustc()
-        wasm = compile_rust(folder, rust)
-        return Compiled(wasm, language, source, rust.describe(), tuple(rust.warnings()))
-    if language == "assemblyscript":
-        asc = find_asc(folder)
-        wasm = compile_assemblyscript(folder, asc)
-        return Compiled(wasm, language, source, asc.describe(), tuple(asc.warnings()))
-    zig, warnings = _zig_toolchain()
-    wasm = compile_zig(source, cache_dir=cache_dir)
-    return Compiled(wasm, language, source, zig, tuple(warnings))
+        compiler = find_rustc()
+    elif language == "assemblyscript":
+        compiler = find_asc(folder, from_folder=sandbox.toolchain_from_folder)
+    else:
+        compiler, warnings = find_zig()
+    with Scratch(sandbox, folder) as scratch:
+        if language == "rust":
+            wasm = compile_rust(folder, compiler, scratch)
+        elif language == "assemblyscript":
+            wasm = compile_assemblyscript(folder, compiler, scratch)
+        else:
+            wasm = compile_zig(source, compiler, scratch)
+    if language in ("zig", "c"):
+        return Compiled(wasm, language, source, f"ziglang {compiler.version}", tuple(warnings))
+    return Compiled(wasm, language, source, compiler.describe(), tuple(compiler.warnings()))
 
 
-def build_evaluator(folder: Path, *, cache_dir: Path | None = None) -> bytes:
-    """Builds the folder's evaluator and embeds the folder's manifest.
+def build_evaluator(folder: Path, *, sandbox: BuildSandbox | None = None) -> bytes:
+    """Builds the folder's evaluator in the build's sandbox and embeds the folder's manifest.
 
     Raises:
-        BuildError: no source, or the compiler refused it.
-        EvaldError: ``INVALID_ARGUMENT`` when the language's compiler is missing.
+        BuildError: no source, the compiler refused it, or a limit stopped it.
+        EvaldError: ``INVALID_ARGUMENT`` when the language's compiler or bwrap is missing, or
+            a manifest file lies outside the folder.
     """
-    return with_manifest(compile_folder(folder, cache_dir=cache_dir).wasm, folder)
+    return with_manifest(compile_folder(folder, sandbox=sandbox).wasm, folder)
+
+
+def manifest_source(folder: Path) -> dict[str, Any]:
+    """The folder's manifest (``manifest.json`` + ``grammar.ebnf``), read only from the folder's
+    own regular files: these are read by the builder, outside the sandbox, and the grammar is
+    text the daemon hands to every caller. A link that leads out of the folder would copy any
+    file the builder can read into the module; a FIFO or a device would hang or flood the
+    build.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` naming the file and what is wrong with it.
+        OSError, json.JSONDecodeError, UnicodeDecodeError: as
+            :func:`evald.contract.load_manifest_source`.
+    """
+    root = folder.resolve()
+    for name in ("manifest.json", "grammar.ebnf"):
+        path = root / name
+        if not path.exists():
+            continue
+        target = path.resolve()
+        if not target.is_relative_to(root):
+            raise _usage(
+                f"{path} leads to {target}, outside the evaluator folder; a build reads only "
+                "the folder's own files (copy the file into the folder)"
+            )
+        if not target.is_file():
+            raise _usage(f"{path} is not a regular file; a build reads only regular files")
+    return load_manifest_source(root)
+
+
+def _usage(message: str) -> EvaldError:
+    return EvaldError(ErrorCode.INVALID_ARGUMENT, message)
 
 
 def with_manifest(wasm: bytes, folder: Path) -> bytes:
-    """``wasm`` with the folder's manifest (``manifest.json`` + ``grammar.ebnf``) embedded."""
-    return append_custom_section(
-        wasm, MANIFEST_SECTION, encode_manifest(load_manifest_source(folder))
-    )
+    """``wasm`` with the folder's manifest (:func:`manifest_source`) embedded.
+
+    Raises:
+        EvaldError: ``INVALID_ARGUMENT`` when a manifest file leads out of the folder.
+    """
+    return append_custom_section(wasm, MANIFEST_SECTION, encode_manifest(manifest_source(folder)))

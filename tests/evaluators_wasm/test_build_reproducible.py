@@ -64,7 +64,7 @@ def test_each_port_rebuilds_byte_identically_from_another_folder(
     name: str, tmp_path: Path
 ) -> None:
     """Paths are remapped out of the Rust build, and asc embeds none: a copy of the port's
-    folder elsewhere (its grammar link resolved to a file) builds the committed module."""
+    folder elsewhere builds the committed module."""
     from evald.sdk import ASC_VERSION, RUST_VERSION, build_evaluator
 
     language = PORTS[name][1]
@@ -77,3 +77,12 @@ def test_each_port_rebuilds_byte_identically_from_another_folder(
     assert build_evaluator(copy) == port_path(name).read_bytes(), (
         f"rebuilding {name} gives other bytes: run make ports"
     )
+
+
+@pytest.mark.parametrize("name", sorted(PORTS))
+def test_each_port_holds_the_standard_checksum_grammar(name: str) -> None:
+    """A port's grammar is a copy (a build reads only its folder's own files, and a link out
+    of the folder is refused), kept the same as the Zig module's."""
+    grammar = PORTS_DIR / name / "grammar.ebnf"
+    assert not grammar.is_symlink()
+    assert grammar.read_bytes() == (SOURCE_DIR / "checksum" / "grammar.ebnf").read_bytes()

@@ -25,6 +25,7 @@ import evald.sdk as sdk
 from evald.cli import main
 from evald.contract import GUEST_ERROR_CODES
 from evald.host import HostConfig, Limits
+from evald.sdk import _assemblyscript
 from evaluators_wasm import PORTS, PORTS_DIR
 
 TENANT = "beta"
@@ -165,17 +166,16 @@ def test_a_missing_compiler_is_named_with_how_to_install_it(
     assert run.status == 2
     assert run.err.startswith(
         "error: invalid_argument: the AssemblyScript compiler was not found (tried "
-        f"$EVALD_ASC={tmp_path / 'no-asc'}); install it: `npm install` in "
-        f"{tmp_path / 'assemblyscript'} (its package.json pins assemblyscript {sdk.ASC_VERSION})"
+        f"$EVALD_ASC={tmp_path / 'no-asc'}); install it outside any tenant's folder: `npm "
+        f"install --ignore-scripts --prefix /opt/evald-asc assemblyscript@{sdk.ASC_VERSION}` "
+        "and set $EVALD_ASC=/opt/evald-asc/node_modules/.bin/asc"
     ), run.err
     monkeypatch.delenv("EVALD_ASC")
+    monkeypatch.setattr(_assemblyscript, "CHECKOUT_ASC", tmp_path / "no-checkout" / "asc")
     monkeypatch.setenv("PATH", str(tmp_path))  # no asc on PATH either
     run = cli("build", tmp_path / "assemblyscript", "--no-grammar-check")
     assert run.status == 2
-    assert (
-        f"(tried node_modules/.bin/asc in {(tmp_path / 'assemblyscript').resolve()} and its "
-        "parents, and asc on PATH)"
-    ) in run.err, run.err
+    assert f"(tried {tmp_path / 'no-checkout' / 'asc'} and asc on PATH)" in run.err, run.err
 
 
 def test_a_rustc_without_the_wasm32_library_is_passed_over_by_name(
