@@ -16,13 +16,13 @@ evald's client and contract.
 from engine_adapter.evaluation._client import ClientStats, EvaluatorClient
 from engine_adapter.evaluation._engine_interface import EngineRuntime, SpanState, open_span_state
 from engine_adapter.evaluation._injector import Injector
+from engine_adapter.evaluation._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
 from engine_adapter.evaluation._listing import (
     EvaluatorListing,
     evaluator_listing,
     list_evaluators,
     tenant_listing,
 )
-from engine_adapter.evaluation._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
 from engine_adapter.evaluation._span_record import SpanRecord
 from engine_adapter.evaluation._token_codec import TokenCodec
 
