@@ -14,7 +14,7 @@ a server process"):
 - **Who takes a slot.** A token takes one of :data:`DEFAULT_MAX_TENANTS` slots only once evald
   has accepted it. Until then the tenant is *provisional*: its spans wait (without blocking
   the scheduler) while a background thread asks evald (``ListEvaluators``, which also brings
-  the tenant's evaluators and the daemon's revision). Each evald address has a checking thread
+  the tenant's evaluators, its name and the daemon's revision). Each evald address has a checking thread
   and a queue of its own, so an address that hangs delays only the checks of tokens sent
   there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
   that the oldest waiting one is answered ``unavailable``. A check gets
