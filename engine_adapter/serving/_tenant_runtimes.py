@@ -14,10 +14,10 @@ a server process"):
 - **Who takes a slot.** A token takes one of :data:`DEFAULT_MAX_TENANTS` slots only once evald
   has accepted it. Until then the tenant is *provisional*: its spans wait (without blocking
   the scheduler) while a background thread asks evald (``ListEvaluators``, which also brings
-  the tenant's evaluators, its name and the daemon's revision). Each evald address has a checking thread
-  and a queue of its own, so an address that hangs delays only the checks of tokens sent
-  there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
-  that the oldest waiting one is answered ``unavailable``. A check gets
+  the tenant's evaluators, its name and the daemon's revision). Each evald address has a
+  checking thread and a queue of its own, so an address that hangs delays only the checks of
+  tokens sent there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest
+  first; past that the oldest waiting one is answered ``unavailable``. A check gets
   :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect and answer a health ``Check``; an address that
   did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`, in which its waiting and new
   tenants are answered ``unavailable`` without a check. A refused token is remembered, by a
