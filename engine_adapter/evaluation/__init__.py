@@ -3,7 +3,8 @@
 The :class:`Injector` follows one request's tokens, detects each closed span, submits it and
 says which tokens to force; the :class:`TokenCodec` is the tokenizer's bytes, shared by an
 engine's requests. The evaluators: the evald daemon through the streaming
-:class:`EvaluatorClient` (and :func:`list_evaluators` for its manifests), or in process
+:class:`EvaluatorClient` (and :func:`list_evaluators` / :func:`tenant_listing` for its
+manifests and the caller's tenant), or in process
 (:class:`InProcessWasmEvaluator`, :class:`ReferenceEvaluator`). What an engine provides and
 calls is written down as two interfaces: :class:`EngineRuntime` (shared by an engine's
 requests) and :class:`SpanState` (one request's spans), opened with :func:`open_span_state`.
@@ -12,15 +13,16 @@ Engine-independent: no engine, no server; below it only :mod:`engine_adapter.spa
 evald's client and contract.
 """
 
-from engine_adapter.evaluation._client import (
-    ClientStats,
-    EvaluatorClient,
-    evaluator_listing,
-    list_evaluators,
-)
+from engine_adapter.evaluation._client import ClientStats, EvaluatorClient
 from engine_adapter.evaluation._engine_interface import EngineRuntime, SpanState, open_span_state
 from engine_adapter.evaluation._injector import Injector
 from engine_adapter.evaluation._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
+from engine_adapter.evaluation._listing import (
+    EvaluatorListing,
+    evaluator_listing,
+    list_evaluators,
+    tenant_listing,
+)
 from engine_adapter.evaluation._span_record import SpanRecord
 from engine_adapter.evaluation._token_codec import TokenCodec
 
@@ -28,6 +30,7 @@ __all__ = [
     "ClientStats",
     "EngineRuntime",
     "EvaluatorClient",
+    "EvaluatorListing",
     "InProcessWasmEvaluator",
     "Injector",
     "ReferenceEvaluator",
@@ -37,4 +40,5 @@ __all__ = [
     "evaluator_listing",
     "list_evaluators",
     "open_span_state",
+    "tenant_listing",
 ]

@@ -8,7 +8,7 @@ Results come back as they complete and resolve the futures by id.
 With a ``data_target`` (or ``$EVALD_DATA_TARGET``), the same messages travel over the daemon's
 data path instead (``[server] data_listen``, docs/data-path.md): length-prefixed frames on a
 unix socket, a round trip of tens of microseconds rather than hundreds. Everything below holds
-for both; gRPC stays the control plane (:func:`list_evaluators`).
+for both; gRPC stays the control plane (``ListEvaluators``: :mod:`._listing`).
 
 Failure rules, so that a request never stalls on evald:
 
@@ -41,8 +41,8 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from engine_adapter.spans import EvalResult, EvaluatorSpec
-from evald.client import Client, DataCallError, DataConnection, resolve_endpoint
+from engine_adapter.spans import EvalResult
+from evald.client import DataCallError, DataConnection, resolve_endpoint
 from evald.contract import (
     CLIENT_MAX_MESSAGE_BYTES,
     ErrorCode,
@@ -52,61 +52,10 @@ from evald.contract import (
     unix_socket_path,
 )
 
-__all__ = ["ClientStats", "EvaluatorClient", "evaluator_listing", "list_evaluators"]
+__all__ = ["ClientStats", "EvaluatorClient"]
 
 _UNAVAILABLE: str = ErrorCode.UNAVAILABLE
 _DEADLINE: str = ErrorCode.DEADLINE_EXCEEDED
-
-
-def list_evaluators(
-    target: str | None = None,
-    token: str | None = None,
-    *,
-    timeout_s: float = 10.0,
-    env_token: bool = True,
-) -> list[EvaluatorSpec]:
-    """The evaluators a tenant may call, as grammar inputs (``ListEvaluators``).
-
-    Parameters:
-        target: ``unix:PATH`` or ``HOST:PORT``; default ``evald.default_target()``.
-        token: bearer token; default ``$EVALD_TOKEN``; none for the unix socket's local tenant.
-
-    Raises:
-        evald.CallError: the daemon refused (``permission_denied``) or could not be reached
-            (``unreachable``).
-    """
-    with Client(target, token, timeout_s=timeout_s, env_token=env_token) as client:
-        return [EvaluatorSpec.from_info(info) for info in client.list_evaluators()]
-
-
-def evaluator_listing(
-    target: str,
-    token: str | None,
-    *,
-    timeout_s: float = 5.0,
-    tls_ca: str | None = None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-) -> tuple[list[EvaluatorSpec], int]:
-    """``(the tenant's evaluators, the daemon's revision)`` from one ``ListEvaluators`` answer.
-
-    ``token`` None means no token (``$EVALD_TOKEN`` is not read: the caller applied its own
-    defaults).
-
-    Raises:
-        evald.CallError: refused (``permission_denied``, ``unauthenticated``) or unreachable.
-    """
-    with Client(
-        target,
-        token,
-        timeout_s=timeout_s,
-        env_token=False,
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-    ) as client:
-        infos, revision = client.listing()
-    return [EvaluatorSpec.from_info(info) for info in infos], revision
 
 
 @dataclass

@@ -14,10 +14,10 @@ a server process"):
 - **Who takes a slot.** A token takes one of :data:`DEFAULT_MAX_TENANTS` slots only once evald
   has accepted it. Until then the tenant is *provisional*: its spans wait (without blocking
   the scheduler) while a background thread asks evald (``ListEvaluators``, which also brings
-  the tenant's evaluators and the daemon's revision). Each evald address has a checking thread
-  and a queue of its own, so an address that hangs delays only the checks of tokens sent
-  there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest first; past
-  that the oldest waiting one is answered ``unavailable``. A check gets
+  the tenant's evaluators, its name and the daemon's revision). Each evald address has a
+  checking thread and a queue of its own, so an address that hangs delays only the checks of
+  tokens sent there: at most :data:`DEFAULT_MAX_CHECKING` tenants wait per address, newest
+  first; past that the oldest waiting one is answered ``unavailable``. A check gets
   :data:`DEFAULT_CONNECT_TIMEOUT_S` to connect and answer a health ``Check``; an address that
   did not answer is remembered for :data:`DEFAULT_UNREACHABLE_S`, in which its waiting and new
   tenants are answered ``unavailable`` without a check. A refused token is remembered, by a
@@ -26,13 +26,15 @@ a server process"):
   answers, never a real tenant its slot.
 - **Who is evicted.** When a token is accepted past the cap, the least recently used token of
   the *party* that holds the most slots (the newcomer's counted): a party with many tokens
-  evicts only its own, and a new party takes a slot from the largest. evald tells nobody
-  which tenant a token is (``ListEvaluators`` answers evaluators and a revision), so a party
-  is what the adapter can see: the address and the evaluators the token grants (their
-  manifests). All tokens of one tenant are one party; two tenants are one party only if they
-  see exactly the same evaluators, and then share its slots least recently used first, as
-  every token did before. Any tenant idle for :data:`DEFAULT_IDLE_S` is evicted too (its
-  connection is closed; a request still holding its runtime reconnects).
+  evicts only its own, and a new party takes a slot from the largest. A party is one evald
+  tenant: the address and the tenant's name, which ``ListEvaluators`` tells the caller
+  (``ListEvaluatorsResponse.tenant``, the token's own tenant), so all tokens of one tenant are
+  one party and two tenants never are, whatever evaluators they see. Only a daemon older than
+  that field names no tenant; its tokens are grouped, as well as the adapter can tell, by the
+  evaluators they grant (their manifests), so two tenants of such a daemon that see exactly
+  the same evaluators share a party and its slots, least recently used first. Any tenant idle
+  for :data:`DEFAULT_IDLE_S` is evicted too (its connection is closed; a request still
+  holding its runtime reconnects).
 - **When evaluator specs are refreshed.** With ``refresh_s`` set (SGLang, which lowers
   ``evaluated_tag`` on the server), a background thread lists each recently used tenant's
   evaluators every ``refresh_s``; a new daemon revision replaces the specs and bumps
@@ -50,15 +52,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter.evaluation import TokenCodec
+from engine_adapter.evaluation import EvaluatorListing, TokenCodec
 from engine_adapter.serving._request_options import allowed_targets, request_options
 from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.serving._server_runtime import AdapterRuntime, answering
-from engine_adapter.spans import EvaluatorSpec, SpanBinding
+from engine_adapter.spans import SpanBinding
 from evald.contract import ErrorCode
 
 __all__ = [
@@ -105,9 +107,7 @@ _REFUSING_CODES = frozenset({ErrorCode.PERMISSION_DENIED, ErrorCode.UNAUTHENTICA
 #: Distinct refusal messages kept as shared refusing runtimes.
 _REFUSALS_KEPT = 64
 
-Listing = tuple[Sequence[EvaluatorSpec], int]
-"""``(evaluator specs, daemon revision)`` of one ``ListEvaluators`` answer."""
-Check = Callable[[AdapterConfig], Listing]
+Check = Callable[[AdapterConfig], EvaluatorListing]
 Key = tuple[str, str | None]
 """A tenant: ``(evald address, token)``."""
 
@@ -133,14 +133,23 @@ class _Checks:
     """``(until, message)`` after a check got no answer: new tenants there are answered then."""
 
 
-def _party(target: str, specs: Sequence[EvaluatorSpec]) -> bytes:
-    """Which party a token belongs to, as far as the adapter can tell: its address and the
-    evaluators it grants (the same for every token of one tenant)."""
+def _party(target: str, listing: EvaluatorListing) -> bytes:
+    """Which party a token belongs to: its address and the tenant evald names for it.
+
+    A daemon older than ``ListEvaluatorsResponse.tenant`` names none (an empty name; evald
+    refuses an empty tenant name): then the evaluators the token grants stand in for it (the
+    same for every token of one tenant, but also for two tenants that see the same ones). The
+    two kinds of party are digested apart, so neither can take the other's value.
+    """
     digest = hashlib.blake2b(target.encode("utf-8", "surrogateescape"), digest_size=16)
+    if listing.tenant:
+        digest.update(b"\0tenant\0" + listing.tenant.encode("utf-8", "surrogateescape"))
+        return digest.digest()
+    digest.update(b"\0evaluators\0")
     for spec in sorted(
         (s.name, s.tag, s.version, s.semantics_version, s.description, s.input_grammar,
          s.result_regex)
-        for s in specs
+        for s in listing.evaluators
     ):  # fmt: skip
         digest.update(repr(spec).encode("utf-8", "surrogateescape"))
     return digest.digest()
@@ -174,7 +183,8 @@ class TenantRuntimes:
             for engines that receive lowered tags and use no specs).
         connect_timeout_s: how long the default check waits for a connection to evald.
         unreachable_s: how long an address whose check got no answer answers ``unavailable``.
-        check: asks evald about a tenant (default: ``ListEvaluators`` with its token).
+        check: asks evald about a tenant (default: ``ListEvaluators`` with its token,
+            :func:`~engine_adapter.evaluation.tenant_listing`).
         runtime_factory: builds the server's own tenant's runtime (tests pass a stand-in
             evaluator); the default shares the process-wide client.
     """
@@ -386,14 +396,13 @@ class TenantRuntimes:
     def _admit(self, key: Key, runtime: AdapterRuntime, checks: _Checks) -> None:
         outcome = self._ask(runtime.config)
         if not isinstance(outcome, _Refused):
-            specs, revision = outcome
             with self._lock:
                 self._accepted[key] = runtime
                 self._accepted.move_to_end(key)
-                self._parties[key] = _party(key[0], specs)
+                self._parties[key] = _party(key[0], outcome)
                 evicted = self._evict_past_cap_locked(key)
                 self.stats["accepted"] += 1
-            runtime.admit(specs, revision)
+            runtime.admit(outcome.evaluators, outcome.revision)
             for old in evicted:
                 old.retire()
             return
@@ -431,12 +440,12 @@ class TenantRuntimes:
         self._parties.pop(key, None)
         return self._accepted.pop(key)
 
-    def _ask(self, config: AdapterConfig) -> Listing | _Refused:
+    def _ask(self, config: AdapterConfig) -> EvaluatorListing | _Refused:
         """evald's answer for a tenant: its listing, or why there is none."""
         from evald.client import CallError
 
         try:
-            specs, revision = self._check(config)
+            listing = self._check(config)
         except CallError as exc:
             if exc.code is None:
                 return _Refused(
@@ -448,17 +457,17 @@ class TenantRuntimes:
             return _Refused(exc.code.value, exc.message)
         except Exception as exc:
             return _Refused(ErrorCode.UNAVAILABLE, f"evald at {config.target} failed: {exc}")
-        return specs, int(revision)
+        return listing
 
-    def _list_with_token(self, config: AdapterConfig) -> Listing:
+    def _list_with_token(self, config: AdapterConfig) -> EvaluatorListing:
         """The default check: ``ListEvaluators`` with the tenant's token, once evald at the
         address has answered a probe within :attr:`connect_timeout_s`."""
-        from engine_adapter.evaluation import evaluator_listing
+        from engine_adapter.evaluation import tenant_listing
 
         target, token = config.target, config.token
         tls = {"tls_ca": config.tls_ca, "tls_cert": config.tls_cert, "tls_key": config.tls_key}
         with answering(target, self.connect_timeout_s, abandon=self._stopping, **tls):
-            return evaluator_listing(target, token, timeout_s=CHECK_TIMEOUT_S, **tls)
+            return tenant_listing(target, token, timeout_s=CHECK_TIMEOUT_S, **tls)
 
     def _remember_refusal_locked(self, key: Key, code: str, msg: str) -> None:
         digest = self._digest(key)
@@ -539,14 +548,14 @@ class TenantRuntimes:
             return False
         outcome = self._ask(runtime.config)
         if not isinstance(outcome, _Refused):
-            specs, revision = outcome
+            revision = outcome.revision
             unchanged = revision == runtime.revision and runtime.revision
-            runtime.set_listing(specs, revision)  # the held specs are current again
+            runtime.set_listing(outcome.evaluators, revision)  # the held specs are current again
             if unchanged:
                 return False
             with self._lock:
-                if self._accepted.get(key) is runtime:  # what it grants may have changed
-                    self._parties[key] = _party(key[0], specs)
+                if self._accepted.get(key) is runtime:  # a new revision: its party may differ
+                    self._parties[key] = _party(key[0], outcome)
             self.stats["refreshed"] += 1
             return True
         code, message = outcome.code, outcome.message

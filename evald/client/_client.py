@@ -216,10 +216,17 @@ class Client:
     def listing(self) -> tuple[list[pb.EvaluatorInfo], int]:
         """The evaluators this tenant may call and the daemon's revision, from one answer (so
         the two always belong together)."""
+        response = self.listing_response()
+        return list(response.evaluators), int(response.revision)
+
+    def listing_response(self) -> pb.ListEvaluatorsResponse:
+        """The whole ``ListEvaluators`` answer: the evaluators, the daemon's revision and the
+        name of the tenant this client's token authenticates (``tenant``; empty from a daemon
+        older than that field), all from one answer."""
         response: pb.ListEvaluatorsResponse = self._invoke(
             self._stub.ListEvaluators, pb.ListEvaluatorsRequest()
         )
-        return list(response.evaluators), int(response.revision)
+        return response
 
     def register(self, module: bytes, *, replace: bool = False) -> pb.EvaluatorInfo:
         """Registers a module (docs/abi.md) for this tenant.

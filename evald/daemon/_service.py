@@ -256,7 +256,9 @@ class _Service(pb_grpc.EvaluatorServicer):
             revision = self._control.revision  # before the list: never newer than what it shows
             evaluators = self._control.evaluators(tenant)
             return pb.ListEvaluatorsResponse(
-                evaluators=[_evaluator_info(ev) for ev in evaluators], revision=revision
+                evaluators=[_evaluator_info(ev) for ev in evaluators],
+                revision=revision,
+                tenant=tenant.name,  # the one the call's own token authenticated
             )
 
         return await self._call("ListEvaluators", context, body)

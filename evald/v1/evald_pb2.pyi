@@ -148,12 +148,14 @@ class ListEvaluatorsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListEvaluatorsResponse(_message.Message):
-    __slots__ = ("evaluators", "revision")
+    __slots__ = ("evaluators", "revision", "tenant")
     EVALUATORS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     evaluators: _containers.RepeatedCompositeFieldContainer[EvaluatorInfo]
     revision: int
-    def __init__(self, evaluators: _Optional[_Iterable[_Union[EvaluatorInfo, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, evaluators: _Optional[_Iterable[_Union[EvaluatorInfo, _Mapping]]] = ..., revision: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class RegisterEvaluatorRequest(_message.Message):
     __slots__ = ("module", "replace")

@@ -17,6 +17,7 @@ import pytest
 from daemon_harness import TOKENS, Daemon, module, start_daemon
 
 from engine_adapter import TokenCodec
+from engine_adapter.evaluation import EvaluatorListing, tenant_listing
 from engine_adapter.serving._server_config import AdapterConfig
 from engine_adapter.serving._tenant_runtimes import TenantRuntimes
 from engine_adapter.testing import SilentAddress
@@ -165,6 +166,78 @@ def test_one_tenants_many_tokens_evict_only_its_own(tmp_path: Path) -> None:
         evald.stop()
 
 
+OTHER = "other-token-0123456789"
+
+
+def _twins_daemon(tmp_path: Path, crowd: list[str], quiet: str) -> Daemon:
+    """Two tenants that see exactly the same evaluators (calc from the standard set, no modules
+    of their own): ``crowd`` with many tokens, ``quiet`` with one; and ``other``, which sees
+    calc and date (token :data:`OTHER`)."""
+    config = "\n".join(
+        [
+            "[server]\nthreads = 2\nshutdown_grace_s = 2",
+            tenant_table(
+                "crowd", token_sha256s=[hash_token(t) for t in crowd], evaluators=["calc"]
+            ),
+            tenant_table("quiet", token=quiet, evaluators=["calc"]),
+            tenant_table("other", token=OTHER, evaluators=["calc", "date"]),
+        ]
+    )
+    return start_daemon(tmp_path, config)
+
+
+def test_two_tenants_that_see_the_same_evaluators_are_two_parties(tmp_path: Path) -> None:
+    """Tenants are told apart by the tenant evald names for each token (``ListEvaluators``),
+    not by what they see: a tenant whose 30 tokens pass the cap of 8 evicts only its own, even
+    when the other tenant sees exactly its evaluators. Before, the two were one party (the
+    same evaluator digest), and the quiet tenant's token, least recently used, went first."""
+    crowd = [f"crowd-{i:03d}-token-0123456789" for i in range(30)]
+    quiet = "quiet-token-0123456789"
+    evald = _twins_daemon(tmp_path, crowd, quiet)
+    runtimes = TenantRuntimes(AdapterConfig(evald.target), CODEC, max_tenants=8, refresh_s=None)
+    try:
+        assert tenant_listing(evald.target, quiet).tenant == "quiet"
+        held = runtimes.for_request({"evald_token": quiet}).runtime
+        assert _value(held) == ("42", None)
+        for token in crowd:
+            runtime = runtimes.for_request({"evald_token": token}).runtime
+            _until(lambda runtime=runtime: runtime.admitted, "the crowd token's check")
+            assert runtime.refusal is None
+        assert held in runtimes.runtimes()
+        assert sorted(runtimes.parties().values()) == [1, 7]
+        assert runtimes.stats["evicted"] == 1 + 30 - 8  # every one of them the crowd's
+        assert runtimes.for_request({"evald_token": quiet}).runtime is held  # never re-checked
+        assert runtimes.stats["accepted"] == 1 + 30
+    finally:
+        runtimes.close()
+        evald.stop()
+
+
+def test_a_daemon_that_names_no_tenant_groups_tokens_by_their_evaluators(
+    tmp_path: Path,
+) -> None:
+    """The fallback for a daemon older than ``ListEvaluatorsResponse.tenant``: its answers are
+    played by a check that drops the name (a stand-in for that daemon's reply, which this
+    repository cannot build). Tokens are grouped by the evaluators they grant, so the twins
+    share one party; a tenant that sees other evaluators is a party of its own."""
+    crowd = [f"crowd-{i:03d}-token-0123456789" for i in range(3)]
+    quiet = "quiet-token-0123456789"
+    evald = _twins_daemon(tmp_path, crowd, quiet)
+
+    def unnamed(config: AdapterConfig) -> EvaluatorListing:
+        listing = tenant_listing(config.target, config.token)
+        return EvaluatorListing(listing.evaluators, listing.revision, "")
+
+    runtimes = TenantRuntimes(AdapterConfig(evald.target), CODEC, check=unnamed, refresh_s=None)
+    try:
+        for token in [quiet, *crowd, OTHER]:
+            assert _value(runtimes.for_request({"evald_token": token}).runtime) == ("42", None)
+        assert sorted(runtimes.parties().values()) == [1, 4]
+    finally:
+        runtimes.close()
+        evald.stop()
+
+
 @pytest.fixture
 def silent() -> Iterator[SilentAddress]:
     """The fault under test: an allowed address that accepts and never answers (a stand-in,
@@ -247,9 +320,9 @@ def test_an_address_that_did_not_answer_is_answered_unavailable_for_a_while(
 def test_a_request_to_another_address_gets_no_server_token(daemon: Daemon) -> None:
     asked: list[AdapterConfig] = []
 
-    def check(config: AdapterConfig) -> tuple[list[Any], int]:
+    def check(config: AdapterConfig) -> EvaluatorListing:
         asked.append(config)
-        return [], 1
+        return EvaluatorListing([], 1, "")
 
     other = "unix:/run/evald/other.sock"
     runtimes = TenantRuntimes(
@@ -285,11 +358,9 @@ def test_a_span_submitted_before_admission_waits_for_it_without_blocking(
 ) -> None:
     gate = concurrent.futures.Future[None]()
 
-    def check(config: AdapterConfig) -> tuple[list[Any], int]:
+    def check(config: AdapterConfig) -> EvaluatorListing:
         gate.result(timeout=60)
-        from engine_adapter.evaluation._client import evaluator_listing
-
-        return evaluator_listing(config.target, config.token)
+        return tenant_listing(config.target, config.token)
 
     runtimes = TenantRuntimes(AdapterConfig(daemon.target), CODEC, check=check, refresh_s=None)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,27 @@ def test_malformed_authorization_is_refused_with_status_and_metadata(daemon: Dae
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert (ERROR_CODE_METADATA_KEY, "permission_denied") in tuple(error.trailing_metadata())
     assert "Bearer TOKEN" in error.details()
+
+
+def test_list_evaluators_names_the_callers_own_tenant(daemon: Daemon) -> None:
+    """``ListEvaluatorsResponse.tenant`` is the tenant the call's own token authenticates: many
+    tenants' calls interleaved on one channel each get their own name, never another's, and
+    the token-less call over the unix socket is the local tenant."""
+    callers: list[tuple[str, tuple[tuple[str, str], ...]]] = [("local", ())]
+    callers += [(name, (("authorization", f"Bearer {TOKENS[name]}"),)) for name in TOKENS]
+    with grpc.insecure_channel(daemon.target) as channel:
+        stub = pb_grpc.EvaluatorStub(channel)
+
+        def named(caller: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[str, str]:
+            response = stub.ListEvaluators(
+                pb.ListEvaluatorsRequest(), metadata=caller[1], timeout=30
+            )
+            return caller[0], response.tenant
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(named, callers * 10))
+    assert len(answers) == 10 * (1 + len(TOKENS))
+    assert all(tenant == expected for expected, tenant in answers), answers
 
 
 def test_a_tenant_never_sees_calls_or_deletes_another_tenants_module(daemon: Daemon) -> None:
