@@ -17,7 +17,9 @@ store before it bound its socket. So:
 A module's work never holds the control thread, and the control thread never waits for the
 module thread. A tenant's change commits on the control thread only while the token of the call
 that asked for it still names the tenant (:func:`still_names`): a registration sent with a
-token revoked while it compiled changes nothing.
+token revoked while it compiled changes nothing. The fleet store checks the token again inside
+the change's own transaction (:class:`Recheck`'s ``token_sha256``), so a revocation committed
+in the store after this check is not missed either.
 """
 
 from __future__ import annotations
@@ -26,15 +28,35 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from evald.contract import ErrorCode, EvaldError
 from evald.daemon._admission import Tenant
 
-__all__ = ["ControlThreads", "still_names"]
+__all__ = ["ControlThreads", "Recheck", "still_names"]
 
 _log = logging.getLogger("evald.server")
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """How a change's call is authenticated again when the change commits.
+
+    ``authenticate`` reads the call's metadata again against the tenants served now;
+    ``token_sha256`` is the hex SHA-256 of the token the call presented (None: it presented
+    none, the tokenless unix-socket tenant's call). The fleet store is given the hash so that
+    it checks, in the same transaction that writes the change, that the token still names the
+    tenant: a revocation committed in the store after the daemon caught up orders before the
+    change (refused) or after it, never in between.
+    """
+
+    authenticate: Callable[[], Tenant]
+    token_sha256: str | None
+
+    def __call__(self) -> Tenant:
+        return self.authenticate()
 
 
 class ControlThreads:
@@ -122,7 +144,7 @@ class ControlThreads:
         self.control_pool.shutdown(wait=True)
 
 
-def still_names(tenant: Tenant, recheck: Callable[[], Tenant]) -> Tenant:
+def still_names(tenant: Tenant, recheck: Recheck) -> Tenant:
     """``tenant`` as it is now, when the call's token still names it; ``recheck``
     authenticates the call's metadata again. Run on the control thread, where changes commit.
 

@@ -3,7 +3,8 @@ is a change in the store.
 
 Why a registry of its own: a registration or a deletion is a transaction in the store (where
 the rules are checked again, by the store's own functions, so of two daemons registering one
-name at once one wins), served here once committed; what a tenant's evaluators are is the
+name at once one wins, and a token revoked in the store since the daemon last caught up is
+refused there), served here once committed; what a tenant's evaluators are is the
 store's, applied by the follower (:mod:`evald.daemon._fleet`); and a store tenant's call is
 refused ``unavailable`` while the daemon's knowledge of the store is older than
 ``[store] max_stale_s`` (:mod:`evald.daemon._fleet_status`), checked here because every
@@ -70,21 +71,37 @@ class FleetRegistry(Registry):
         return Registry.resolve(self, tenant, name_or_tag)
 
     def commit_upload(
-        self, tenant: TenantConfig, wasm: bytes, module: LoadedModule, replace: bool
+        self,
+        tenant: TenantConfig,
+        wasm: bytes,
+        module: LoadedModule,
+        replace: bool,
+        *,
+        token_sha256: str | None = None,
     ) -> Evaluator:
-        evaluator = super().commit_upload(tenant, wasm, module, replace)
+        evaluator = super().commit_upload(tenant, wasm, module, replace, token_sha256=token_sha256)
         self._committed()  # catch up to the revision that carries it (and any before it)
         return evaluator
 
     def _check_not_loading(self, tenant: str) -> None:
         """The store checks the rules against every module of the tenant: nothing to wait for."""
 
-    def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
-        evaluator = super().delete(tenant, name)
+    def delete(
+        self, tenant: TenantConfig, name: str, *, token_sha256: str | None = None
+    ) -> Evaluator:
+        evaluator = super().delete(tenant, name, token_sha256=token_sha256)
         self._committed()
         return evaluator
 
-    def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
+    def _persist(
+        self,
+        tenant: TenantConfig,
+        name: str,
+        wasm: bytes,
+        replace: bool,
+        *,
+        token_sha256: str | None,
+    ) -> None:
         if tenant.source != "store":
             raise EvaldError(
                 ErrorCode.PERMISSION_DENIED,
@@ -101,20 +118,21 @@ class FleetRegistry(Registry):
             wasm,
             manifest,
             replace=replace,
+            token_sha256=token_sha256,
         )
         try:
             self._store.put_module(wasm)  # the local cache: a restart without the store
         except StateFileError as exc:
             _log.warning("module not cached locally", extra={"fields": {"error": exc.message}})
 
-    def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
+    def _persist_delete(self, tenant: TenantConfig, name: str, *, token_sha256: str | None) -> None:
         if tenant.source != "store":
             raise EvaldError(
                 ErrorCode.PERMISSION_DENIED,
                 f"tenant {tenant.name!r} is defined in this daemon's config, not in the "
                 "fleet store",
             )
-        self._database.delete(tenant.name, name)
+        self._database.delete(tenant.name, name, token_sha256=token_sha256)
 
     def _changed(self) -> None:
         """The revision is the store's: the follower sets it when it applies one."""

@@ -235,9 +235,18 @@ class IndexedRegistry(Registry):
         self._check_rules(tenant, owned, entry.name, str(module.manifest.tag), replace=False)
         return Evaluator(name=entry.name, owner=tenant.name, module=module)
 
-    def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
+    def _persist(
+        self,
+        tenant: TenantConfig,
+        name: str,
+        wasm: bytes,
+        replace: bool,
+        *,
+        token_sha256: str | None,
+    ) -> None:
         """Stores one registration durably before it is served (caller holds the lock): the
-        module file, then the tenant's index. The fleet store overrides it.
+        module file, then the tenant's index. The fleet store overrides it. ``token_sha256``
+        is not needed here: the daemon's own config holds the tokens, checked at commit.
 
         Raises:
             EvaldError: ``unavailable`` when it could not be stored; nothing was kept.
@@ -253,7 +262,7 @@ class IndexedRegistry(Registry):
             raise
         self._index[tenant.name] = index
 
-    def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
+    def _persist_delete(self, tenant: TenantConfig, name: str, *, token_sha256: str | None) -> None:
         """Stores one deletion durably before the module stops being served (caller holds
         the lock). The fleet store overrides it.
 

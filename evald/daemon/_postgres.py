@@ -12,10 +12,10 @@ daemon reads what changed since the revision it applied, in one ``REPEATABLE REA
 the notification only tells it when to look (:mod:`evald.daemon._fleet`).
 
 A daemon writes only through ``evald.register_evaluator`` and ``evald.delete_evaluator``, which
-check the tenant's rules inside the change; an operator writes tenant rows and records the
-change with ``evald.record_change``. A tenant row is read with its ``limits`` as text and
-decoded here, one row at a time: a row that does not decode is that row's failure
-(:attr:`ChangeSet.refused`), never the whole read's.
+check the tenant's rules, and that the call's token still names the tenant, inside the change;
+an operator writes tenant rows and records the change with ``evald.record_change``. A tenant
+row is read with its ``limits`` as text and decoded here, one row at a time: a row that does
+not decode is that row's failure (:attr:`ChangeSet.refused`), never the whole read's.
 
 Every value is a query parameter: names, manifests and tokens that look like SQL are stored as
 data. The password is passed apart from the URL and scrubbed from every message
@@ -331,33 +331,41 @@ class Database:
         manifest: Mapping[str, Any],
         *,
         replace: bool,
+        token_sha256: str | None,
     ) -> int:
         """Stores one registration of ``tenant``'s and returns its revision. The store's
         ``evald.register_evaluator`` checks the rules again inside the change, against the
         store (another daemon may have registered the same name a moment ago: one of the two
-        wins), and writes only ``tenant``'s row.
+        wins), and writes only ``tenant``'s row. ``token_sha256`` is the hash of the token the
+        call used: the change commits only while it is still one of ``tenant``'s (checked with
+        the tenant's row locked, so a revocation commits before the change or after it).
 
         Raises:
-            EvaldError: ``permission_denied`` (not a store tenant, or it may not register),
+            EvaldError: ``permission_denied`` (not a store tenant, the token no longer names
+                it, or it may not register),
                 ``invalid_argument`` (the name is taken and ``replace`` is off, a tag clash,
                 ``max_modules``), ``unavailable`` (the store is unreachable: nothing stored).
         """
         with self._transaction("store the registration") as cur:
             row = cur.execute(
-                "SELECT evald.register_evaluator(%s, %s, %s, %s, %s, %s, %s)",
-                (tenant, name, tag, sha256, wasm, Jsonb(dict(manifest)), replace),
+                "SELECT evald.register_evaluator(%s, %s, %s, %s, %s, %s, %s, %s)",
+                (tenant, name, tag, sha256, wasm, Jsonb(dict(manifest)), replace, token_sha256),
             ).fetchone()
         assert row is not None
         return int(row[0])
 
-    def delete(self, tenant: str, name: str) -> int:
-        """Deletes one of ``tenant``'s evaluators and returns the revision.
+    def delete(self, tenant: str, name: str, *, token_sha256: str | None) -> int:
+        """Deletes one of ``tenant``'s evaluators and returns the revision (``token_sha256``:
+        as for :meth:`register`).
 
         Raises:
-            EvaldError: ``unknown_evaluator`` (it has none by that name), ``unavailable``.
+            EvaldError: ``permission_denied`` (the token no longer names ``tenant``),
+                ``unknown_evaluator`` (it has none by that name), ``unavailable``.
         """
         with self._transaction("store the deletion") as cur:
-            row = cur.execute("SELECT evald.delete_evaluator(%s, %s)", (tenant, name)).fetchone()
+            row = cur.execute(
+                "SELECT evald.delete_evaluator(%s, %s, %s)", (tenant, name, token_sha256)
+            ).fetchone()
         assert row is not None
         return int(row[0])
 

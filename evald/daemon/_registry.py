@@ -368,12 +368,19 @@ class Registry:
         return self._host.adopt(wasm, compiled, limits=limits)
 
     def commit_upload(
-        self, tenant: TenantConfig, wasm: bytes, module: LoadedModule, replace: bool
+        self,
+        tenant: TenantConfig,
+        wasm: bytes,
+        module: LoadedModule,
+        replace: bool,
+        *,
+        token_sha256: str | None = None,
     ) -> Evaluator:
         """Stores and serves a module :meth:`prepare_upload` compiled, holding it to the rules
         again under ``tenant``'s config now (a registration of the same name may have committed
         meanwhile). The daemon runs it on its control thread, after checking that the call's
-        token still names ``tenant``.
+        token still names ``tenant``; ``token_sha256`` is that token's hash (None: no token),
+        which the fleet store checks again as it writes.
 
         Raises:
             EvaldError: as :meth:`prepare_upload` (nothing compiles here), or ``unavailable``
@@ -384,7 +391,7 @@ class Registry:
             self._check_may_register(tenant)
             owned = self._check_name(tenant, name, str(module.manifest.tag), replace)
             replaced = owned.get(name)
-            self._persist(tenant, name, wasm, replace)
+            self._persist(tenant, name, wasm, replace, token_sha256=token_sha256)
             evaluator = Evaluator(name=name, owner=tenant.name, module=module)
             owned[name] = evaluator
             self._owned[tenant.name] = owned
@@ -415,17 +422,26 @@ class Registry:
                 "ago); retry shortly",
             )
 
-    def _persist(self, tenant: TenantConfig, name: str, wasm: bytes, replace: bool) -> None:
-        """Stores one registration durably before it is served (caller holds the lock).
+    def _persist(
+        self,
+        tenant: TenantConfig,
+        name: str,
+        wasm: bytes,
+        replace: bool,
+        *,
+        token_sha256: str | None,
+    ) -> None:
+        """Stores one registration durably before it is served (caller holds the lock);
+        ``token_sha256``: the hash of the token of the call that asked (None: no token).
 
         Raises:
             EvaldError: ``unavailable`` when it could not be stored; nothing was kept.
         """
         raise NotImplementedError
 
-    def _persist_delete(self, tenant: TenantConfig, name: str) -> None:
+    def _persist_delete(self, tenant: TenantConfig, name: str, *, token_sha256: str | None) -> None:
         """Stores one deletion durably before the module stops being served (caller holds
-        the lock).
+        the lock); ``token_sha256`` as for :meth:`_persist`.
 
         Raises:
             EvaldError: ``unavailable``: nothing changed.
@@ -511,8 +527,11 @@ class Registry:
             )
         self._check_room(tenant, owned, name)
 
-    def delete(self, tenant: TenantConfig, name: str) -> Evaluator:
-        """Stops serving and removes one of the tenant's modules.
+    def delete(
+        self, tenant: TenantConfig, name: str, *, token_sha256: str | None = None
+    ) -> Evaluator:
+        """Stops serving and removes one of the tenant's modules (``token_sha256``: as for
+        :meth:`commit_upload`).
 
         Raises:
             EvaldError: ``permission_denied`` for a standard evaluator, ``unknown_evaluator``
@@ -535,7 +554,7 @@ class Registry:
                     ErrorCode.UNKNOWN_EVALUATOR,
                     f"tenant {tenant.name!r} has no registered evaluator {name!r}",
                 )
-            self._persist_delete(tenant, name)
+            self._persist_delete(tenant, name, token_sha256=token_sha256)
             del owned[name]
             self._owned[tenant.name] = owned
             self._rebuild()

@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from evald.daemon._admission import Admission, Tenant, host_limits
 from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
 from evald.daemon._control_store import ControlStore
-from evald.daemon._control_threads import ControlThreads, still_names
+from evald.daemon._control_threads import ControlThreads, Recheck, still_names
 from evald.daemon._cpu_group import AutogroupPriority, group_reason
 from evald.daemon._data_path import DataServer
 from evald.daemon._embedded import EmbeddedStore
@@ -298,12 +298,12 @@ class EvaldServer:
         )
         return True
 
-    async def delete(self, tenant: Tenant, name: str, recheck: Callable[[], Tenant]) -> Evaluator:
-        """Deletes one of the tenant's modules on the control thread, if the call's token
-        still names the tenant there (``recheck``)."""
+    async def delete(self, tenant: Tenant, name: str, recheck: Recheck) -> Evaluator:
+        """Deletes one of the tenant's modules on the control thread while ``recheck`` holds."""
 
         def commit() -> Evaluator:
-            return self.registry.delete(still_names(tenant, recheck).config, name)
+            config = still_names(tenant, recheck).config  # the store checks the token again
+            return self.registry.delete(config, name, token_sha256=recheck.token_sha256)
 
         return await self.control(commit)
 
@@ -404,7 +404,7 @@ class EvaldServer:
         return response
 
     async def register(
-        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Callable[[], Tenant]
+        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Recheck
     ) -> Evaluator:
         """Queues one registration in the tenant's share of the compile queue
         (:mod:`evald.daemon._compile_queue`): it compiles on the module thread, then commits on
@@ -414,8 +414,8 @@ class EvaldServer:
         def commit(module: LoadedModule) -> Evaluator:
             assert self._control_store is not None
             self._control_store.catch_up()  # a revocation committed in the store is applied
-            current = still_names(tenant, recheck)
-            return registry.commit_upload(current.config, wasm, module, replace)
+            config, token = still_names(tenant, recheck).config, recheck.token_sha256
+            return registry.commit_upload(config, wasm, module, replace, token_sha256=token)
 
         async def job() -> Evaluator:
             module = await self._threads.modules(

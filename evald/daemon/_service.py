@@ -27,8 +27,18 @@ from typing import Any, Protocol, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 
-from evald.contract import ERROR_CODE_METADATA_KEY, ErrorCode, EvaldError, pb, pb_grpc
+from evald.contract import (
+    ERROR_CODE_METADATA_KEY,
+    ErrorCode,
+    EvaldError,
+    TokenError,
+    bearer_token,
+    pb,
+    pb_grpc,
+    token_sha256,
+)
 from evald.daemon._admission import Tenant
+from evald.daemon._control_threads import Recheck
 from evald.daemon._gatekeeping import (
     PROTO_CODES,
     SERVICE_NAME,
@@ -62,13 +72,13 @@ class ControlPlane(Protocol):
         ...
 
     async def register(
-        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Callable[[], Tenant]
+        self, tenant: Tenant, wasm: bytes, replace: bool, recheck: Recheck
     ) -> Evaluator:
         """Validates, compiles and stores one of ``tenant``'s modules (typed refusals);
         ``recheck`` authenticates the call again when the registration commits."""
         ...
 
-    async def delete(self, tenant: Tenant, name: str, recheck: Callable[[], Tenant]) -> Evaluator:
+    async def delete(self, tenant: Tenant, name: str, recheck: Recheck) -> Evaluator:
         """Removes one of ``tenant``'s modules (typed refusals); ``recheck`` as for
         :meth:`register`."""
         ...
@@ -123,13 +133,21 @@ class _Service(pb_grpc.EvaluatorServicer):
         """
         return self._recheck(context)()
 
-    def _recheck(self, context: Any) -> Callable[[], Tenant]:
+    def _recheck(self, context: Any) -> Recheck:
         """Authenticates the call's metadata again, from any thread and at any time (a change
-        commits only while the call's token still names its tenant)."""
+        commits only while the call's token still names its tenant), with the token's hash
+        for the fleet store to check again in the change's own transaction."""
         over_unix = str(context.peer()).startswith("unix:")
         metadata = tuple(context.invocation_metadata() or ())
         authenticate = self._core.authenticate
-        return lambda: authenticate(metadata, over_unix=over_unix)
+        try:
+            token = bearer_token(metadata)
+        except TokenError:  # malformed: ``authenticate`` refuses it with what to fix
+            token = None
+        return Recheck(
+            lambda: authenticate(metadata, over_unix=over_unix),
+            token_sha256(token) if token else None,
+        )
 
     def _response_budget(self) -> ResponseBudget:
         """A fresh value budget for one response message (``max_message_bytes``)."""

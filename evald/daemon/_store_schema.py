@@ -8,8 +8,10 @@ whole therefore live in the database, as PostgreSQL's role model intends, not in
   other update, whoever makes it), and no role updates it directly: a change starts in
   :func:`begin_change` (``SECURITY DEFINER``), so it cannot be set to 0 or to 2^63-1;
 * a daemon writes only through two functions, ``evald.register_evaluator`` and
-  ``evald.delete_evaluator``: they check the tenant's rules (may register, ``max_modules``,
-  name and tag clashes, the bytes' hash) inside the change, write only that tenant's row, and
+  ``evald.delete_evaluator``: they check the tenant's rules (the call's token still one of the
+  tenant's, may register, ``max_modules``, name and tag clashes, the bytes' hash) inside the
+  change, with the tenant's row locked (a revocation commits before the change, which is then
+  refused, or after it: never unseen in between), write only that tenant's row, and
   record which tenant uploaded which module (``evald.uploads``; an evaluator's module must be
   one its own tenant uploaded: a foreign key). The login has no INSERT, UPDATE or DELETE on any
   table;
@@ -47,8 +49,9 @@ __all__ = [
 CHANNEL: Final = "evald_changes"
 DAEMON_ROLE: Final = "evald_daemon"
 OPERATOR_ROLE: Final = "evald_operator"
-#: 1: tables and direct grants; 2: writes only through functions, the head trigger, uploads.
-SCHEMA_VERSION: Final = 2
+#: 1: tables and direct grants; 2: writes only through functions, the head trigger, uploads;
+#: 3: the daemons' two functions take the call's token hash and check it in the change.
+SCHEMA_VERSION: Final = 3
 #: The SQLSTATEs the store's functions raise, and the error each one is to a caller.
 SQLSTATE_CODES: Final = {
     "EV400": ErrorCode.INVALID_ARGUMENT,
@@ -198,22 +201,45 @@ BEGIN
 END $$;
 """
 
-# What a daemon may write: one tenant's registration or deletion, under the tenant's rules.
+# What a daemon may write: one tenant's registration or deletion, under the tenant's rules,
+# while the call's token still names the tenant. The signatures of schema version 2 (without
+# the token's hash) are dropped, so no login keeps a way around the check.
 _DAEMON_WRITES: Final = """
+DROP FUNCTION IF EXISTS evald.register_evaluator(text, text, text, text, bytea, jsonb, boolean);
+DROP FUNCTION IF EXISTS evald.delete_evaluator(text, text);
+
+-- The tenant's row, locked FOR SHARE until the change commits, when p_token_sha256 (the hash
+-- of the token the call used) is still one of its tokens: a revocation (which locks the row
+-- FOR UPDATE) commits before this check, and the change is refused, or after the change.
+CREATE OR REPLACE FUNCTION evald.token_names_tenant(p_tenant text, p_token_sha256 text)
+RETURNS evald.tenants
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_tenant evald.tenants;
+BEGIN
+    SELECT * INTO v_tenant FROM evald.tenants WHERE name = p_tenant FOR SHARE;
+    IF NOT FOUND OR p_token_sha256 IS NULL
+       OR NOT (p_token_sha256 = ANY (v_tenant.token_sha256s)) THEN
+        RAISE EXCEPTION 'the token this call was made with no longer names tenant % (it was '
+            'revoked in the fleet store while the call waited); nothing was changed',
+            quote_literal(p_tenant) USING ERRCODE = 'EV403';
+    END IF;
+    RETURN v_tenant;
+END $$;
+
 CREATE OR REPLACE FUNCTION evald.register_evaluator(
     p_tenant text, p_name text, p_tag text, p_sha256 text, p_bytes bytea, p_manifest jsonb,
-    p_replace boolean
+    p_replace boolean, p_token_sha256 text
 ) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_revision bigint := evald.begin_change();
-    v_tenant record;
+    v_tenant evald.tenants := evald.token_names_tenant(p_tenant, p_token_sha256);
     v_clash record;
     v_exists boolean;
     v_count integer;
 BEGIN
-    SELECT may_register, max_modules INTO v_tenant FROM evald.tenants WHERE name = p_tenant;
-    IF NOT FOUND OR NOT v_tenant.may_register THEN
+    IF NOT v_tenant.may_register THEN
         RAISE EXCEPTION 'tenant % may not register evaluators in the fleet store (an operator '
             'runs `evald tenants limits % --may-register`)', quote_literal(p_tenant), p_tenant
             USING ERRCODE = 'EV403';
@@ -255,10 +281,13 @@ BEGIN
     RETURN v_revision;
 END $$;
 
-CREATE OR REPLACE FUNCTION evald.delete_evaluator(p_tenant text, p_name text) RETURNS bigint
+CREATE OR REPLACE FUNCTION evald.delete_evaluator(
+    p_tenant text, p_name text, p_token_sha256 text
+) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_revision bigint := evald.begin_change();
+    v_tenant evald.tenants := evald.token_names_tenant(p_tenant, p_token_sha256);
 BEGIN
     UPDATE evald.evaluators SET sha256 = NULL, tag = NULL, manifest = NULL
         WHERE tenant = p_tenant AND name = p_name AND sha256 IS NOT NULL;
@@ -280,8 +309,9 @@ GRANT USAGE ON SCHEMA evald TO {DAEMON_ROLE}, {OPERATOR_ROLE};
 GRANT SELECT ON evald.head, evald.schema, evald.tenants, evald.modules, evald.evaluators,
     evald.changes, evald.uploads TO {DAEMON_ROLE}, {OPERATOR_ROLE};
 GRANT EXECUTE ON FUNCTION evald.this_change() TO {DAEMON_ROLE}, {OPERATOR_ROLE};
-GRANT EXECUTE ON FUNCTION evald.register_evaluator(text, text, text, text, bytea, jsonb, boolean),
-    evald.delete_evaluator(text, text) TO {DAEMON_ROLE};
+GRANT EXECUTE ON FUNCTION
+    evald.register_evaluator(text, text, text, text, bytea, jsonb, boolean, text),
+    evald.delete_evaluator(text, text, text) TO {DAEMON_ROLE};
 GRANT EXECUTE ON FUNCTION evald.begin_change(),
     evald.record_change(text, text, text, text, text, jsonb) TO {OPERATOR_ROLE};
 GRANT INSERT ON evald.tenants TO {OPERATOR_ROLE};

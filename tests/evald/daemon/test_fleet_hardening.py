@@ -76,6 +76,7 @@ def test_the_daemons_login_cannot_move_the_head_rewrite_registrations_or_audit(
     theirs = client(daemon, victim).register(module("echo", "mine"))
     other_module = module("output", "mine", 2)
     other_sha = hashlib.sha256(other_module).hexdigest()
+    victim_sha = hash_token(victim)  # the call's token: the store checks it names the tenant
     before = head(fleet)
     with _as(fleet, DAEMON_LOGIN) as conn:
         for statement in (
@@ -95,8 +96,8 @@ def test_the_daemons_login_cannot_move_the_head_rewrite_registrations_or_audit(
         # Its one way to write checks the tenant's rules and the bytes' hash in the store.
         with pytest.raises(psycopg.Error, match="do not match its hash"):
             conn.execute(
-                "SELECT evald.register_evaluator(%s, %s, %s, %s, %s, %s, %s)",
-                ("victim", "mine", "mine", theirs.sha256, other_module, "{}", True),
+                "SELECT evald.register_evaluator(%s, %s, %s, %s, %s, %s, %s, %s)",
+                ("victim", "mine", "mine", theirs.sha256, other_module, "{}", True, victim_sha),
             )
     # Not even the owner moves the head but forward by one.
     with _as_owner(fleet) as conn, pytest.raises(psycopg.Error, match="forward by one"):
