@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -106,13 +107,43 @@ def post(url: str, payload: Mapping[str, Any], timeout_s: float) -> dict[str, An
 
 
 @contextlib.contextmanager
-def stopped(pid: int) -> Iterator[None]:
-    """The process is stopped (SIGSTOP, a hung daemon) for the block, then continued."""
+def stopped(pid: int, timeout_s: float = 60.0) -> Iterator[None]:
+    """The process is stopped (SIGSTOP, a hung daemon) for the block, then continued.
+
+    ``kill`` returns once the signal is sent, not once it took effect: each thread stops when
+    the kernel next schedules it, which on a busy machine can be long after, and until then
+    the process still answers. The block is entered only once every thread of the process
+    reads stopped (state ``T`` in ``/proc/PID/task/*/stat``).
+
+    Raises:
+        AssertionError: the process did not stop within ``timeout_s``.
+    """
     os.kill(pid, signal.SIGSTOP)
     try:
+        _wait_until_stopped(pid, timeout_s)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _wait_until_stopped(pid: int, timeout_s: float) -> None:
+    give_up = time.monotonic() + timeout_s
+    while (states := _thread_states(pid)) and set(states) != {"T"}:
+        if time.monotonic() > give_up:
+            raise AssertionError(f"process {pid} did not stop within {timeout_s:g} s: {states}")
+        time.sleep(0.01)
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state of each thread of ``pid`` (``T``: stopped by a signal)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return states
 
 
 class SilentAddress:

@@ -190,18 +190,27 @@ def test_held_specs_answer_at_once_while_evald_does_not(
     silent_daemon: Daemon, backend: Any
 ) -> None:
     """A runtime whose evaluator list is older than its TTL answers with it at once and
-    re-lists in the background; a compile thread never waits for a stopped evald."""
+    re-lists in the background; a compile thread never waits for a stopped evald.
+
+    Every listing the test reads is one evald cannot answer yet (stopped), or one it waited
+    for: with a TTL of 0 each ``evaluators()`` call starts a re-listing, and one started
+    while evald answers may end at any moment (on a busy machine, between two lines)."""
     base: AdapterRuntime = backend._evald_runtime
     config = AdapterConfig(
         **{**base.config.__dict__, "target": silent_daemon.target, "evaluators_ttl_s": 0.0}
     )
     runtime = AdapterRuntime(config, base.codec)
-    assert runtime.listing_ready() is not None  # nothing held: a listing starts
-    listing = runtime.listing_ready()
-    assert listing is not None
+    with stopped(silent_daemon.process.pid):  # the first listing waits for evald
+        listing = runtime.listing_ready()
+        assert listing is not None  # nothing held: a listing starts
+        assert runtime.listing_ready() is listing and not listing.done()  # one at a time
     listing.result(timeout=30)
-    held = [spec.name for spec in runtime.evaluators()]
+    held = [spec.name for spec in runtime.evaluators()]  # TTL 0: also starts a re-listing
     assert "calc" in held and runtime.listing_ready() is None
+    started = runtime._listing  # None if that re-listing has ended already
+    if started is not None:
+        started.result(timeout=30)
+    assert runtime._listing is None
     with stopped(silent_daemon.process.pid):
         assert [spec.name for spec in runtime.evaluators()] == held
         relisting = runtime._listing
