@@ -358,7 +358,7 @@ class FleetStore:
             touched.update(registry.owners())
         self._require_loads().retry(touched)
         previous = self.applied
-        self.applied = max(self.applied, changes.head) if not changes.full else changes.head
+        self.applied = changes.head  # never below it: a rewound read stops in sync()
         self._cache_due = self._cache_due or fetch
         self._serve_wanted(touched, fetch=fetch)
         if changes.revisions or changes.full:
