@@ -134,6 +134,13 @@ class EvaluatorSpec:
     literals: Mapping[str, str] = field(default_factory=dict, compare=False)
     """From the manifest's optional ``literals``: input-grammar rule → literal kind, the rules
     :func:`narrow_to_operands` narrows to the literals of a request's text."""
+    input_schema: Mapping[str, Any] | None = field(default=None, compare=False)
+    """From the manifest's optional ``input_schema``: the JSON schema of the evaluator's input,
+    for an evaluator that reads one JSON value (a policy); a computed property's inputs are
+    checked against it."""
+    result_schema: Mapping[str, Any] | None = field(default=None, compare=False)
+    """From the manifest's optional ``result_schema``: the JSON schema of every value it
+    returns; a computed property's declared schema must accept it."""
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> EvaluatorSpec:
@@ -164,6 +171,8 @@ class EvaluatorSpec:
             literals={
                 str(rule): str(kind) for rule, kind in (manifest.get("literals") or {}).items()
             },
+            input_schema=_json_schema(manifest, "input_schema"),
+            result_schema=_json_schema(manifest, "result_schema"),
         )
 
     @classmethod
@@ -193,6 +202,26 @@ class EvaluatorSpec:
             end=end if end is not None else f"</{self.tag}>",
             result_regex=self.result_regex,
         )
+
+
+def _json_schema(manifest: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """A manifest's optional JSON schema field: an object, or its JSON text (as
+    ``EvaluatorInfo`` carries it); absent or empty is ``None``.
+
+    Raises:
+        ValueError: text that is not a JSON object.
+    """
+    raw = manifest.get(key)
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str | bytes):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"evaluator manifest field {key}: not JSON ({exc})") from None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"evaluator manifest field {key}: expected a JSON object")
+    return dict(raw)
 
 
 def standard_evaluators(
