@@ -255,31 +255,33 @@ class ComputedFieldsState:
                 due, queue = step.queue[0], step.queue[1:]
                 step = self._open(step._replace(due=due, queue=queue))
                 continue
-            record = self._spans[step.span_count - 1]
-            emitted = bytes(self._text[step.due.anchor :])
+            record, current = self._spans[step.span_count - 1], step.due
+            emitted = bytes(self._text[current.anchor :])
             if record.result is not None:
-                target = self._target(step.due, record)
+                target = self._target(current, record)
                 if emitted.startswith(target):
                     step = step._replace(due=None)
                     continue
                 if target.startswith(emitted):
                     return step
             else:
-                prefix = step.due.prefix.encode()
+                prefix = current.prefix.encode()
                 if prefix.startswith(emitted) or emitted.startswith(prefix):
                     return step
             record.diverged = True
             step = step._replace(due=None)
 
     def _open(self, step: _Step) -> _Step:
-        assert step.due is not None
-        field = self._plan.fields[step.due.field]
+        due = step.due
+        if due is None:  # pragma: no cover - _advance opens only a due value
+            return step
+        field = self._plan.fields[due.field]
         content = self._input(field)
         now = self._clock()
         record = SpanRecord(
             evaluator=field.evaluator,
             content=content,
-            begin_offset=step.due.anchor,
+            begin_offset=due.anchor,
             closed_at_token=len(self._history),
             submitted_at=now,
             deadline_at=now + self._deadline_s,
@@ -297,7 +299,7 @@ class ComputedFieldsState:
                 self._evaluator.flush()
         except Exception as exc:  # a client must not raise; if it does, the value still ends
             self._set_result(
-                step.due, record, EvalResult(None, ErrorCode.INTERNAL, f"submit failed: {exc}")
+                due, record, EvalResult(None, ErrorCode.INTERNAL, f"submit failed: {exc}")
             )
         return step
 
