@@ -289,6 +289,11 @@ class Lowering:
         def visit(node: int, trail: list[int]) -> None:
             state[node] = 1
             for nxt in graph[node]:
+                if nxt == node:
+                    raise ComputedSchemaError(
+                        f"{self.source_at[node]}/from",
+                        f"{fields[node].pointer} is computed from itself",
+                    )
                 if state.get(nxt) == 1:
                     loop = [*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt]
                     names = " -> ".join(fields[i].pointer for i in loop)
