@@ -313,7 +313,10 @@ class Lowering:
         """Checks each input's pointer against the document's order; sets the delimiter."""
         for name, target in field.sources:
             where = f"{at}/from" + (f"/{json_pointer([name])[1:]}" if name else "")
-            self._check_source(field.path, target, where)
+            source = self._check_source(field.path, target, where)
+            accepted = _input_schema_for(field, name)
+            if accepted is not None:
+                _check_bounds(source, accepted, field.evaluator, json_pointer(target), where)
         ValueCheck(field.schema)  # compiles its validator and grammar now, not mid-generation
         return ComputedField(
             path=field.path,
@@ -325,7 +328,8 @@ class Lowering:
             input_schema=field.input_schema,
         )
 
-    def _check_source(self, computed: tuple[str, ...], target: tuple[str, ...], at: str) -> None:
+    def _check_source(self, computed: tuple[str, ...], target: tuple[str, ...], at: str) -> Any:
+        """The schema of the input at ``target``; refuses a pointer that is not written yet."""
         shown = json_pointer(target) or "/"
         common = 0
         while common < min(len(target), len(computed)) and target[common] == computed[common]:
@@ -354,6 +358,7 @@ class Lowering:
             node = _child(node, part)
             if node is None:
                 raise ComputedSchemaError(at, f"{shown} points to nothing in the schema")
+        return node
 
     def _delimiter(self, field: ComputedField, at: str) -> str:
         """``,`` or ``}`` after a value a digit could extend; refused when neither is fixed."""
@@ -423,6 +428,43 @@ def _check_input_names(
     for name in required if isinstance(required, list) else ():
         if name not in names:
             raise ComputedSchemaError(at, f"{evaluator.name} needs the input {name!r}")
+
+
+_BOUNDS = (("maxLength", "longer"), ("maxItems", "longer"))
+
+
+def _input_schema_for(field: ComputedField, name: str) -> Mapping[str, Any] | None:
+    """What the evaluator's ``input_schema`` accepts for one input (None: no bound known)."""
+    schema = field.input_schema
+    if not isinstance(schema, Mapping):
+        return None
+    if field.form == "value":
+        return schema
+    properties = schema.get("properties")
+    if field.form == "object" and isinstance(properties, Mapping):
+        sub = properties.get(name)
+        return sub if isinstance(sub, Mapping) else None
+    return None
+
+
+def _check_bounds(
+    source: Any, accepted: Mapping[str, Any], evaluator: str, shown: str, at: str
+) -> None:
+    """An input the evaluator's manifest bounds must be bounded at least as tightly by the
+    schema, or a value the model may write would be over the evaluator's limits."""
+    source = source if isinstance(source, Mapping) else {}
+    for keyword, word in _BOUNDS:
+        limit = accepted.get(keyword)
+        if not isinstance(limit, int):
+            continue
+        own = source.get(keyword)
+        if not isinstance(own, int) or own > limit:
+            allows = f"{keyword} {own}" if isinstance(own, int) else f"no {keyword}"
+            raise ComputedSchemaError(
+                at,
+                f"{shown} may be {word} than {evaluator} accepts ({keyword} {limit}); the "
+                f'schema has {allows}: bound it with "{keyword}": {limit} or less',
+            )
 
 
 def _child(node: Any, part: str) -> Any:

@@ -180,3 +180,37 @@ def test_value_check_reads_json_then_text_and_orders_keys() -> None:
     assert date.render("2024-07-04") == ('"2024-07-04"', "")
     assert ValueCheck({"type": "integer", "maximum": 10}).render("11")[0] is None
     assert ValueCheck({"type": "string", "enum": ["a"]}).render("a") == ('"a"', "")
+
+
+def test_an_input_the_policy_bounds_must_be_bounded_as_tightly_in_the_schema() -> None:
+    evaluators = policy_evaluators()
+    policy = evaluators[-1]
+    bounded = replace(
+        policy,
+        input_schema={
+            "type": "object",
+            "properties": {"age": {}, "components": {"type": "array", "maxItems": 10}},
+        },
+    )
+    evaluators[-1] = bounded
+
+    def schema(parts: dict[str, Any]) -> dict[str, Any]:
+        return obj(
+            age={"type": "integer"},
+            parts=parts,
+            decision={
+                **POLICY_RESULT,
+                "computed": {
+                    "by": "booking_policy",
+                    "from": {"age": "/age", "components": "/parts"},
+                },
+            },
+        )
+
+    error = refused(schema({"type": "array", "items": {"type": "number"}}), evaluators)
+    assert error.path == "/properties/decision/computed/from/components"
+    assert "maxItems 10" in error.message and "no maxItems" in error.message
+    lowered = lower_computed_schema(
+        schema({"type": "array", "items": {"type": "number"}, "maxItems": 10}), evaluators
+    )
+    assert lowered.computed is not None
