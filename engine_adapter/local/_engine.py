@@ -291,11 +291,7 @@ class LocalEngine:
         mode = _parse_mode(mode)
         _check_sampling(max_new_tokens, temperature, top_p)
         evaluator = evaluator if evaluator is not None else self.evaluator
-        ops = _operands_text(prompt, operands_from, grammar)
-        if json_schema is not None:
-            if grammar is not None or mode is Mode.NO_GRAMMAR:
-                raise EngineError("json_schema is a grammar of its own: no grammar or no-grammar")
-            grammar, ops = self.json_grammar(json_schema, operands_from=ops), None
+        grammar, ops = self._request_grammar(mode, prompt, grammar, operands_from, json_schema)
         needs_evaluator = grammar is None or grammar.computed is None or grammar.computed.fields
         if mode is Mode.GRAMMAR_EVAL and evaluator is None and needs_evaluator:
             raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
@@ -324,6 +320,23 @@ class LocalEngine:
         )
         clock.finish(result)
         return result
+
+    def _request_grammar(
+        self,
+        mode: Mode,
+        prompt: str,
+        grammar: SpanGrammar | None,
+        operands_from: str | bool | None,
+        json_schema: Mapping[str, Any] | str | None,
+    ) -> tuple[SpanGrammar | None, str | None]:
+        """The request's own grammar (given, or a JSON schema's) and the operands text the
+        engine's span grammar is still to be narrowed with."""
+        ops = _operands_text(prompt, operands_from, grammar)
+        if json_schema is None:
+            return grammar, ops
+        if grammar is not None or mode is Mode.NO_GRAMMAR:
+            raise EngineError("json_schema is a grammar of its own: no grammar or no-grammar")
+        return self.json_grammar(json_schema, operands_from=ops), None
 
     def _constraint(
         self,
