@@ -184,13 +184,16 @@ class MemoryReset:
 
     Contract (a wrong answer here is one caller's data reaching the next, not an exception):
 
-    * ``base`` and ``size`` are the memory's base address and size *now*; the caller checks
-      after every call that the size did not change (a grown memory is not reset: its
-      instance is dropped) and creates the reset from a memory made by wasmtime, a private
-      mapping of anonymous memory and of the module's image.
+    * ``base`` and ``size`` are the memory's base address and size *now*: the caller checks
+      after every call whether the size changed and then calls :meth:`follow` (which refuses a
+      memory that moved: its instance is dropped). The reset is created from a memory made by
+      wasmtime, a private mapping of anonymous memory and of the module's image.
     * ``pristine`` holds every non-zero host page of that memory as a new instance has it
       (:func:`pristine_pages` of a probe instance of the same compiled module, which has no
-      start function), sorted by offset; every other page of a new instance is zero.
+      start function), sorted by offset; every other page of a new instance is zero, and so is
+      every page a ``memory.grow`` adds. A memory that grew is reset over its whole size: the
+      pages above the image end as zeros, as a grow of a new instance finds them (the guest
+      sees the image's size again through :mod:`evald.host._instrument`'s guest size).
     * One thread at a time, and never while a guest call runs on the memory.
 
     Why every page ends as a new instance has it: the kernel's ``PAGEMAP_SCAN`` reports each
@@ -269,6 +272,20 @@ class MemoryReset:
         self._native_pages = b"".join(data for _, data in self._pristine)
         if any(len(data) != HOST_PAGE_BYTES for _, data in self._pristine):
             raise ValueError("pristine pages must be whole host pages")
+
+    def follow(self, memory: Memory) -> bool:
+        """Extends the reset to ``memory``'s size after a call grew it (the same memory).
+
+        Returns False, changing nothing, when the memory moved or is not whole host pages: the
+        caller must then drop the instance (wasmtime's memories here are reserved in place and
+        never move, but the reset writes at ``base``, so it checks rather than assumes).
+        """
+        base, size = memory.base(), memory.size()
+        if base != self.base or size < self.size or size % HOST_PAGE_BYTES:
+            return False
+        self.size = size
+        self._view = memory.view()
+        return True
 
     def reset(self) -> int:
         """Resets the memory (see the class contract); returns the bytes it wrote."""
