@@ -200,6 +200,33 @@ def test_a_grown_memory_is_reset_over_its_whole_size(
     assert guest.contents() == pristine + bytes(2 * WASM_PAGE)
 
 
+def _resident(address: int) -> bool:
+    """Whether the host page at ``address`` is present, by this process's page table."""
+    page = page_reset.HOST_PAGE_BYTES
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(address // page * 8)
+        return bool(int.from_bytes(pagemap.read(8), "little") >> 63)
+
+
+def test_growth_past_the_resident_bytes_is_given_back(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    grown_pages = page_reset.RESIDENT_GROWTH_BYTES // WASM_PAGE + 4
+    for _ in range(grown_pages):
+        assert guest.grow() != -1
+    kept_at = len(pristine) + 1000  # inside the resident part
+    given_at = len(pristine) + page_reset.RESIDENT_GROWTH_BYTES + 5000
+    guest.poke(kept_at, 7)
+    guest.poke(given_at, 9)
+    assert reset.follow(guest.memory)
+    reset.reset()
+    base = guest.memory.base()
+    assert _resident(base + kept_at)  # zeroed in place: the next call takes no fault on it
+    assert not _resident(base + given_at)  # given back to the kernel
+    assert guest.contents() == pristine + bytes(grown_pages * WASM_PAGE)
+
+
 def test_a_reset_does_not_follow_another_memory(guest: Guest) -> None:
     reset = _reset_for(guest, True)
     other = Guest(guest.engine, guest.pre)
