@@ -20,10 +20,10 @@ output to check — leaves it for a function of its own. What the call does, in 
   output buffer;
 * in reuse mode zeroes what crossed the boundary (``Instance.clear_buffers``); in fresh mode
   puts the whole instance back (``Instance.reset``: every page the call wrote, by the kernel's
-  account, back to the module's image; the globals when the next call enters), or drops it
-  when it cannot (its memory grew); a trap or a malformed output discards the instance in
-  either mode, and a reused call that grew the memory charges the growth to the pool key's
-  budget (``Limits.instance_cache_bytes``).
+  account, back to the module's image, pages a grow added to zeros; the globals, the guest's
+  memory size among them, when the next call enters), or drops it when it cannot; a trap or a
+  malformed output discards the instance in either mode, and a call that grew the memory of a
+  kept instance charges the growth to the pool key's budget (``Limits.instance_cache_bytes``).
 
 Five foreign calls in all: fuel set and read, the epoch deadline, the guest call, the memory
 size; a fresh call adds the reset's scan (one ``ioctl``) and a ``memset`` per written region.
@@ -207,12 +207,11 @@ class CallPath:
         )
 
     def _grown(self, instance: Instance, limits: Limits, pool_key: str) -> None:
-        """The guest grew its memory: a new view (the old one may be stale), and in reuse mode
-        the growth charged to the pool key's budget (fresh: a grown memory cannot be reset; the
-        instance goes after the read)."""
+        """The guest grew its memory: a new view (the old one may be stale), and the growth
+        charged to the pool key's budget if the instance is kept (in fresh mode too: the reset
+        keeps the grown pages, zeroed, for the next call)."""
         instance.refresh_view()
-        if not self._fresh:
-            self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
+        self._pool.resized(instance, pool_key, limits.instance_cache_bytes)
 
     def _read_checked(
         self, instance: Instance, size: int, result: int, limits: Limits, used: int, pool_key: str

@@ -44,13 +44,13 @@ Instances: each thread keeps one instance per (pool key, module) — the daemon 
 as pool key, so tenants never share an instance; what one key's instances hold, all threads
 together, stays within ``Limits.instance_cache_bytes``. In ``fresh`` mode (the default) every
 call starts from a new instance's state: the kept instance is put back after the call (every
-page the call wrote, by the kernel's account, and every global; :class:`Instance.reset
-<evald.host._instance.Instance>`), and a module that cannot be put back gets a new instance per
-call (pre-linked, on the pooling allocator by default). In ``reuse`` mode the instance stays as
-the call left it, with what crossed the boundary zeroed (the input written, the output
-returned; what the guest keeps elsewhere in its memory or its globals persists). An instance is
-discarded after any trap (the guest's shadow stack pointer is not unwound) and after any
-malformed output.
+page the call wrote, by the kernel's account, every global and the guest's memory size;
+:class:`Instance.reset <evald.host._instance.Instance>`), and a module that cannot be put back
+gets a new instance per call (pre-linked, on the pooling allocator by default). In ``reuse``
+mode the instance stays as the call left it, with what crossed the boundary zeroed (the input
+written, the output returned; what the guest keeps elsewhere in its memory or its globals
+persists). An instance is discarded after any trap (the guest's shadow stack pointer is not
+unwound) and after any malformed output.
 """
 
 from __future__ import annotations

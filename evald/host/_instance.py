@@ -161,11 +161,14 @@ class Instance:
 
     def reset(self) -> bool:
         """Puts a fresh instance back to a new instance's state after a call: its memory by
-        :class:`~evald.host._memory_reset.MemoryReset` (its globals are put back by the fresh
-        wrapper when the next call enters). Returns False when it cannot be (not a fresh
-        instance, its memory grew, or the scan failed): the caller must then drop it."""
+        :class:`~evald.host._memory_reset.MemoryReset`, over the whole memory when the call grew
+        it (its globals, the guest's memory size among them, are put back by the fresh wrapper
+        when the next call enters). Returns False when it cannot be (not a fresh instance, its
+        memory moved, or the scan failed): the caller must then drop it."""
         resetter = self.resetter
-        if resetter is None or self.view_size != resetter.size:
+        if resetter is None:
+            return False
+        if self.view_size != resetter.size and not resetter.follow(self.memory):
             return False
         try:
             resetter.reset()

@@ -1,4 +1,4 @@
-"""Makes a refused ``memory.grow`` visible to the host, and a module's globals resettable.
+"""Makes a refused ``memory.grow`` visible to the host, and a module's state resettable.
 
 wasmtime enforces the memory cap (``Store.set_limits``) by making ``memory.grow`` return -1,
 and the C API offers no callback to observe that. A guest that then traps (a Zig allocator
@@ -17,13 +17,25 @@ and adds a wrapper around ``evald_eval`` that clears the global first:
   a new instance would have: ``isolation = "fresh"`` then keeps the instance (docs/design.md
   §5, "Fresh instances").
 
+The memory's size is guest state too, and wasmtime cannot shrink a memory. So the guest's size
+is a second added global, the *guest size* in pages (initially the memory's minimum): every
+``memory.size`` reads it, and the grow function grows it. A grow that fits in the pages the
+memory already has (an earlier call of a fresh instance grew it) only moves the guest size; one
+that does not grows the memory by what is missing, so the store's limits (cap, maximum, pool
+slot) see exactly the total a new instance would ask for and refuse it in the same cases. The
+fresh wrapper puts the guest size back like any global: after a call that grew the memory, the
+next one sees a new instance's ``memory.size`` and ``memory.grow`` results, while the host
+zeroes the pages above the image like any page a call wrote. Outside the fresh wrapper the
+guest size always equals the memory's size. What differs from a new instance: a load or store
+between the guest size and the memory's real size (past ``memory.size``) reads zeros or
+writes instead of trapping; no byte of an earlier call is there to read.
+
 What else an instance could carry from one call to the next, and why the fresh wrapper is
 withheld then: a start function (globals would start from what it computed, not from their
 initial values); ``table.set``, ``table.grow``, ``table.fill``, ``table.copy``, ``table.init``
-(a changed table); ``data.drop`` and ``elem.drop`` (a dropped segment stays dropped). Memory
-size is checked by the host after each call (a memory that grew cannot shrink: the instance is
-dropped). Nothing else is mutable in the features the engine enables (no GC, exceptions,
-threads or multiple memories).
+(a changed table); ``data.drop`` and ``elem.drop`` (a dropped segment stays dropped). Nothing
+else is mutable in the features the engine enables (no GC, exceptions, threads or multiple
+memories).
 
 Only the added exports are new; function, global and type indices of the original module are
 unchanged (the additions go at the end of each index space), so name sections, element
@@ -37,7 +49,7 @@ from __future__ import annotations
 
 from evald.contract import encode_uleb128
 from evald.host._wasm_binary import SECTION_ORDER, ModuleInfo, Reader, WasmFormatError
-from evald.host._wasm_code import MEMORY_GROW, read_instruction
+from evald.host._wasm_code import MEMORY_GROW, MEMORY_SIZE, read_instruction
 
 __all__ = [
     "EVAL_WRAPPER_EXPORT",
@@ -49,7 +61,7 @@ __all__ = [
     "reset_blocker",
 ]
 
-INSTRUMENTATION_VERSION = 2
+INSTRUMENTATION_VERSION = 3
 RESERVED_EXPORT_PREFIX = "__evald_"
 EVAL_WRAPPER_EXPORT = "__evald_eval"
 FRESH_WRAPPER_EXPORT = "__evald_eval_fresh"
@@ -57,6 +69,7 @@ GROW_FLAG_EXPORT = "__evald_grow_refused"
 
 _I32 = 0x7F
 _END = 0x0B
+_GLOBAL_GET = 0x23
 _GLOBAL_SET = 0x24
 #: Instructions that change a table: table.set (0x26) and these 0xFC sub-opcodes.
 _TABLE_SET = 0x26
@@ -127,19 +140,21 @@ def reset_blocker(wasm: bytes, info: ModuleInfo) -> str:
     return ""
 
 
-def _rewrite_body(code: bytes, start: int, end: int, hook: bytes) -> tuple[bytes, int]:
-    """Returns the body's expression with each ``memory.grow`` replaced by ``call hook``."""
+def _rewrite_body(code: bytes, start: int, end: int, hook: bytes, size: bytes) -> tuple[bytes, int]:
+    """Returns the body's expression with each ``memory.grow`` replaced by ``hook`` (a call of
+    the grow function) and each ``memory.size`` by ``size`` (a read of the guest size)."""
     reader = Reader(code, start, end)
     out = bytearray()
     copied_from = start
     grows = 0
     while not reader.at_end():
         at = reader.pos
-        if read_instruction(reader) == MEMORY_GROW:
+        op = read_instruction(reader)
+        if op == MEMORY_GROW or op == MEMORY_SIZE:
             out += code[copied_from:at]
-            out += hook
+            out += hook if op == MEMORY_GROW else size
             copied_from = reader.pos
-            grows += 1
+            grows += op == MEMORY_GROW
     out += code[copied_from:end]
     return bytes(out), grows
 
@@ -162,10 +177,12 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
     """Returns the rewritten module, or None when a body uses an opcode this rewrite cannot read.
 
     ``info`` must come from :func:`evald.host._wasm_binary.parse_module` of ``wasm``, and the module
-    must have passed the ABI checks (no imports, so defined indices start at 0).
+    must have passed the ABI checks (no imports, so defined indices start at 0; one memory).
     ``eval_function`` is the function index exported as ``evald_eval``. The fresh wrapper is
     added only when :func:`reset_blocker` finds nothing.
     """
+    if len(info.memories) != 1:
+        return None
     try:
         resettable = not reset_blocker(wasm, info)
         mutable = _mutable_globals(wasm, info) if resettable else []
@@ -174,36 +191,68 @@ def instrument_memory_grow(wasm: bytes, info: ModuleInfo, eval_function: int) ->
     type_index = len(info.types)
     hook_index = len(info.function_types)  # then the wrapper, then the fresh wrapper
     flag = encode_uleb128(info.global_count)
-    bodies = _added_bodies(flag, eval_function, hook_index + 1, mutable, resettable)
+    guest_size = encode_uleb128(info.global_count + 1)
+    initial_pages = bytes([0x41]) + _sleb128(info.memories[0].minimum_pages)
+    bodies = _added_bodies(flag, guest_size, initial_pages, eval_function, hook_index + 1, mutable)
+    if not resettable:
+        bodies = bodies[:2]
     additions = {
         1: [bytes([0x60, 1, _I32, 1, _I32])],
         3: [encode_uleb128(type_index)] * len(bodies),
-        6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B])],
+        6: [bytes([_I32, 0x01, 0x41, 0x00, 0x0B]), bytes([_I32, 0x01]) + initial_pages + b"\x0b"],
         7: _added_exports(flag, hook_index + 1, hook_index + 2, resettable),
     }
     hook_call = b"\x10" + encode_uleb128(hook_index)
+    size_read = bytes([_GLOBAL_GET]) + guest_size
     try:
-        return _assemble(wasm, info, additions, hook_call, bodies)
+        return _assemble(wasm, info, additions, hook_call, size_read, bodies)
     except WasmFormatError:
         return None
 
 
+def _sleb128(value: int) -> bytes:
+    """``value`` as a signed LEB128 immediate (of ``i32.const``)."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if (value == 0 and not byte & 0x40) or (value == -1 and byte & 0x40):
+            return bytes(out + bytes([byte]))
+        out.append(byte | 0x80)
+
+
+def _grow_body(flag: bytes, guest_size: bytes) -> bytes:
+    """The grow function ``(param $pages i32) (result i32) (local $old i32)``: what
+    ``memory.grow`` of a new instance at the guest size returns, growing the memory only by the
+    pages it lacks (see the module docstring)."""
+    old, pages, real_size = b"\x20\x01", b"\x20\x00", b"\x3f\x00"
+    move_guest_size = old + pages + b"\x6a\x24" + guest_size  # global.set (old + pages)
+    return b"".join(
+        [
+            b"\x01\x01\x7f",  # the local $old
+            b"\x23" + guest_size + b"\x21\x01",  # $old = the guest size
+            # if $pages <= memory.size - $old (unsigned): the memory has them already
+            pages + real_size + old + b"\x6b\x4d\x04\x40",
+            move_guest_size + old + b"\x0f\x0b",  # move the guest size; return $old; end
+            # memory.grow ($pages - (memory.size - $old)): the pages it lacks
+            pages + real_size + old + b"\x6b\x6b\x40\x00",
+            # refused (-1): set the flag, return -1, like the grow of a new instance
+            b"\x41\x7f\x46\x04\x40\x41\x01\x24" + flag + b"\x41\x7f\x0f\x0b",
+            move_guest_size + old + b"\x0b",  # move the guest size; $old
+        ]
+    )
+
+
 def _added_bodies(
     flag: bytes,
+    guest_size: bytes,
+    initial_pages: bytes,
     eval_function: int,
     wrapper_index: int,
     mutable: list[tuple[int, bytes]],
-    resettable: bool,
 ) -> list[bytes]:
-    """The added functions' bodies, each with its size: the grow hook, the wrapper, and (for a
-    resettable module) the fresh wrapper."""
-    hook_body = (
-        b"\x01\x01\x7f"  # one i32 local (index 1)
-        b"\x20\x00\x40\x00\x22\x01"  # local.get 0; memory.grow 0; local.tee 1
-        b"\x41\x7f\x46\x04\x40"  # i32.const -1; i32.eq; if
-        b"\x41\x01\x24" + flag + b"\x0b"  # i32.const 1; global.set flag; end
-        b"\x20\x01\x0b"
-    )  # local.get 1; end
+    """The added functions' bodies, each with its size: the grow function, the wrapper, and the
+    fresh wrapper (which a module that is not resettable does not get)."""
     wrapper_body = (
         b"\x00\x41\x00\x24"
         + flag  # i32.const 0; global.set flag
@@ -211,16 +260,19 @@ def _added_bodies(
         + encode_uleb128(eval_function)
         + b"\x0b"
     )
-    bodies = [hook_body, wrapper_body]
-    if resettable:
-        # the fresh wrapper: every mutable global to its initial value, then the plain wrapper
-        bodies.append(
-            b"\x00"
-            + b"".join(expr + bytes([_GLOBAL_SET]) + encode_uleb128(i) for i, expr in mutable)
-            + b"\x20\x00\x10"
-            + encode_uleb128(wrapper_index)
-            + b"\x0b"
-        )
+    # the fresh wrapper: every mutable global (the guest size too) to its initial value, then
+    # the plain wrapper
+    fresh_body = (
+        b"\x00"
+        + b"".join(expr + bytes([_GLOBAL_SET]) + encode_uleb128(i) for i, expr in mutable)
+        + initial_pages
+        + bytes([_GLOBAL_SET])
+        + guest_size
+        + b"\x20\x00\x10"
+        + encode_uleb128(wrapper_index)
+        + b"\x0b"
+    )
+    bodies = [_grow_body(flag, guest_size), wrapper_body, fresh_body]
     return [encode_uleb128(len(body)) + body for body in bodies]
 
 
@@ -250,6 +302,7 @@ def _assemble(
     info: ModuleInfo,
     additions: dict[int, list[bytes]],
     hook_call: bytes,
+    size_read: bytes,
     added_bodies: list[bytes],
 ) -> bytes | None:
     """The module with ``additions`` appended to their sections (a section the module lacks is
@@ -275,7 +328,7 @@ def _assemble(
             out += _section(section.id, content)
         elif section.id == 10:
             code_section = section
-            bodies = _rewrite_bodies(wasm, section.content_start, section.end, hook_call)
+            bodies = _rewrite_bodies(wasm, section.content_start, section.end, hook_call, size_read)
             out += _section(10, _vector(bodies + added_bodies))
         else:
             out += wasm[section.start : section.end]
@@ -284,9 +337,11 @@ def _assemble(
     return bytes(out)
 
 
-def _rewrite_bodies(wasm: bytes, start: int, end: int, hook_call: bytes) -> list[bytes]:
-    """Every body of the code section at ``start:end``, each ``memory.grow`` a call of the hook,
-    each with its new size."""
+def _rewrite_bodies(
+    wasm: bytes, start: int, end: int, hook_call: bytes, size_read: bytes
+) -> list[bytes]:
+    """Every body of the code section at ``start:end``, each ``memory.grow`` a call of the hook
+    and each ``memory.size`` a read of the guest size, each with its new size."""
     reader = Reader(wasm, start, end)
     bodies = []
     for _ in range(reader.uleb()):
@@ -297,7 +352,7 @@ def _rewrite_bodies(wasm: bytes, start: int, end: int, hook_call: bytes) -> list
         for _ in range(body.uleb()):
             body.uleb()
             body.byte()
-        expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call)
+        expr, _ = _rewrite_body(wasm, body.pos, body_end, hook_call, size_read)
         new_body = wasm[body_start : body.pos] + expr
         bodies.append(encode_uleb128(len(new_body)) + new_body)
         reader.pos = body_end

@@ -65,11 +65,11 @@ class HostConfig:
             :meth:`evald.host.WasmHost.advance_epoch`; a tick then counts as 1 ms).
         isolation: ``fresh`` (the default) starts every call from a new instance's state: the
             instance kept per (thread, pool key, module) is put back after each call (every
-            page the call wrote, and every global), or, for a module that cannot be put back,
-            a new instance is made for the call. ``reuse`` keeps the instance as the last call
-            left it and zeroes only its buffers: a little faster, but what one call leaves in
-            the guest's heap or globals the next call of the same pool key sees
-            (docs/daemon.md, "Isolation").
+            page the call wrote, every global, the memory size the guest sees), or, for a module
+            that cannot be put back, a new instance is made for the call. ``reuse`` keeps the
+            instance as the last call left it and zeroes only its buffers: a little faster, but
+            what one call leaves in the guest's heap or globals the next call of the same pool
+            key sees (docs/daemon.md, "Isolation").
         cache_dir: where compiled modules (``.cwasm``) are kept; None disables the disk cache.
             The directory must be private to the daemon (a cached file is native code).
         load_fuel, load_deadline_ms: the budget of the trial instantiation at load.

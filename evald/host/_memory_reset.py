@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 
 __all__ = [
     "HOST_PAGE_BYTES",
+    "RESIDENT_GROWTH_BYTES",
     "Memory",
     "MemoryReset",
     "memory_reset_unavailable",
@@ -39,6 +40,11 @@ class Memory(Protocol):
 
 #: The host's page: the unit the kernel reports written memory in.
 HOST_PAGE_BYTES: Final = mmap.PAGESIZE
+#: How much of what calls grew a memory by stays resident between calls (zeroed in place, like
+#: the image's pages); the rest is given back to the kernel at each reset. A page kept resident
+#: costs a page write at every reset once written, even by calls that no longer touch it; one
+#: given back costs a page fault to the next call that does.
+RESIDENT_GROWTH_BYTES: Final = 2**20
 
 
 class _PageRegion(ctypes.Structure):
@@ -82,6 +88,10 @@ _REGIONS: Final = 32
 _LIBC_RELEASED = ctypes.CDLL(None, use_errno=True)
 _ioctl = _LIBC_RELEASED.ioctl  # a syscall of microseconds: the GIL is released for it
 _ioctl.restype = ctypes.c_int
+_madvise = _LIBC_RELEASED.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_madvise.restype = ctypes.c_int
+_MADV_DONTNEED: Final = 4
 _PAGE_ZEROS: Final = bytes(HOST_PAGE_BYTES)
 _zero_bytes = memoryview(bytes(16 * HOST_PAGE_BYTES))
 
@@ -184,13 +194,19 @@ class MemoryReset:
 
     Contract (a wrong answer here is one caller's data reaching the next, not an exception):
 
-    * ``base`` and ``size`` are the memory's base address and size *now*; the caller checks
-      after every call that the size did not change (a grown memory is not reset: its
-      instance is dropped) and creates the reset from a memory made by wasmtime, a private
-      mapping of anonymous memory and of the module's image.
+    * ``base`` and ``size`` are the memory's base address and size *now*: the caller checks
+      after every call whether the size changed and then calls :meth:`follow` (which refuses a
+      memory that moved: its instance is dropped). The reset is created from a memory made by
+      wasmtime, a private mapping of anonymous memory and of the module's image.
     * ``pristine`` holds every non-zero host page of that memory as a new instance has it
       (:func:`pristine_pages` of a probe instance of the same compiled module, which has no
-      start function), sorted by offset; every other page of a new instance is zero.
+      start function), sorted by offset; every other page of a new instance is zero, and so is
+      every page a ``memory.grow`` adds. A memory that grew is reset over its whole size: the
+      pages above the image end as zeros, as a grow of a new instance finds them (the guest
+      sees the image's size again through :mod:`evald.host._instrument`'s guest size). Past
+      :data:`RESIDENT_GROWTH_BYTES` above the image they are given back to the kernel first
+      (``madvise(MADV_DONTNEED)``: they read as zeros again); the scan then covers them too,
+      so a page that call could not give back is zeroed like any other.
     * One thread at a time, and never while a guest call runs on the memory.
 
     Why every page ends as a new instance has it: the kernel's ``PAGEMAP_SCAN`` reports each
@@ -202,7 +218,8 @@ class MemoryReset:
     back. Pages that read as the zero page are left alone, except pristine pages, which are
     copied back there too (a non-zero page cannot have become the zero page unless its
     contents became zero, but writing it back costs nothing and needs no such argument).
-    Reset pages stay resident: the next call writes them without a page fault. The scan is
+    Reset pages stay resident (but those given back above the image): the next call writes
+    them without a page fault. The scan is
     repeated from where it stopped until it has covered the whole range. The loop runs in C
     (``evald/host/_reset.c``, without the GIL) where that extension was built, else here.
 
@@ -224,6 +241,7 @@ class MemoryReset:
         "_view",
         "_words",
         "base",
+        "release_from",
         "size",
     )
 
@@ -238,6 +256,8 @@ class MemoryReset:
             raise ValueError("the memory is not aligned to host pages")
         self.base = base
         self.size = size
+        #: Where the pages given back at each reset begin (offset; none below the memory's end).
+        self.release_from = size + RESIDENT_GROWTH_BYTES
         #: Writes go through a view of the memory: a copy without a foreign call.
         self._view = memory.view()
         self._pristine = tuple(pristine)
@@ -270,8 +290,26 @@ class MemoryReset:
         if any(len(data) != HOST_PAGE_BYTES for _, data in self._pristine):
             raise ValueError("pristine pages must be whole host pages")
 
+    def follow(self, memory: Memory) -> bool:
+        """Extends the reset to ``memory``'s size after a call grew it (the same memory).
+
+        Returns False, changing nothing, when the memory moved or is not whole host pages: the
+        caller must then drop the instance (wasmtime's memories here are reserved in place and
+        never move, but the reset writes at ``base``, so it checks rather than assumes).
+        """
+        base, size = memory.base(), memory.size()
+        if base != self.base or size < self.size or size % HOST_PAGE_BYTES:
+            return False
+        self.size = size
+        self._view = memory.view()
+        return True
+
     def reset(self) -> int:
         """Resets the memory (see the class contract); returns the bytes it wrote."""
+        release_from = self.release_from
+        if self.size > release_from:
+            # not checked: the scan below zeroes any page this leaves in place
+            _madvise(self.base + release_from, self.size - release_from, _MADV_DONTNEED)
         native = self._native
         if native is not None:
             written: int = native.reset(

@@ -1,10 +1,10 @@
 """Instructions of function bodies: one decoder for every pass that reads code.
 
 The host reads code twice before compiling: the compile-cost check
-(:mod:`evald.host._compile_cost`) counts each function's branches, and the ``memory.grow``
-rewrite (:mod:`evald.host._instrument`) replaces one instruction. Both walk the body with
-:func:`read_instruction`, which knows the shape of every instruction's immediates for the
-features the host's engine enables (MVP, sign-extension, multi-value, reference types, bulk
+(:mod:`evald.host._compile_cost`) counts each function's branches, and the memory rewrite
+(:mod:`evald.host._instrument`) replaces ``memory.grow`` and ``memory.size``. Both walk the
+body with :func:`read_instruction`, which knows the shape of every instruction's immediates for
+the features the host's engine enables (MVP, sign-extension, multi-value, reference types, bulk
 memory, saturating conversions, SIMD); anything else is a :class:`WasmFormatError`.
 """
 
@@ -14,8 +14,9 @@ from typing import Final
 
 from evald.host._wasm_binary import Reader, WasmFormatError
 
-__all__ = ["BRANCH_OPCODES", "MEMORY_GROW", "read_instruction"]
+__all__ = ["BRANCH_OPCODES", "MEMORY_GROW", "MEMORY_SIZE", "read_instruction"]
 
+MEMORY_SIZE: Final = 0x3F
 MEMORY_GROW: Final = 0x40
 #: Instructions that begin, split or end a basic block: block, loop, if, else, br, br_if,
 #: br_table. The compiler makes a block of each, and its cost grows with their number.

@@ -14,7 +14,7 @@ import pytest
 
 from evald.cli import main
 from evald_lab.bench._headline import README_BEGIN, README_END, headline_markdown, write_headline
-from evald_lab.bench._overhead import PROFILES, _configs
+from evald_lab.bench._overhead import PROFILES, _configs, overhead_headline
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -104,6 +104,24 @@ def test_headline_names_the_engine_path(overhead: tuple[Path, dict]) -> None:
     assert "evald ÷ in-process Python" in table
     assert "raw unix-socket round trip" in table
     assert "Measured on" in table
+
+
+def test_overhead_fresh_versus_reuse_covers_every_input(overhead: tuple[Path, dict]) -> None:
+    rows = overhead[1]["rows"]
+    versus = overhead[1]["headline"]["wasm_fresh_vs_reuse"]
+    assert list(versus["inputs"]) == list(PROFILES["tiny"].inputs)
+    # one input past the target fails the whole measure, whichever input it is
+    slow = [
+        {**row, "p50_us": row["p50_us"] * 10}
+        if row["path"] == "wasm-fresh" and row["input"] == "strop-short"
+        else row
+        for row in rows
+    ]
+    assert overhead_headline(rows, None)["wasm_fresh_vs_reuse"]["inputs"].keys() == {
+        "calc-short",
+        "strop-short",
+    }
+    assert not overhead_headline(slow, None)["wasm_fresh_vs_reuse"]["met"]
 
 
 def test_headline_refreshes_only_the_marked_block(

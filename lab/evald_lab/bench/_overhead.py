@@ -829,8 +829,8 @@ def overhead_headline(
     * ``evald_data_vs_raw_floor``: the data path's p50 over the raw unix-socket floor's (the same
       frames to a process that does not evaluate), against the ≤ 5x and ≤ 300 µs targets.
     * ``wasm_reuse_vs_python_latency`` (target ≤ 1) and ``wasm_fresh_p50_us`` (target ≤ 50 µs).
-    * ``wasm_fresh_vs_reuse``: in-process fresh ÷ reuse p50 at concurrency 1, calc short and
-      strop long (target ≤ 2.0 each).
+    * ``wasm_fresh_vs_reuse``: in-process fresh ÷ reuse p50 at concurrency 1, every input of
+      the run (target ≤ 2.0 each).
     * ``evald_batched_throughput``: the best items/s of any 64-item batch or stream row on a
       unix socket (gRPC or the data path; short calc), against the 30,000/s target, with the
       CPU it cost per item (target ≤ 30 µs in the daemon).
@@ -897,7 +897,7 @@ def overhead_headline(
             "cpu_us_per_eval": fresh["cpu_us_per_eval"],
         }
     ratios = {}
-    for name in ("calc-short", "strop-long"):
+    for name in dict.fromkeys(row["input"] for row in rows):
         reused = _find(rows, path="wasm-reuse", input=name, concurrency=1)
         made = _find(rows, path="wasm-fresh", input=name, concurrency=1)
         if reused and made and reused["p50_us"]:

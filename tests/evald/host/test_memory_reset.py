@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 PAGES = 40  # wasm pages: 2.5 MiB, 640 host pages
+WASM_PAGE = 65536
 # An image with data in three places (one crossing a host page boundary), and functions to
 # write bytes at any address, read one, and grow the memory.
 WAT = f"""
@@ -185,15 +186,50 @@ def test_a_forked_child_resets_with_its_own_page_tables(
     assert guest.contents() == pristine  # the child's writes never reached the parent
 
 
-def test_a_grown_memory_is_refused_by_the_instance_not_reset() -> None:
-    from evald.host import Limits, WasmHost
-    from evald.testing import arg
-    from evald.testing import guest as module
+def test_a_grown_memory_is_reset_over_its_whole_size(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    assert guest.grow() == PAGES and guest.grow() == PAGES + 1
+    grown = len(pristine) + 2 * WASM_PAGE
+    for at in (100, len(pristine), len(pristine) + 5000, grown - 1):
+        guest.poke(at, 0xA5)
+    assert reset.follow(guest.memory)
+    assert reset.size == grown
+    reset.reset()
+    assert guest.contents() == pristine + bytes(2 * WASM_PAGE)
 
-    with WasmHost(HostConfig(isolation="fresh")) as host:
-        grow = host.load(module("grow"))
-        assert grow.resettable
-        assert host.evaluate(grow, arg(1), Limits(), pool_key="g").ok
-        assert host.cached_bytes("g") == 0  # the grown instance was dropped, not kept
-        assert host.evaluate(grow, arg(0), Limits(), pool_key="g").ok
-        assert host.cached_bytes("g") > 0  # an instance that did not grow is kept
+
+def _resident(address: int) -> bool:
+    """Whether the host page at ``address`` is present, by this process's page table."""
+    page = page_reset.HOST_PAGE_BYTES
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(address // page * 8)
+        return bool(int.from_bytes(pagemap.read(8), "little") >> 63)
+
+
+def test_growth_past_the_resident_bytes_is_given_back(
+    guest: Guest, pristine: bytes, native: bool
+) -> None:
+    reset = _reset_for(guest, native)
+    grown_pages = page_reset.RESIDENT_GROWTH_BYTES // WASM_PAGE + 4
+    for _ in range(grown_pages):
+        assert guest.grow() != -1
+    kept_at = len(pristine) + 1000  # inside the resident part
+    given_at = len(pristine) + page_reset.RESIDENT_GROWTH_BYTES + 5000
+    guest.poke(kept_at, 7)
+    guest.poke(given_at, 9)
+    assert reset.follow(guest.memory)
+    reset.reset()
+    base = guest.memory.base()
+    assert _resident(base + kept_at)  # zeroed in place: the next call takes no fault on it
+    assert not _resident(base + given_at)  # given back to the kernel
+    assert guest.contents() == pristine + bytes(grown_pages * WASM_PAGE)
+
+
+def test_a_reset_does_not_follow_another_memory(guest: Guest) -> None:
+    reset = _reset_for(guest, True)
+    other = Guest(guest.engine, guest.pre)
+    assert other.grow() == PAGES
+    assert not reset.follow(other.memory)  # another base: it would write where it must not
+    assert reset.size == PAGES * WASM_PAGE
