@@ -537,6 +537,23 @@ def _strip(node: Any) -> Any:
 # -- extracted properties -------------------------------------------------------------------
 
 
+def _literal_value(literal: str) -> Any:
+    """A literal of the text as a JSON value: a JSON string, or a number written as the text
+    writes it (``07`` and ``00`` are 7 and 0: JSON itself has no leading zeros)."""
+    try:
+        return json.loads(literal)
+    except ValueError:
+        pass
+    try:
+        return int(literal)
+    except ValueError:
+        pass
+    try:
+        return float(literal)
+    except ValueError:
+        return None
+
+
 def _narrow(schema: dict[str, Any], text: str, at: str) -> tuple[dict[str, Any], EvaluatorOperands]:
     """``schema`` with each number or string place narrowed to the literals of ``text``."""
     text, cut = bounded_text(text)
@@ -572,7 +589,9 @@ def _narrow_node(
     validator = Draft202012Validator(strict_schema(node))
     kept: list[Any] = []
     for literal in literals_in_text(literal_kind, text)[:MAX_CANDIDATES_PER_RULE]:
-        value = json.loads(literal)
+        value = _literal_value(literal)
+        if value is None:
+            continue
         if kind == "integer" and isinstance(value, float):
             if not value.is_integer():
                 continue

@@ -214,3 +214,12 @@ def test_an_input_the_policy_bounds_must_be_bounded_as_tightly_in_the_schema() -
         schema({"type": "array", "items": {"type": "number"}, "maxItems": 10}), evaluators
     )
     assert lowered.computed is not None
+
+
+def test_extracted_numbers_with_leading_zeros_are_their_values() -> None:
+    schema = obj(hour={"type": "integer", "extracted": True})
+    lowered = lower_computed_schema(
+        schema, standard_evaluators(), operands_from="At 10:00, or 07700 900123, 00 or 7."
+    )
+    hour = lowered.computed.schema["properties"]["hour"]  # type: ignore[union-attr]
+    assert hour["enum"] == [10, 0, 7700, 900123, 7]
