@@ -4,8 +4,8 @@
 Every message asks a home-improvement consultancy for a consultation; the expected facts are
 the customer's **own** age (``None`` when the message does not give it) and the prices of the
 requested services in pounds (empty when it gives none); the expected decision is
-:func:`evald_lab.study.booking.policy.apply_policy` of those facts, written out by hand in the file and
-checked against the policy by the tests.
+:func:`evald_lab.study.booking.policy.apply_policy` of those facts, written out by hand in
+the file and checked against the policy by the tests.
 
 The messages vary on purpose (no template): ages in digits and in words (``forty-six``);
 distractor numbers (a child's or parent's age, a house number, a phone number, dates, times,
