@@ -126,6 +126,17 @@ def _add_request_options(gen: argparse.ArgumentParser) -> None:
         help="as --operands, with the literals of TEXT instead of PROMPT's",
     )
     gen.add_argument(
+        "--json-schema",
+        dest="json_schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="structured output: answer one JSON document of the schema in FILE; its "
+        '"computed" properties are computed by the evaluators and forced '
+        '(docs/computed-fields.md); with --operands, its "extracted" properties offer '
+        "only PROMPT's literals",
+    )
+    gen.add_argument(
         "--timings",
         action="store_true",
         help="print each span's injected result and the timings on stderr",
@@ -268,6 +279,12 @@ def _generate(args: argparse.Namespace) -> int:
     temperature = args.temperature
     if temperature is None:
         temperature = _DEFAULT_SAMPLING_TEMPERATURE if args.seed is not None else 0.0
+    schema = None
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(args.json_schema.read_text())
+        except (OSError, ValueError) as exc:
+            return _fail(f"--json-schema {args.json_schema}: {exc}")
     try:
         engine, setup = open_engine(args, system=args.system)
     except (EngineError, BackendError, FileNotFoundError) as exc:
@@ -299,6 +316,7 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             on_text=stream,
             operands_from=operands_from,
+            json_schema=schema,
         )
     except EngineError as exc:
         return _fail(str(exc))
@@ -344,8 +362,13 @@ def format_timings(result: Any) -> str:
     lines = []
     for span in result.spans:
         outcome = span.forced_text or "(written by the model)"
+        where = (
+            f"{span.field} = {span.evaluator}({span.content!r})"
+            if span.field
+            else f"span <{span.evaluator}>{span.content!r}"
+        )
         lines.append(
-            f"span <{span.evaluator}>{span.content!r} -> {outcome}  "
+            f"{where} -> {outcome}  "
             f"eval {span.eval_latency_us / 1000:.2f} ms, waited {span.wait_us / 1000:.2f} ms, "
             f"{span.n_forced_tokens} tokens forced in one forward of "
             f"{span.inject_forward_us / 1000:.1f} ms"

@@ -14,6 +14,7 @@ evald's client and contract.
 """
 
 from engine_adapter.evaluation._client import ClientStats, EvaluatorClient
+from engine_adapter.evaluation._computed_state import ComputedFieldsState
 from engine_adapter.evaluation._engine_interface import EngineRuntime, SpanState, open_span_state
 from engine_adapter.evaluation._injector import Injector
 from engine_adapter.evaluation._inprocess import InProcessWasmEvaluator, ReferenceEvaluator
@@ -28,6 +29,7 @@ from engine_adapter.evaluation._token_codec import TokenCodec
 
 __all__ = [
     "ClientStats",
+    "ComputedFieldsState",
     "EngineRuntime",
     "EvaluatorClient",
     "EvaluatorListing",

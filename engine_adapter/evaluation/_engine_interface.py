@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from engine_adapter.evaluation._computed_state import ComputedFieldsState
 from engine_adapter.evaluation._injector import Injector
 from engine_adapter.evaluation._span_record import SpanRecord
 from engine_adapter.evaluation._token_codec import TokenCodec
-from engine_adapter.spans import SpanBinding, SpanEvaluator
+from engine_adapter.spans import ComputedPlan, SpanBinding, SpanEvaluator
 
 __all__ = ["EngineRuntime", "SpanState", "open_span_state"]
 
@@ -121,6 +122,7 @@ def open_span_state(
     evaluator: SpanEvaluator | None,
     *,
     auto_flush: bool = True,
+    computed: ComputedPlan | None = None,
 ) -> SpanState:
     """A new request's span state, with ``runtime``'s codec and deadline; its spans go to
     ``evaluator`` (``None`` records spans without evaluating or forcing anything).
@@ -128,9 +130,21 @@ def open_span_state(
     ``auto_flush=False`` for an engine that flushes once per decode step itself
     (:meth:`EngineRuntime.flush`); the state still flushes before it blocks in ``wait``.
 
+    ``computed``: the request is a JSON document with computed properties
+    (``SpanGrammar.computed``); its state follows the document instead of spans
+    (:class:`ComputedFieldsState`, docs/computed-fields.md) and ``bindings`` is empty.
+
     Raises:
         ValueError: bindings the text scanner cannot tell apart.
     """
+    if computed is not None:
+        return ComputedFieldsState(
+            runtime.codec,
+            computed,
+            evaluator,
+            deadline_ms=runtime.deadline_ms,
+            auto_flush=auto_flush,
+        )
     return Injector(
         runtime.codec,
         bindings,

@@ -32,6 +32,9 @@ class SpanRecord:
     injected: str | None = None
     waited_s: float = 0.0
     """Time the engine spent blocked in :meth:`Injector.wait` for this span."""
+    field: str | None = None
+    """For a computed property: its JSON pointer in the document (``content`` is then the
+    input built from the values it is computed from); ``None`` for a span."""
     diverged: bool = False
     """The sequence left the result region before it was complete (only possible without the
     grammar, or when an engine samples instead of forcing); nothing more was forced."""

@@ -206,6 +206,7 @@ class DecodeLoop:
                     inject_forward_us=timing.forward_us if n_forced else 0,
                     step=self._n_sampled,
                     forced_at=forced_at,
+                    field=record.field,
                 )
             )
 

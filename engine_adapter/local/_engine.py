@@ -23,10 +23,12 @@ from engine_adapter.local._result import GenerationResult, TextCallback
 from engine_adapter.local._sampling import Sampler
 from engine_adapter.local._timing import GenerationClock
 from engine_adapter.spans import (
+    ComputedSchemaError,
     EvaluatorSpec,
     Mode,
     SpanGrammar,
     build_structural_tag,
+    lower_computed_schema,
     special_token_texts,
 )
 
@@ -192,6 +194,25 @@ class LocalEngine:
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
 
+    def json_grammar(
+        self, schema: Mapping[str, Any] | str, *, operands_from: str | None = None
+    ) -> SpanGrammar:
+        """The grammar of a JSON schema, its computed properties computed by this engine's
+        evaluators (:func:`engine_adapter.lower_computed_schema`; docs/computed-fields.md).
+
+        Parameters:
+            operands_from: the text whose literals ``"extracted": true`` properties are
+                narrowed to.
+
+        Raises:
+            EngineError: the schema is refused (the message starts with a JSON pointer into
+                it).
+        """
+        try:
+            return lower_computed_schema(schema, self.evaluators, operands_from=operands_from)
+        except ComputedSchemaError as exc:
+            raise EngineError(f"json schema: {exc}") from exc
+
     def compile(self, grammar: SpanGrammar) -> Any:
         """The compiled grammar (``xgrammar.CompiledGrammar``), cached by the tag's JSON (the
         32 used last).
@@ -230,6 +251,7 @@ class LocalEngine:
         evaluator: SpanEvaluator | None = None,
         on_text: TextCallback | None = None,
         operands_from: str | bool | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
     ) -> GenerationResult:
         """Generates one answer.
 
@@ -255,6 +277,11 @@ class LocalEngine:
                 evaluator's literal rules to the literals of ``prompt`` (numbers, words), a
                 string to those of that text; see :meth:`span_grammar`. When the text holds
                 none, the grammar is the usual one and ``GenerationResult.operands`` says why.
+            json_schema: structured output: the answer is one JSON document of this schema
+                (the grammar modes), whose ``computed`` properties the engine computes and
+                forces (:meth:`json_grammar`; ``GenerationResult.spans`` holds one record per
+                computed value, with its ``field``). With ``operands_from``, the schema's
+                ``extracted`` properties are narrowed to the literals of that text.
 
         Raises:
             EngineError: the prefix does not fit the grammar, the prompt does not fit the
@@ -264,9 +291,14 @@ class LocalEngine:
         mode = _parse_mode(mode)
         _check_sampling(max_new_tokens, temperature, top_p)
         evaluator = evaluator if evaluator is not None else self.evaluator
-        if mode is Mode.GRAMMAR_EVAL and evaluator is None:
-            raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
         ops = _operands_text(prompt, operands_from, grammar)
+        if json_schema is not None:
+            if grammar is not None or mode is Mode.NO_GRAMMAR:
+                raise EngineError("json_schema is a grammar of its own: no grammar or no-grammar")
+            grammar, ops = self.json_grammar(json_schema, operands_from=ops), None
+        needs_evaluator = grammar is None or grammar.computed is None or grammar.computed.fields
+        if mode is Mode.GRAMMAR_EVAL and evaluator is None and needs_evaluator:
+            raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
         clock = GenerationClock()
         constraint, span_grammar = self._constraint(mode, prefix, grammar, evaluator, clock, ops)
         prompt_ids = self.prompt_ids(prompt)
@@ -316,7 +348,9 @@ class LocalEngine:
         matcher = self._xgr.GrammarMatcher(compiled)
         # Without an evaluator the span state only records the spans the model writes.
         evaluating = evaluator if mode is Mode.GRAMMAR_EVAL else None
-        injector = open_span_state(self, span_grammar.bindings, evaluating)
+        injector = open_span_state(
+            self, span_grammar.bindings, evaluating, computed=span_grammar.computed
+        )
         return SpanConstraint(matcher, injector, self._bitmask), span_grammar
 
     def _prefix_ids(self, prefix: str) -> list[int]:

@@ -50,6 +50,9 @@ class SpanTiming:
     """Sampled tokens so far when the span closed."""
     forced_at: int = -1
     """Index in :attr:`GenerationResult.token_ids` of the first forced token (-1: none)."""
+    field: str | None = None
+    """For a computed property of a JSON answer: its JSON pointer (``content`` is the input
+    built from the values it is computed from; ``forced_text`` the value or error object)."""
 
 
 @dataclass

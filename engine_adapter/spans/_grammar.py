@@ -34,9 +34,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_adapter.spans._operands import EvaluatorOperands, OperandNarrowing, narrow_grammar
+
+if TYPE_CHECKING:
+    from engine_adapter.spans._computed_schema import ComputedPlan
 from engine_adapter.spans._types import SpanBinding
 
 __all__ = [
@@ -304,6 +307,9 @@ class SpanGrammar:
     evaluators: tuple[EvaluatorSpec, ...] = field(default=(), compare=False)
     operands: OperandNarrowing | None = field(default=None, compare=False)
     """What the operands option did (``None`` when the request did not ask for it)."""
+    computed: ComputedPlan | None = field(default=None, compare=False)
+    """For a JSON schema with computed properties (:func:`lower_computed_schema`): what the
+    engine computes and where; the grammar then has no span bindings."""
 
     def json(self) -> str:
         """The structural tag as compact JSON.
