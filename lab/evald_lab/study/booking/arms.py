@@ -1,7 +1,9 @@
 """The booking study's arms: the schemas each one sends and the text the model is given.
 
-The policy text (:data:`POLICY_TEXT`) is the same in every arm; only what the model is asked
-to write changes:
+Every arm's system text begins with the same policy text (:data:`POLICY_TEXT`), then says
+what to write and shows one worked example of it; only what the model is asked to write
+changes (the shared beginning also stays in the local engine's prompt cache from one request to
+the next, whichever arm runs):
 
 - ``schema-only`` (the study's design 1, adapted): the model writes every field,
   ``customer_age``, ``price_components``, the ``decision`` (``total``, ``action``,
@@ -51,34 +53,41 @@ ARMS = (SCHEMA_ONLY, COMPUTED, COMPUTED_LITERALS, TWO_CALLS)
 #: The arms whose decision the engine computes with the policy evaluator.
 COMPUTED_ARMS = (COMPUTED, COMPUTED_LITERALS)
 #: Longest reply, in characters: a few sentences, and a bound on a small model that rambles.
-REPLY_MAX_LENGTH = 240
+REPLY_MAX_LENGTH = 200
 
 POLICY_TEXT = (
-    "You are the booking assistant of a home-improvement consultancy. Apply the booking "
-    "policy to the customer's message.\n"
-    "- The customer must be aged 18 to 70 inclusive: under 18, decline (reason under_age); "
-    "over 70, decline (reason over_age).\n"
-    "- The total is the sum of the prices of all the services the customer asks for. A total "
-    "up to 10000 pounds can be booked (book_appointment, reason eligible). A total of 10001 to "
-    "12000 pounds: offer a reduced-scope consultation (offer_alternative, reason over_limit). "
-    "Above 12000 pounds: decline (reason over_limit).\n"
-    "- When the customer's own age or the prices are not given: escalate to a person "
-    "(escalate_human, reason insufficient_info)."
+    "You are the booking assistant of a home-improvement consultancy. The booking policy:\n"
+    "- The customer must be aged 18 to 70: under 18, decline (under_age); over 70, decline "
+    "(over_age).\n"
+    "- The total is the sum of the prices of the services asked for. Up to 10000 pounds: "
+    "book_appointment (eligible). 10001 to 12000: offer_alternative, a smaller consultation "
+    "(over_limit). Above 12000: decline (over_limit).\n"
+    "- The customer's own age or the prices not given: escalate_human (insufficient_info)."
 )
+#: One worked example, the same in every arm (each arm shows the part it asks for): a
+#: 135M-parameter model given a JSON grammar and no example writes dates into every string.
+_EXAMPLE_MESSAGE = "I'm 30. The survey is £500 and the design is £1,200. Friday at 9am?"
+_EXAMPLE_FACTS = '"customer_age": 30, "price_components": [500, 1200]'
+_EXAMPLE_DECISION = '{"action": "book_appointment", "reason": "eligible", "total": 1700}'
+_EXAMPLE_REPLY = "Thank you! Your consultation is booked for Friday at 9am."
 SINGLE_CALL_PROMPT = (
     f"{POLICY_TEXT}\n\nAnswer with one JSON object: customer_age (the customer's own age, "
-    "null if not given), price_components (each price in pounds), decision (total, action, "
-    "reason) and response_text (a short reply to the customer)."
+    "null if not given), price_components (each price in pounds), decision (action, reason, "
+    "total) and response_text (a short reply to the customer).\n"
+    f"Example: {_EXAMPLE_MESSAGE}\n"
+    f'{{{_EXAMPLE_FACTS}, "decision": {_EXAMPLE_DECISION}, "response_text": "{_EXAMPLE_REPLY}"}}'
 )
 EXTRACTION_PROMPT = (
-    "Read the customer's message to a home-improvement consultancy. Answer with one JSON "
-    "object: customer_age (the customer's own age, null if not given) and price_components "
-    "(each price of a requested service, in pounds; empty if none is given)."
+    f"{POLICY_TEXT}\n\nFirst step, the facts only. Answer with one JSON object: customer_age "
+    "(the customer's own age, null if not given) and price_components (each price in pounds, "
+    "empty if none is given).\n"
+    f"Example: {_EXAMPLE_MESSAGE}\n{{{_EXAMPLE_FACTS}}}"
 )
 NARRATION_PROMPT = (
-    "You are the booking assistant of a home-improvement consultancy. The booking system has "
-    "decided on the customer's request. Write a short reply to the customer that tells them "
-    "the decision. Answer with one JSON object: response_text."
+    f"{POLICY_TEXT}\n\nThe booking system has decided. Write a short reply to the customer "
+    "that tells them the decision. Answer with one JSON object: response_text.\n"
+    f"Example: Customer message: {_EXAMPLE_MESSAGE}\nDecision: {_EXAMPLE_DECISION}\n"
+    f'{{"response_text": "{_EXAMPLE_REPLY}"}}'
 )
 
 _AGE: dict[str, Any] = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
@@ -86,11 +95,11 @@ _COMPONENTS: dict[str, Any] = {"type": "array", "items": {"type": "integer"}, "m
 _DECISION: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "total": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
         "action": {"type": "string", "enum": list(ACTIONS)},
         "reason": {"type": "string", "enum": list(REASONS)},
+        "total": {"anyOf": [{"type": "number"}, {"type": "null"}]},
     },
-    "required": ["total", "action", "reason"],
+    "required": ["action", "reason", "total"],
     "additionalProperties": False,
 }
 _REPLY: dict[str, Any] = {"type": "string", "maxLength": REPLY_MAX_LENGTH}

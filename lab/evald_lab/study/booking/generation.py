@@ -42,6 +42,8 @@ class JsonReply:
     """From the request to the last token, as the caller saw it (prefill included)."""
     stop_reason: str
     prompt_tokens: int = 0
+    prefill_ms: float = 0.0
+    """The prompt's forward passes (what a prompt cache saves)."""
     computed: list[dict[str, Any]] = field(default_factory=list)
     """One record per computed property: ``field``, ``evaluator``, ``content``, ``value``,
     ``error_code``."""
@@ -88,6 +90,7 @@ class LocalJsonGenerator:
             wall_ms=wall_ms,
             stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
+            prefill_ms=result.prefill_us / 1000,
             computed=[_computed_record(span) for span in result.spans],
         )
 

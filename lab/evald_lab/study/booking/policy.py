@@ -50,7 +50,7 @@ class Decision:
     reason: str
 
     def as_json(self) -> dict[str, Any]:
-        return {"total": self.total, "action": self.action, "reason": self.reason}
+        return {"action": self.action, "reason": self.reason, "total": self.total}
 
 
 def apply_policy(
@@ -82,7 +82,7 @@ def _total(components: list[Any] | tuple[Any, ...] | None) -> int | float | None
 
 def evaluate_policy(content: str) -> str:
     """The evaluator's contract: ``{"age": 34, "components": [6500, 1200]}`` in, the decision's
-    compact JSON out (``{"total":7700,"action":"book_appointment","reason":"eligible"}``).
+    compact JSON out (``{"action":"book_appointment","reason":"eligible","total":7700}``).
 
     Raises:
         ValueError: the input is not such an object (the evaluator answers ``syntax``).

@@ -115,6 +115,7 @@ class BookingRecord:
     n_forced: int
     prompt_tokens: int
     wall_ms: float
+    prefill_ms: float
     calls: int
     stop_reasons: list[str]
     policy_evaluator: str
@@ -236,6 +237,7 @@ def run_one(
         n_forced=sum(r.n_forced for r in replies),
         prompt_tokens=sum(r.prompt_tokens for r in replies),
         wall_ms=round(sum(r.wall_ms for r in replies), 2),
+        prefill_ms=round(sum(r.prefill_ms for r in replies), 2),
         calls=len(replies),
         stop_reasons=[r.stop_reason for r in replies],
         policy_evaluator=who,
