@@ -16,7 +16,8 @@ from engine_adapter.cli import main
 from evald_lab.study.booking.arms import ARMS, COMPUTED_ARMS
 from evald_lab.study.booking.messages import BOOKING_CASES
 from evald_lab.study.booking.policy import apply_policy
-from evald_lab.study.booking.runner import BookingConfig, BookingRecord
+from evald_lab.study.booking.records import BookingRecord
+from evald_lab.study.booking.runner import BookingConfig
 from evald_lab.study.booking.scoring import score
 
 #: An offer once summed (42, £6,500 + £4,000), and an under-age customer asking for £14,000.

@@ -13,7 +13,7 @@ from typing import Any
 
 from evald_lab.study.booking.arms import ARMS, COMPUTED_ARMS, SCHEMA_ONLY, TWO_CALLS
 from evald_lab.study.booking.messages import GROUPS
-from evald_lab.study.booking.runner import BookingRecord, load_records, rescore
+from evald_lab.study.booking.records import BookingRecord, load_records, rescore
 from evald_lab.study.run import mcnemar_exact_p, wilson_interval
 
 __all__ = ["RATES", "BookingSummary", "complete_pairs", "resummarize", "summarize", "write_report"]

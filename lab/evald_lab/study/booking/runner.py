@@ -14,8 +14,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ from evald_lab.study.booking.arms import (
 from evald_lab.study.booking.generation import JsonGenerator, JsonReply, JsonRequest
 from evald_lab.study.booking.messages import BOOKING_CASES, BookingCase
 from evald_lab.study.booking.policy import POLICY_NAME, POLICY_SPEC, PolicyEvaluator, apply_policy
+from evald_lab.study.booking.records import BookingRecord, load_records, rescore
+from evald_lab.study.booking.report import summarize, write_report
 from evald_lab.study.booking.scoring import score
 
 __all__ = [
@@ -42,7 +44,9 @@ __all__ = [
     "BookingRecord",
     "load_records",
     "plug_policy",
+    "rescore",
     "run_booking",
+    "run_one",
 ]
 
 #: Rewrite the summary after this many records (an interrupted run leaves a table).
@@ -94,37 +98,6 @@ class BookingConfig:
     def selected(self) -> list[BookingCase]:
         wanted = set(self.cases)
         return [case for case in BOOKING_CASES if not wanted or case.case_id in wanted]
-
-
-@dataclass
-class BookingRecord:
-    """One (seed, message, arm): one line of ``records.jsonl``. The texts are kept, so the
-    scoring (every field after ``computed``) can be re-run without the model."""
-
-    model: str
-    backend: str
-    arm: str
-    case_id: int
-    group: str
-    seed: int | None
-    message: str
-    expected: dict[str, Any]
-    texts: list[str]
-    """The generated JSON: one text, or the extraction's and the narration's (``two-calls``)."""
-    n_sampled: int
-    n_forced: int
-    prompt_tokens: int
-    wall_ms: float
-    prefill_ms: float
-    calls: int
-    stop_reasons: list[str]
-    policy_evaluator: str
-    """Who decided in the computed arms: ``wasm`` (the engine's ``booking_policy`` module) or
-    ``python`` (:class:`~.policy.PolicyEvaluator`); ``code`` in ``two-calls``; ``model``."""
-    computed: list[dict[str, Any]] = field(default_factory=list)
-    engine_error: str | None = None
-    verdict: dict[str, Any] = field(default_factory=dict)
-    """:func:`~.scoring.score`'s fields."""
 
 
 def plug_policy(engine: Any) -> str:
@@ -247,17 +220,6 @@ def run_one(
     )
 
 
-def load_records(path: Path) -> list[BookingRecord]:
-    """The records of a ``records.jsonl`` (a line cut short by an interruption is skipped)."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(BookingRecord(**json.loads(line)))
-        except (ValueError, TypeError):
-            continue
-    return out
-
-
 def _plan(config: BookingConfig) -> list[tuple[int | None, BookingCase, str]]:
     """Every (seed, message, arm) in run order: the arms rotate from one message to the next."""
     plan = []
@@ -286,8 +248,6 @@ def run_booking(
         policy_evaluator: what :func:`plug_policy` said (kept in the records and summary).
         meta: what the summary's ``config`` adds (the load, the threads…).
     """
-    from evald_lab.study.booking.report import summarize, write_report
-
     config.out_dir.mkdir(parents=True, exist_ok=True)
     path = config.out_dir / "records.jsonl"
     done = _resumable(path, config) if config.resume else {}
@@ -392,16 +352,3 @@ class _Progress:
     def stop(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-
-
-def rescore(records: Sequence[BookingRecord]) -> list[BookingRecord]:
-    """The records scored again from their texts (the scoring rules may have changed)."""
-    cases = {case.case_id: case for case in BOOKING_CASES}
-    out = []
-    for record in records:
-        case = cases.get(record.case_id)
-        if case is None or case.message != record.message:
-            continue
-        record.verdict = score(case, record.arm, record.texts)
-        out.append(record)
-    return out
