@@ -277,11 +277,8 @@ class LocalEngine:
                 evaluator's literal rules to the literals of ``prompt`` (numbers, words), a
                 string to those of that text; see :meth:`span_grammar`. When the text holds
                 none, the grammar is the usual one and ``GenerationResult.operands`` says why.
-            json_schema: structured output: the answer is one JSON document of this schema
-                (the grammar modes), whose ``computed`` properties the engine computes and
-                forces (:meth:`json_grammar`; ``GenerationResult.spans`` holds one record per
-                computed value, with its ``field``). With ``operands_from``, the schema's
-                ``extracted`` properties are narrowed to the literals of that text.
+            json_schema: the answer is one JSON document of this schema; its ``computed``
+                properties are computed and forced (:meth:`json_grammar`, docs/computed-fields.md).
 
         Raises:
             EngineError: the prefix does not fit the grammar, the prompt does not fit the
@@ -291,14 +288,9 @@ class LocalEngine:
         mode = _parse_mode(mode)
         _check_sampling(max_new_tokens, temperature, top_p)
         evaluator = evaluator if evaluator is not None else self.evaluator
-        ops = _operands_text(prompt, operands_from, grammar)
-        if json_schema is not None:
-            if grammar is not None or mode is Mode.NO_GRAMMAR:
-                raise EngineError("json_schema is a grammar of its own: no grammar or no-grammar")
-            grammar, ops = self.json_grammar(json_schema, operands_from=ops), None
-        needs_evaluator = grammar is None or grammar.computed is None or grammar.computed.fields
-        if mode is Mode.GRAMMAR_EVAL and evaluator is None and needs_evaluator:
-            raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
+        grammar, ops = self._request_grammar(
+            mode, prompt, grammar, operands_from, json_schema, evaluator
+        )
         clock = GenerationClock()
         constraint, span_grammar = self._constraint(mode, prefix, grammar, evaluator, clock, ops)
         prompt_ids = self.prompt_ids(prompt)
@@ -324,6 +316,28 @@ class LocalEngine:
         )
         clock.finish(result)
         return result
+
+    def _request_grammar(
+        self,
+        mode: Mode,
+        prompt: str,
+        grammar: SpanGrammar | None,
+        operands_from: str | bool | None,
+        json_schema: Mapping[str, Any] | str | None,
+        evaluator: SpanEvaluator | None,
+    ) -> tuple[SpanGrammar | None, str | None]:
+        """The request's own grammar (given, or a JSON schema's) and the operands text the
+        engine's span grammar is still to be narrowed with; refuses grammar-eval without an
+        evaluator where something is to be evaluated."""
+        ops = _operands_text(prompt, operands_from, grammar)
+        if json_schema is not None:
+            if grammar is not None or mode is Mode.NO_GRAMMAR:
+                raise EngineError("json_schema is a grammar of its own: no grammar or no-grammar")
+            grammar, ops = self.json_grammar(json_schema, operands_from=ops), None
+        needs_evaluator = grammar is None or grammar.computed is None or grammar.computed.fields
+        if mode is Mode.GRAMMAR_EVAL and evaluator is None and needs_evaluator:
+            raise EngineError("grammar-eval mode needs an evaluator (evald, inprocess or python)")
+        return grammar, ops
 
     def _constraint(
         self,

@@ -12,6 +12,7 @@ and text to grammars and bindings, so the engines, the request builders and the 
 reading of the span protocol. Only ``evald.contract`` lies below.
 """
 
+from engine_adapter.spans._computed_lowering import lower_computed_schema
 from engine_adapter.spans._computed_schema import (
     COMPUTED_KEYWORD,
     EXTRACTED_KEYWORD,
@@ -19,7 +20,6 @@ from engine_adapter.spans._computed_schema import (
     ComputedPlan,
     ComputedSchemaError,
     contains_computed,
-    lower_computed_schema,
 )
 from engine_adapter.spans._computed_values import (
     ERROR_KEY,

@@ -15,9 +15,11 @@ from typing import Any
 from engine_adapter.spans._computed_schema import (
     COMPUTED_KEYWORD,
     EXTRACTED_KEYWORD,
+    MAX_SCHEMA_BYTES,
     ComputedField,
     ComputedPlan,
     ComputedSchemaError,
+    json_pointer,
     parse_pointer,
 )
 from engine_adapter.spans._computed_values import (
@@ -27,23 +29,74 @@ from engine_adapter.spans._computed_values import (
     deep_copy,
     strict_schema,
 )
-from engine_adapter.spans._grammar import EvaluatorSpec
+from engine_adapter.spans._grammar import EvaluatorSpec, Mode, SpanGrammar
 from engine_adapter.spans._operands import (
     MAX_CANDIDATES_PER_RULE,
     MAX_LITERALS_PER_RULE,
     EvaluatorOperands,
+    OperandNarrowing,
     bounded_text,
     literals_in_text,
 )
 
-__all__ = ["Lowering"]
+__all__ = ["Lowering", "lower_computed_schema"]
 
 _KEYWORDS = (COMPUTED_KEYWORD, EXTRACTED_KEYWORD)
 _SCALAR_KINDS = {"number": "number", "integer": "number", "string": "string"}
 
 
-def _pointer(path: Sequence[str]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+def lower_computed_schema(
+    schema: Mapping[str, Any] | str,
+    evaluators: Sequence[EvaluatorSpec],
+    *,
+    operands_from: str | None = None,
+) -> SpanGrammar:
+    """Checks a schema with computed properties and lowers it for generation.
+
+    Parameters:
+        schema: the request's JSON schema (dict or JSON text); its root is an object.
+        evaluators: the evaluators the request may use (``ListEvaluators``), by name or tag.
+        operands_from: the text whose literals ``"extracted": true`` properties are narrowed to
+            (typically the user's message); without it such properties keep their schema and
+            :attr:`SpanGrammar.operands` says why.
+
+    Returns:
+        A :class:`SpanGrammar` whose structural tag is the lowered grammar and whose
+        ``computed`` is the :class:`ComputedPlan` (no span bindings).
+
+    Raises:
+        ComputedSchemaError: names the bad field as a JSON pointer into ``schema``.
+    """
+    if isinstance(schema, str):
+        if len(schema.encode()) > MAX_SCHEMA_BYTES:
+            raise ComputedSchemaError("/", f"the schema is over {MAX_SCHEMA_BYTES} bytes")
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise ComputedSchemaError("/", f"not valid JSON: {exc}") from None
+    if not isinstance(schema, Mapping):
+        raise ComputedSchemaError("/", f"expected a JSON object, got {type(schema).__name__}")
+    lowering = Lowering(evaluators, operands_from)
+    lowered, plan = lowering.run(dict(schema))
+    ebnf = _grammar(lowered)
+    plan = ComputedPlan(plan.fields, plan.objects, lowered, ebnf)
+    tag = {"type": "structural_tag", "format": {"type": "grammar", "grammar": ebnf}}
+    operands = OperandNarrowing(tuple(lowering.operands)) if lowering.operands else None
+    used = tuple(dict.fromkeys(lowering.used))
+    return SpanGrammar(tag, (), Mode.GRAMMAR_EVAL, used, operands, computed=plan)
+
+
+def _grammar(lowered: Mapping[str, Any]) -> str:
+    """The lowered schema as XGrammar EBNF, with the fixed separators the plan forces."""
+    import xgrammar as xgr
+
+    try:
+        grammar = xgr.Grammar.from_json_schema(
+            json.dumps(lowered), any_whitespace=False, separators=(", ", ": "), strict_mode=True
+        )
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ComputedSchemaError("/", f"XGrammar cannot compile the schema: {exc}") from None
+    return str(grammar)
 
 
 class Lowering:
@@ -107,7 +160,7 @@ class Lowering:
         self.schema_at[path] = node
         for key in list(properties):
             child = properties[key]
-            child_at = f"{at}/properties/{_pointer([key])[1:]}"
+            child_at = f"{at}/properties/{json_pointer([key])[1:]}"
             if not isinstance(child, dict):
                 continue
             if COMPUTED_KEYWORD in child:
@@ -202,7 +255,7 @@ class Lowering:
         properties = node.get("properties")
         if isinstance(properties, Mapping):
             for key, child in properties.items():
-                child_at = f"{at}/properties/{_pointer([key])[1:]}"
+                child_at = f"{at}/properties/{json_pointer([key])[1:]}"
                 if isinstance(child, Mapping) and COMPUTED_KEYWORD in child:
                     if child_at not in self.seen:
                         raise ComputedSchemaError(
@@ -215,9 +268,9 @@ class Lowering:
         for key, value in node.items():
             if key in ("properties",) and isinstance(value, Mapping):
                 for name, child in value.items():
-                    self._refuse_unreached(child, f"{at}/properties/{_pointer([name])[1:]}")
+                    self._refuse_unreached(child, f"{at}/properties/{json_pointer([name])[1:]}")
             elif key not in _KEYWORDS:
-                self._refuse_unreached(value, f"{at}/{_pointer([key])[1:]}")
+                self._refuse_unreached(value, f"{at}/{json_pointer([key])[1:]}")
 
     # ------------------------------------------------------------------ the checks
 
@@ -236,6 +289,11 @@ class Lowering:
         def visit(node: int, trail: list[int]) -> None:
             state[node] = 1
             for nxt in graph[node]:
+                if nxt == node:
+                    raise ComputedSchemaError(
+                        f"{self.source_at[node]}/from",
+                        f"{fields[node].pointer} is computed from itself",
+                    )
                 if state.get(nxt) == 1:
                     loop = [*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt]
                     names = " -> ".join(fields[i].pointer for i in loop)
@@ -254,8 +312,11 @@ class Lowering:
     def _finish(self, field: ComputedField, at: str) -> ComputedField:
         """Checks each input's pointer against the document's order; sets the delimiter."""
         for name, target in field.sources:
-            where = f"{at}/from" + (f"/{_pointer([name])[1:]}" if name else "")
-            self._check_source(field.path, target, where)
+            where = f"{at}/from" + (f"/{json_pointer([name])[1:]}" if name else "")
+            source = self._check_source(field.path, target, where)
+            accepted = _input_schema_for(field, name)
+            if accepted is not None:
+                _check_bounds(source, accepted, field.evaluator, json_pointer(target), where)
         ValueCheck(field.schema)  # compiles its validator and grammar now, not mid-generation
         return ComputedField(
             path=field.path,
@@ -267,8 +328,9 @@ class Lowering:
             input_schema=field.input_schema,
         )
 
-    def _check_source(self, computed: tuple[str, ...], target: tuple[str, ...], at: str) -> None:
-        shown = _pointer(target) or "/"
+    def _check_source(self, computed: tuple[str, ...], target: tuple[str, ...], at: str) -> Any:
+        """The schema of the input at ``target``; refuses a pointer that is not written yet."""
+        shown = json_pointer(target) or "/"
         common = 0
         while common < min(len(target), len(computed)) and target[common] == computed[common]:
             common += 1
@@ -287,7 +349,7 @@ class Lowering:
         if theirs > mine:
             raise ComputedSchemaError(
                 at,
-                f"{shown} comes after {_pointer(computed[: common + 1])} in the schema's "
+                f"{shown} comes after {json_pointer(computed[: common + 1])} in the schema's "
                 "property order, so it is not written yet when the value is due: move it "
                 "before",
             )
@@ -296,6 +358,7 @@ class Lowering:
             node = _child(node, part)
             if node is None:
                 raise ComputedSchemaError(at, f"{shown} points to nothing in the schema")
+        return node
 
     def _delimiter(self, field: ComputedField, at: str) -> str:
         """``,`` or ``}`` after a value a digit could extend; refused when neither is fixed."""
@@ -336,7 +399,7 @@ def _sources(raw: Any, at: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]],
         if not raw:
             raise ComputedSchemaError(at, "an empty object: name at least one input")
         return "object", tuple(
-            (str(name), one(p, f"{at}/{_pointer([str(name)])[1:]}")) for name, p in raw.items()
+            (str(name), one(p, f"{at}/{json_pointer([str(name)])[1:]}")) for name, p in raw.items()
         )
     if isinstance(raw, list):
         if not raw:
@@ -357,7 +420,7 @@ def _check_input_names(
         for name in names:
             if name not in properties:
                 raise ComputedSchemaError(
-                    f"{at}/{_pointer([name])[1:]}",
+                    f"{at}/{json_pointer([name])[1:]}",
                     f"{evaluator.name} takes no input {name!r} (its inputs: "
                     f"{', '.join(properties)})",
                 )
@@ -365,6 +428,43 @@ def _check_input_names(
     for name in required if isinstance(required, list) else ():
         if name not in names:
             raise ComputedSchemaError(at, f"{evaluator.name} needs the input {name!r}")
+
+
+_BOUNDS = (("maxLength", "longer"), ("maxItems", "longer"))
+
+
+def _input_schema_for(field: ComputedField, name: str) -> Mapping[str, Any] | None:
+    """What the evaluator's ``input_schema`` accepts for one input (None: no bound known)."""
+    schema = field.input_schema
+    if not isinstance(schema, Mapping):
+        return None
+    if field.form == "value":
+        return schema
+    properties = schema.get("properties")
+    if field.form == "object" and isinstance(properties, Mapping):
+        sub = properties.get(name)
+        return sub if isinstance(sub, Mapping) else None
+    return None
+
+
+def _check_bounds(
+    source: Any, accepted: Mapping[str, Any], evaluator: str, shown: str, at: str
+) -> None:
+    """An input the evaluator's manifest bounds must be bounded at least as tightly by the
+    schema, or a value the model may write would be over the evaluator's limits."""
+    source = source if isinstance(source, Mapping) else {}
+    for keyword, word in _BOUNDS:
+        limit = accepted.get(keyword)
+        if not isinstance(limit, int):
+            continue
+        own = source.get(keyword)
+        if not isinstance(own, int) or own > limit:
+            allows = f"{keyword} {own}" if isinstance(own, int) else f"no {keyword}"
+            raise ComputedSchemaError(
+                at,
+                f"{shown} may be {word} than {evaluator} accepts ({keyword} {limit}); the "
+                f'schema has {allows}: bound it with "{keyword}": {limit} or less',
+            )
 
 
 def _child(node: Any, part: str) -> Any:
@@ -415,10 +515,10 @@ def _find_keyword(node: Any, keyword: str, at: str) -> str | None:
     for key, value in node.items():
         if key == "properties" and isinstance(value, Mapping):
             for name, child in value.items():
-                child_at = f"{at}/properties/{_pointer([name])[1:]}"
+                child_at = f"{at}/properties/{json_pointer([name])[1:]}"
                 if isinstance(child, Mapping) and keyword in child:
                     return f"{child_at}/{keyword}"
-        found = _find_keyword(value, keyword, f"{at}/{_pointer([key])[1:]}")
+        found = _find_keyword(value, keyword, f"{at}/{json_pointer([key])[1:]}")
         if found is not None:
             return found
     return None

@@ -27,9 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter.spans._grammar import EvaluatorSpec, Mode, SpanGrammar
-from engine_adapter.spans._operands import OperandNarrowing
-
 __all__ = [
     "COMPUTED_KEYWORD",
     "EXTRACTED_KEYWORD",
@@ -37,7 +34,7 @@ __all__ = [
     "ComputedPlan",
     "ComputedSchemaError",
     "contains_computed",
-    "lower_computed_schema",
+    "json_pointer",
     "parse_pointer",
 ]
 
@@ -85,7 +82,7 @@ class ComputedField:
 
     @property
     def pointer(self) -> str:
-        return _pointer(self.path)
+        return json_pointer(self.path)
 
     @property
     def key(self) -> str:
@@ -136,63 +133,8 @@ def contains_computed(schema: Any) -> bool:
     return False
 
 
-def lower_computed_schema(
-    schema: Mapping[str, Any] | str,
-    evaluators: Sequence[EvaluatorSpec],
-    *,
-    operands_from: str | None = None,
-) -> SpanGrammar:
-    """Checks a schema with computed properties and lowers it for generation.
-
-    Parameters:
-        schema: the request's JSON schema (dict or JSON text); its root is an object.
-        evaluators: the evaluators the request may use (``ListEvaluators``), by name or tag.
-        operands_from: the text whose literals ``"extracted": true`` properties are narrowed to
-            (typically the user's message); without it such properties keep their schema and
-            :attr:`SpanGrammar.operands` says why.
-
-    Returns:
-        A :class:`SpanGrammar` whose structural tag is the lowered grammar and whose
-        ``computed`` is the :class:`ComputedPlan` (no span bindings).
-
-    Raises:
-        ComputedSchemaError: names the bad field as a JSON pointer into ``schema``.
-    """
-    if isinstance(schema, str):
-        if len(schema.encode()) > MAX_SCHEMA_BYTES:
-            raise ComputedSchemaError("/", f"the schema is over {MAX_SCHEMA_BYTES} bytes")
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise ComputedSchemaError("/", f"not valid JSON: {exc}") from None
-    if not isinstance(schema, Mapping):
-        raise ComputedSchemaError("/", f"expected a JSON object, got {type(schema).__name__}")
-    from engine_adapter.spans._computed_lowering import Lowering
-
-    lowering = Lowering(evaluators, operands_from)
-    lowered, plan = lowering.run(dict(schema))
-    ebnf = _grammar(lowered)
-    plan = ComputedPlan(plan.fields, plan.objects, lowered, ebnf)
-    tag = {"type": "structural_tag", "format": {"type": "grammar", "grammar": ebnf}}
-    operands = OperandNarrowing(tuple(lowering.operands)) if lowering.operands else None
-    used = tuple(dict.fromkeys(lowering.used))
-    return SpanGrammar(tag, (), Mode.GRAMMAR_EVAL, used, operands, computed=plan)
-
-
-def _grammar(lowered: Mapping[str, Any]) -> str:
-    """The lowered schema as XGrammar EBNF, with the fixed separators the plan forces."""
-    import xgrammar as xgr
-
-    try:
-        grammar = xgr.Grammar.from_json_schema(
-            json.dumps(lowered), any_whitespace=False, separators=(", ", ": "), strict_mode=True
-        )
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ComputedSchemaError("/", f"XGrammar cannot compile the schema: {exc}") from None
-    return str(grammar)
-
-
-def _pointer(path: Sequence[str]) -> str:
+def json_pointer(path: Sequence[str]) -> str:
+    """The RFC 6901 pointer of a path of object keys (``("a", "b/c")`` → ``/a/b~1c``)."""
     return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in path)
 
 

@@ -114,7 +114,8 @@ def _branch_for(value: Any, schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _key(schema: Any) -> str:
-    return json.dumps(schema, sort_keys=True)
+    """The cache key: the schema's JSON in its own key order (property order is grammar)."""
+    return json.dumps(schema)
 
 
 @functools.lru_cache(maxsize=256)

@@ -211,3 +211,31 @@ def test_no_grammar_mode_with_the_python_evaluators(capsys: pytest.CaptureFixtur
     captured = capsys.readouterr()
     assert status == 0, captured.err
     assert captured.out.strip() and "<result>" not in captured.out
+
+
+@pytest.mark.model
+def test_generate_with_a_json_schema_prints_the_document_with_its_computed_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "expression": {"type": "string", "pattern": "^[0-9]{1,3}( [*+] [0-9]{1,3}){1,2}$"},
+            "answer": {"type": "integer", "computed": {"by": "calc", "from": "/expression"}},
+        },
+        "required": ["expression", "answer"],
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    args = ["generate", "--evaluator-mode", "python", "--evaluators", "calc",
+            "--max-new-tokens", "40", "--timings", "--json-schema", str(path), PROMPT]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    from evaluators_wasm.reference import reference
+
+    assert document["answer"] == int(reference("calc")(document["expression"].encode()))
+    assert f"/answer = calc({document['expression']!r}) -> {document['answer']}" in captured.err
+    path.write_text("{not json")
+    assert main(args) == 2
+    assert "--json-schema" in capsys.readouterr().err
