@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.cli import EXIT_ERROR, EXIT_OK, add_engine_options, open_engine
+from evald_lab.study.booking.cli import add_booking_options, run_booking_command
 from evald_lab.study.run import (
     MODES,
     PROBLEM_SETS,
@@ -29,13 +30,17 @@ def add_command(sub: Any) -> None:
     """Adds ``study`` to ``engine-adapter``'s subparsers."""
     study = sub.add_parser(
         "study",
-        help="Run the accuracy study (four arms on arithmetic and letter counting).",
+        help="Run the accuracy study (four arms on arithmetic and letter counting), or the "
+        "booking-policy study (--problems booking).",
         description=(
             "The accuracy study: no-grammar, grammar-no-eval, grammar-eval and "
             "grammar-eval+operands (the span's literals from the question) on seeded "
             "arithmetic word problems and letter-counting questions over real words, greedy "
             "decoding. Writes per-item JSONL records, a table with 95%% Wilson intervals, "
-            "failure causes and paired McNemar tests, and a plot under --out."
+            "failure causes and paired McNemar tests, and a plot under --out. "
+            "--problems booking runs the booking-policy study instead: hand-written customer "
+            "messages through four structured-output arms (schema-only, computed, "
+            "computed+literals, two-calls), see docs/computed-fields.md."
         ),
     )
     add_engine_options(study, default_evaluator_mode="inprocess")
@@ -55,10 +60,11 @@ def add_command(sub: Any) -> None:
     )
     study.add_argument(
         "--problems",
-        choices=PROBLEM_SETS,
+        choices=(*PROBLEM_SETS, "booking"),
         default="original",
         help="original: the first problem set; heldout: new wordings and sentence orders, "
-        "numbers in words in some, distractors in some",
+        "numbers in words in some, distractors in some; booking: the booking-policy study "
+        "(its own options below)",
     )
     study.add_argument(
         "--instructions",
@@ -67,7 +73,12 @@ def add_command(sub: Any) -> None:
         help="comma-separated: off (no instructions), on (rendered from the manifests); "
         "default both",
     )
-    study.add_argument("--out", type=Path, default=Path("reports/study"), help="results folder")
+    study.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: reports/study, or reports/study/booking/MODEL)",
+    )
     study.add_argument(
         "--free-max-new-tokens",
         type=int,
@@ -88,6 +99,7 @@ def add_command(sub: Any) -> None:
     )
     study.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     study.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_booking_options(study)
     study.set_defaults(_runner=_study)
 
 
@@ -101,6 +113,10 @@ def _names(text: str | None) -> list[str]:
 
 
 def _study(args: argparse.Namespace) -> int:
+    if args.problems == "booking":
+        return run_booking_command(args)
+    if args.out is None:
+        args.out = Path("reports/study")
     if args.summarize_only:
         try:
             summary = resummarize(args.out, plot=not args.no_plot)
