@@ -192,6 +192,8 @@ class EvaluatorSpec:
         }
         fields["examples"] = list(getattr(info, "examples", ()) or ())
         fields["literals"] = dict(getattr(info, "literals", {}) or {})
+        for key in ("input_schema", "result_schema"):  # JSON text; "" (absent) is None
+            fields[key] = getattr(info, key, "")
         return cls.from_manifest(fields)
 
     def binding(self, *, begin: str | None = None, end: str | None = None) -> SpanBinding:
