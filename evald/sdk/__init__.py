@@ -4,8 +4,9 @@ It builds a guest in Zig or C (the pinned Zig toolchain), Rust (rustc for wasm32
 AssemblyScript (asc) — :func:`build_evaluator`, also ``make wasm``'s build — checks a module
 with the daemon's own validator and limits, and runs an evaluator's cases in process, so a
 module that passes here registers (docs/writing-evaluators.md); a policy (a manifest with
-``input_schema``/``result_schema``) is also held to its schemas (:func:`check_policy`). Rust and AssemblyScript guests
-use the ABI's guest libraries shipped here (:data:`GUEST_CRATE`, :data:`GUEST_PACKAGES`). A
+``input_schema``/``result_schema``) is also held to its schemas (:func:`check_policy`). Rust
+and AssemblyScript guests use the ABI's guest libraries shipped here (:data:`GUEST_CRATE`,
+:data:`GUEST_PACKAGES`). A
 folder is code that runs at build time: every compiler runs in a bwrap sandbox under limits
 (:class:`BuildSandbox`, :class:`BuildLimits`), with the operator's compilers only.
 """

@@ -126,7 +126,8 @@ def _example_problems(
     except ValueError:
         expected = example["value"]
     if got != expected:
-        problems.append(f"{where}: the module returns {value!r}; the example says {example['value']!r}")
+        said = example["value"]
+        problems.append(f"{where}: the module returns {value!r}; the example says {said!r}")
     return problems
 
 

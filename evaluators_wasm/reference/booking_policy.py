@@ -104,18 +104,17 @@ def _depth(value: Any) -> int:
 def _strings_are_utf8(value: Any) -> bool:
     """False when a string (or key) holds a lone surrogate (``"\\ud800"``), as the guest's
     reader refuses."""
-    texts: list[str] = []
     if isinstance(value, str):
-        texts = [value]
-    elif isinstance(value, dict):
-        texts = list(value)
-    try:
-        for text in texts:
-            text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return all(_strings_are_utf8(child) for child in children)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_strings_are_utf8(key) and _strings_are_utf8(v) for key, v in value.items())
+    if isinstance(value, list):
+        return all(map(_strings_are_utf8, value))
+    return True
 
 
 def _parse(data: bytes) -> Any:
