@@ -202,6 +202,13 @@ def _new(parser: argparse.ArgumentParser) -> Runner:
         help="guest language (default zig; rust needs rustc for wasm32, assemblyscript asc)",
     )
     parser.add_argument(
+        "--template",
+        choices=("evaluator", "policy"),
+        default="evaluator",
+        help="evaluator (default: span text in, a value out) or policy (one JSON object in, "
+        "one JSON value out, with the SDK's JSON library and the manifest's schemas)",
+    )
+    parser.add_argument(
         "--dir", type=Path, metavar="DIR", help="folder to create (default: ./NAME)"
     )
 
@@ -210,9 +217,9 @@ def _new(parser: argparse.ArgumentParser) -> Runner:
         from evald.sdk import new_evaluator
 
         folder: Path = args.dir or Path(args.name)
-        files = new_evaluator(args.name, folder, args.lang)
+        files = new_evaluator(args.name, folder, args.lang, args.template)
         shown = [path.relative_to(folder).as_posix() for path in files]
-        print(f"created {folder}/ ({args.lang}): {', '.join(shown)}")
+        print(f"created {folder}/ ({args.lang}, {args.template}): {', '.join(shown)}")
         print(
             f"next: edit {shown[0]} and grammar.ebnf, then `evald build {folder}`, "
             f"`evald test {folder}`, `evald register {folder}`"

@@ -27,6 +27,7 @@ from evald.sdk._sandbox import DEFAULT_LIMITS, BuildLimits, BuildSandbox, find_b
 from evald.sdk._sdk import (
     LANGUAGES,
     TEMPLATE_DIR,
+    TEMPLATES,
     ZIG_VERSION,
     BuildResult,
     Case,
@@ -53,6 +54,7 @@ __all__ = [
     "LANGUAGES",
     "MALFORMED_INPUTS",
     "RUST_VERSION",
+    "TEMPLATES",
     "TEMPLATE_DIR",
     "ZIG_VERSION",
     "BuildError",
