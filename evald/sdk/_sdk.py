@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from evald.contract import (
     GUEST_ERROR_CODES,
@@ -40,7 +40,6 @@ from evald.contract import (
     EvaldError,
     Manifest,
     may_produce,
-    parse_manifest,
 )
 from evald.daemon import Config, load_config
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost, check_manifest_grammars

@@ -418,8 +418,10 @@ pub const Writer = struct {
                 '\n' => self.raw("\\n"),
                 '\r' => self.raw("\\r"),
                 '\t' => self.raw("\\t"),
+                8 => self.raw("\\b"),
+                12 => self.raw("\\f"),
                 '<' => self.raw("\\u003c"),
-                0...8, 11, 12, 14...0x1f => {
+                0...7, 11, 14...0x1f => {
                     const hex = "0123456789abcdef";
                     self.raw(&[_]u8{ '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] });
                 },
