@@ -31,7 +31,15 @@ from typing import Any
 
 from evaluators_wasm.reference import GuestError
 
-__all__ = ["MAX_DEPTH", "evaluate", "policy"]
+__all__ = [
+    "MAX_DEPTH",
+    "JsonNumber",
+    "decimal_text",
+    "evaluate",
+    "exact_decimal",
+    "parse_json",
+    "policy",
+]
 
 MAX_DEPTH = 32
 _I64 = 2**63 - 1
@@ -40,11 +48,11 @@ _MAX_EXPONENT = 1000
 _NUMBER = re.compile(r"(-?)(0|[1-9][0-9]*)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?")
 
 
-class _Number(str):
-    """A JSON number's text, as the guest keeps it."""
+class JsonNumber(str):
+    """A JSON number's text, as the guest libraries keep it."""
 
 
-def _decimal(text: str) -> tuple[int, int] | None:
+def exact_decimal(text: str) -> tuple[int, int] | None:
     """``(units, scale)`` as ``Decimal.parse`` reads the number, or None beyond its range."""
     match = _NUMBER.fullmatch(text)
     assert match is not None  # json only hands over numbers in this form
@@ -78,7 +86,7 @@ def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
     return x + y, scale
 
 
-def _text(value: tuple[int, int]) -> str:
+def decimal_text(value: tuple[int, int]) -> str:
     """Plain notation, trailing fractional zeros dropped (the guest writer's form)."""
     units, scale = value
     while scale > 0 and units % 10 == 0:
@@ -117,12 +125,14 @@ def _strings_are_utf8(value: Any) -> bool:
     return True
 
 
-def _parse(data: bytes) -> Any:
+def parse_json(data: bytes) -> Any:
+    """One JSON value as the SDK's guest readers accept it (numbers as :class:`JsonNumber`),
+    or :class:`GuestError` ``syntax`` as they refuse it."""
     try:
         value = json.loads(
             data.decode("utf-8"),
-            parse_int=_Number,
-            parse_float=_Number,
+            parse_int=JsonNumber,
+            parse_float=JsonNumber,
             parse_constant=_refuse_constant,
         )
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -153,7 +163,7 @@ def policy(age: int | None, total: tuple[int, int] | None) -> tuple[str, str]:
 def _age(value: Any) -> int | None:
     if value is None:
         return None
-    exact = _decimal(value) if isinstance(value, _Number) else None
+    exact = exact_decimal(value) if isinstance(value, JsonNumber) else None
     if exact is None or exact[0] % 10 ** exact[1] != 0:
         raise GuestError("syntax", "age must be an integer or null")
     return exact[0] // 10 ** exact[1]
@@ -161,7 +171,7 @@ def _age(value: Any) -> int | None:
 
 def evaluate(data: bytes) -> str:
     """Evaluates one ``booking_policy`` input; raises :class:`GuestError` with the guest's code."""
-    value = _parse(data)
+    value = parse_json(data)
     if not isinstance(value, dict):
         raise GuestError("syntax", "expected a JSON object with age and components")
     age = _age(value.get("age"))
@@ -170,9 +180,9 @@ def evaluate(data: bytes) -> str:
         raise GuestError("syntax", "components must be an array of numbers or null")
     total: tuple[int, int] | None = None
     for component in components or ():
-        if not isinstance(component, _Number):
+        if not isinstance(component, JsonNumber):
             raise GuestError("syntax", "components must be numbers")
-        amount = _decimal(component)
+        amount = exact_decimal(component)
         if amount is None:
             raise GuestError("too_large", "a component has more than 18 digits or decimals")
         if amount[0] < 0:
@@ -181,5 +191,5 @@ def evaluate(data: bytes) -> str:
         if total is None:
             raise GuestError("too_large", "the total has more than 18 digits")
     action, reason = policy(age, total)
-    shown = "null" if total is None else _text(total)
+    shown = "null" if total is None else decimal_text(total)
     return f'{{"total":{shown},"action":"{action}","reason":"{reason}"}}'

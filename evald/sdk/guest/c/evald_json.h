@@ -413,13 +413,14 @@ static int ej__strlen(const char *s) {
     return n;
 }
 
-/* An object member's key; the next call writes its value. */
-static void ej_key(ej_writer *w, const char *name) {
+/* An object member's key of n bytes (UTF-8); the next call writes its value. */
+static void ej_key_n(ej_writer *w, const char *name, int n) {
     ej__item(w);
-    ej__quoted(w, name, ej__strlen(name));
+    ej__quoted(w, name, n);
     ej__raw(w, ":", 1);
     w->after_key = 1;
 }
+static void ej_key(ej_writer *w, const char *name) { ej_key_n(w, name, ej__strlen(name)); }
 
 /* A string of n bytes (UTF-8). */
 static void ej_string_n(ej_writer *w, const char *text, int n) {

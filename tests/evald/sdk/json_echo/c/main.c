@@ -43,9 +43,7 @@ static void write(ej_writer *w, const ej_doc *d, int i) {
     case EJ_OBJECT:
         ej_begin_object(w);
         for (int k = 0, at = i + 1; k < t->size; k++, at = d->tokens[at + 1].next) {
-            int n = ej_string(d, at, text, sizeof text - 1);
-            text[n] = 0;
-            ej_key(w, text);
+            ej_key_n(w, text, ej_string(d, at, text, sizeof text));
             write(w, d, at + 1);
         }
         ej_end_object(w);
