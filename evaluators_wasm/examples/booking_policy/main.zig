@@ -91,8 +91,10 @@ fn decide(age: ?i64, total: ?json.Decimal) Decision {
     const sum = total orelse return .{ .action = "escalate_human", .reason = "insufficient_info" };
     if (years < 18) return .{ .action = "decline", .reason = "under_age" };
     if (years > 70) return .{ .action = "decline", .reason = "over_age" };
-    if (sum.order(limit_book) != .gt) return .{ .action = "book_appointment", .reason = "eligible" };
-    if (sum.order(limit_offer) != .gt) return .{ .action = "offer_alternative", .reason = "over_limit" };
+    if (sum.order(limit_book) != .gt)
+        return .{ .action = "book_appointment", .reason = "eligible" };
+    if (sum.order(limit_offer) != .gt)
+        return .{ .action = "offer_alternative", .reason = "over_limit" };
     return .{ .action = "decline", .reason = "over_limit" };
 }
 

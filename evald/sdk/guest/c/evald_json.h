@@ -451,7 +451,10 @@ static void ej_int(ej_writer *w, long long n) {
     ej_decimal d = {n, 0};
     ej_decimal_write(w, d);
 }
-static void ej_bool(ej_writer *w, int b) { ej__item(w), ej__raw(w, b ? "true" : "false", b ? 4 : 5); }
+static void ej_bool(ej_writer *w, int b) {
+    ej__item(w);
+    ej__raw(w, b ? "true" : "false", b ? 4 : 5);
+}
 static void ej_null(ej_writer *w) { ej__item(w), ej__raw(w, "null", 4); }
 
 /* A value's JSON text as it is (a number as the input wrote it). */

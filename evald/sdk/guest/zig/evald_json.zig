@@ -249,33 +249,48 @@ const Reader = struct {
         }
     }
 
+    /// Whether the byte at `pos` is one of `options`.
+    fn at(self: *Reader, options: []const u8) bool {
+        return self.pos < self.text.len and std.mem.indexOfScalar(u8, options, self.text[self.pos]) != null;
+    }
+
     fn digits(self: *Reader) usize {
         const start = self.pos;
-        while (self.pos < self.text.len and self.text[self.pos] >= '0' and self.text[self.pos] <= '9') self.pos += 1;
+        while (self.at("0123456789")) self.pos += 1;
         return self.pos - start;
     }
 
     fn number(self: *Reader) Error![]const u8 {
         const start = self.pos;
-        if (self.pos < self.text.len and self.text[self.pos] == '-') self.pos += 1;
-        if (self.pos < self.text.len and self.text[self.pos] == '0') {
+        if (self.at("-")) self.pos += 1;
+        if (self.at("0")) {
             self.pos += 1;
         } else if (self.digits() == 0) return error.Syntax;
-        if (self.pos < self.text.len and self.text[self.pos] == '.') {
+        if (self.at(".")) {
             self.pos += 1;
             if (self.digits() == 0) return error.Syntax;
         }
-        if (self.pos < self.text.len and (self.text[self.pos] == 'e' or self.text[self.pos] == 'E')) {
+        if (self.at("eE")) {
             self.pos += 1;
-            if (self.pos < self.text.len and (self.text[self.pos] == '+' or self.text[self.pos] == '-')) self.pos += 1;
+            if (self.at("+-")) self.pos += 1;
             if (self.digits() == 0) return error.Syntax;
         }
         return self.text[start..self.pos];
     }
 
+    /// Four hex digits, exactly (no sign, no `_`, as std.fmt.parseInt would allow).
     fn hex4(self: *Reader) Error!u21 {
         if (self.pos + 4 > self.text.len) return error.Syntax;
-        const code = std.fmt.parseInt(u16, self.text[self.pos .. self.pos + 4], 16) catch return error.Syntax;
+        var code: u21 = 0;
+        for (self.text[self.pos .. self.pos + 4]) |c| {
+            const digit: u21 = switch (c) {
+                '0'...'9' => c - '0',
+                'a'...'f' => c - 'a' + 10,
+                'A'...'F' => c - 'A' + 10,
+                else => return error.Syntax,
+            };
+            code = code * 16 + digit;
+        }
         self.pos += 4;
         return code;
     }
