@@ -114,7 +114,7 @@ INPUTS: list[bytes] = [
     b'"\\u0000\\u001f\\u007f\\u00e9\\u20ac"',
     b'"\\ud834\\udd1e and \xf0\x9d\x84\x9e"',
     b'"<tag> & </tag>"',
-    "\"caf\u00e9 \u2028 \u65e5\u672c\"".encode(),
+    '"caf\u00e9 \u2028 \u65e5\u672c"'.encode(),
     b"[]",
     b"{}",
     b"[1, [2, [3, []]], {}]",
@@ -186,12 +186,14 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(10**20), 10**20)
-    | st.decimals(allow_nan=False, allow_infinity=False, places=4, min_value=-(10**9),
-                  max_value=10**9)  # fmt: skip
+    | st.decimals(
+        allow_nan=False, allow_infinity=False, places=4, min_value=-(10**9), max_value=10**9
+    )
     | st.decimals(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=16,
 )
 
