@@ -183,9 +183,12 @@ def parse_manifest(payload: bytes) -> Manifest:
     check_grammar_shape(data["input_grammar"], data["result_regex"])
     examples = _parse_examples(data.get("examples", []))
     literals = _parse_literals(data.get("literals", {}), data["input_grammar"])
-    schemas = {name: parse_schema(name, data.get(name)) for name in SCHEMA_FIELDS}
     return Manifest(
-        **{name: data[name] for name in _FIELDS}, examples=examples, literals=literals, **schemas
+        **{name: data[name] for name in _FIELDS},
+        examples=examples,
+        literals=literals,
+        input_schema=parse_schema("input_schema", data.get("input_schema")),
+        result_schema=parse_schema("result_schema", data.get("result_schema")),
     )
 
 

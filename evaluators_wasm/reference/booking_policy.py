@@ -166,7 +166,9 @@ def _age(value: Any) -> int | None:
     exact = exact_decimal(value) if isinstance(value, JsonNumber) else None
     if exact is None or exact[0] % 10 ** exact[1] != 0:
         raise GuestError("syntax", "age must be an integer or null")
-    return exact[0] // 10 ** exact[1]
+    units, scale = exact
+    whole: int = units // 10**scale
+    return whole
 
 
 def evaluate(data: bytes) -> str:
