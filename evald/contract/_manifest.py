@@ -183,13 +183,11 @@ def parse_manifest(payload: bytes) -> Manifest:
     check_grammar_shape(data["input_grammar"], data["result_regex"])
     examples = _parse_examples(data.get("examples", []))
     literals = _parse_literals(data.get("literals", {}), data["input_grammar"])
+    input_schema, result_schema = (parse_schema(name, data.get(name)) for name in SCHEMA_FIELDS)
     return Manifest(
-        **{name: data[name] for name in _FIELDS},
-        examples=examples,
-        literals=literals,
-        input_schema=parse_schema("input_schema", data.get("input_schema")),
-        result_schema=parse_schema("result_schema", data.get("result_schema")),
-    )
+        **{name: data[name] for name in _FIELDS}, examples=examples, literals=literals,
+        input_schema=input_schema, result_schema=result_schema,
+    )  # fmt: skip
 
 
 def _parse_literals(raw: Any, grammar: str) -> dict[str, str]:
