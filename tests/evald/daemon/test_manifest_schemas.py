@@ -14,6 +14,7 @@ from engine_adapter.spans import EvaluatorSpec
 from evald.client import CallError
 from evald.contract import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, EvaldError, parse_manifest
 from evald.testing import guest, manifest_bytes
+from evaluators_wasm import EXAMPLES_DIR, example_path
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -106,3 +107,22 @@ def test_registration_refuses_a_bad_schema_and_keeps_serving(
     assert "bad_schema" not in {listed.name for listed in client.list_evaluators()}
     response = client.evaluate("calc", b"1 + 1")
     assert (outcome(response), response.value) == ("ok", "2")
+
+
+def test_the_booking_policy_registers_lists_its_schemas_and_answers(daemon: Daemon) -> None:
+    """The example tenant policy, as the adapter's tests use it: registered on a real daemon,
+    listed with the schemas of its manifest.json, and evaluated."""
+    source = json.loads((EXAMPLES_DIR / "booking_policy" / "manifest.json").read_text())
+    client = daemon.client("beta")
+    client.register(example_path("booking_policy").read_bytes(), replace=True)
+    info = {listed.name: listed for listed in client.list_evaluators()}["booking_policy"]
+    spec = EvaluatorSpec.from_info(info)
+    assert (spec.input_schema, spec.result_schema) == (
+        source["input_schema"],
+        source["result_schema"],
+    )
+    response = client.evaluate("booking_policy", b'{"age":34,"components":[6500,1200]}')
+    assert (outcome(response), json.loads(response.value)) == (
+        "ok",
+        {"total": 7700, "action": "book_appointment", "reason": "eligible"},
+    )

@@ -179,3 +179,19 @@ def test_evald_test_fails_and_names_the_example(zig_policy: tuple[Path, bytes]) 
     shown = cli("test", folder)
     assert shown.status == 1
     assert "FAIL conformance: examples[0]: the module returns" in " ".join(shown.out.split())
+
+
+def test_the_policy_grammars_and_regexes_compile_with_xgrammar() -> None:
+    """The template's and the booking policy's input grammar and result regex, as ``evald
+    build`` checks them (the template tests build with --no-grammar-check, for speed)."""
+    pytest.importorskip("xgrammar")
+    from evald.contract import encode_manifest, load_manifest_source, parse_manifest
+    from evald.host import check_manifest_grammars
+    from evald.sdk import TEMPLATE_DIR
+    from evaluators_wasm import EXAMPLES_DIR
+
+    for folder in (TEMPLATE_DIR / "policy", EXAMPLES_DIR / "booking_policy"):
+        source = load_manifest_source(folder)
+        if source["name"] == "NAME":  # the template's placeholder, which `evald new` fills
+            source.update(name="policy", tag="policy", semantics_version="policy/1")
+        assert check_manifest_grammars(parse_manifest(encode_manifest(source))), folder
