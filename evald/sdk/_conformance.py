@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from evald.contract import GUEST_ERROR_CODES, ErrorCode, Manifest
+from evald.contract import GUEST_ERROR_CODES, ErrorCode
 from evald.host import EvalOutcome, LoadedModule, WasmHost
 from evald.sdk._sdk import DaemonSettings, daemon_settings
 
@@ -74,16 +74,20 @@ class PolicyReport:
         return not self.problems
 
 
-def _validator(schema: dict[str, Any] | None) -> Any:
+#: A schema's validator (``jsonschema``'s, for the schema's dialect), or None for no schema.
+_Check = Any
+
+
+def _validator(schema: dict[str, Any] | None) -> _Check:
     if schema is None:
         return None
-    from jsonschema import validators
+    from jsonschema import validators  # imported only for a module that declares a schema
 
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     return cls(schema)
 
 
-def _schema_problem(validator: Any, instance: Any, schema_name: str) -> str | None:
+def _schema_problem(validator: _Check, instance: Any, schema_name: str) -> str | None:
     if validator is None:
         return None
     error = next(iter(sorted(validator.iter_errors(instance), key=lambda e: e.path)), None)
@@ -100,7 +104,7 @@ def _shown(outcome: EvalOutcome) -> str:
 
 
 def _example_problems(
-    index: int, example: dict[str, str], outcome: EvalOutcome, manifest: Manifest, check: Any
+    index: int, example: dict[str, str], outcome: EvalOutcome, check: tuple[_Check, _Check]
 ) -> list[str]:
     """What is wrong with one example (its input, and what the module gave for it)."""
     where = f"examples[{index}]"
@@ -131,7 +135,7 @@ def _example_problems(
     return problems
 
 
-def _value_problem(label: str, value: str, result_check: Any) -> str | None:
+def _value_problem(label: str, value: str, result_check: _Check) -> str | None:
     try:
         got = json.loads(value)
     except ValueError:
@@ -187,7 +191,7 @@ def check_policy(
             )
         for index, example in enumerate(manifest.examples):
             outcome = run(example["input"].encode())
-            problems += _example_problems(index, example, outcome, manifest, check)
+            problems += _example_problems(index, example, outcome, check)
         for label, text in case_inputs:
             outcome = run(text.encode())
             if outcome.error is None and outcome.value is not None:
