@@ -432,6 +432,10 @@ static void ej_string_z(ej_writer *w, const char *text) { ej_string_n(w, text, e
 /* A decimal in plain notation, trailing fractional zeros dropped (7700.5, 7700). */
 static void ej_decimal_write(ej_writer *w, ej_decimal d) {
     ej__item(w);
+    if (d.scale < 0 || d.scale > 18) { /* not a decimal ej_decimal_of or _add makes */
+        w->overflow = 1;
+        return;
+    }
     long long units = d.units;
     int scale = d.scale;
     for (; scale > 0 && units % 10 == 0; scale--) units /= 10;

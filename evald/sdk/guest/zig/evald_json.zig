@@ -453,6 +453,10 @@ pub const Writer = struct {
     /// A decimal in plain notation, trailing fractional zeros dropped (`7700.5`, `7700`).
     pub fn decimal(self: *Writer, d: Decimal) void {
         self.item();
+        if (d.scale > Decimal.max_scale) { // not a Decimal `parse` or `add` makes
+            self.overflow = true;
+            return;
+        }
         var units = d.units;
         var scale = d.scale;
         while (scale > 0 and @rem(units, 10) == 0) : (scale -= 1) units = @divTrunc(units, 10);
