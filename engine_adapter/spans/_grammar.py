@@ -177,7 +177,8 @@ class EvaluatorSpec:
 
     @classmethod
     def from_info(cls, info: Any) -> EvaluatorSpec:
-        """From an ``evald.v1.EvaluatorInfo`` message (as returned by ``ListEvaluators``)."""
+        """From an ``evald.v1.EvaluatorInfo`` message (as returned by ``ListEvaluators``); its
+        ``input_schema`` and ``result_schema`` arrive as JSON text (``""`` when absent)."""
         fields: dict[str, Any] = {
             key: getattr(info, key)
             for key in (
