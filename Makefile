@@ -22,7 +22,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: setup run test lint proto wasm ports toolchains full-test clean vllm-venv vllm-test sglang-venv sglang-test
+.PHONY: setup run test lint proto wasm ports examples toolchains full-test clean vllm-venv vllm-test sglang-venv sglang-test
 
 setup: $(STAMP)
 
@@ -93,6 +93,10 @@ wasm: setup
 # The ports of the standard evaluators to Rust and AssemblyScript (evaluators_wasm/ports/).
 ports: setup toolchains
 	$(PY) tools/build_wasm.py --ports
+
+# The example tenant evaluators (evaluators_wasm/examples/: the booking policy, in Zig).
+examples: setup
+	$(PY) tools/build_wasm.py --examples
 
 # The SDK's Rust and AssemblyScript compilers: Debian's rustc with the wasm32 standard library
 # (as root, where missing) and the pinned assemblyscript package into tools/assemblyscript/;

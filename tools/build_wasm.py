@@ -1,6 +1,7 @@
 """Rebuilds the standard evaluators: ``make wasm``, or ``python tools/build_wasm.py [NAME ...]
-[--out DIR]``; and their ports to other languages: ``make ports``, or ``python
-tools/build_wasm.py --ports [NAME ...]``.
+[--out DIR]``; their ports to other languages: ``make ports``, or ``python
+tools/build_wasm.py --ports [NAME ...]``; and the example tenant evaluators
+(``evaluators_wasm/examples/``): ``make examples``, or ``python tools/build_wasm.py --examples``.
 
 Each ``evaluators_wasm/src/NAME/`` holds ``main.zig``, ``manifest.json`` and ``grammar.ebnf``; the
 module with its embedded manifest is written to ``evaluators_wasm/wasm/NAME.wasm``. Each port,
@@ -22,7 +23,16 @@ from pathlib import Path
 
 from evald.contract import EvaldError
 from evald.sdk import BuildSandbox, build_evaluator, find_bwrap
-from evaluators_wasm import PORTS, PORTS_DIR, SOURCE_DIR, WASM_DIR, port_path
+from evaluators_wasm import (
+    EXAMPLES,
+    EXAMPLES_DIR,
+    PORTS,
+    PORTS_DIR,
+    SOURCE_DIR,
+    WASM_DIR,
+    example_path,
+    port_path,
+)
 
 #: The AssemblyScript compiler ``make toolchains`` installs (package.json and lock beside it).
 REPOSITORY_ASC = Path(__file__).resolve().parent / "assemblyscript/node_modules/.bin/asc"
@@ -33,8 +43,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="*", help="evaluators to build (default: all of them)")
     parser.add_argument("--out", type=Path, help="output folder (default: where they belong)")
     parser.add_argument("--ports", action="store_true", help="build the ports instead")
+    parser.add_argument("--examples", action="store_true", help="build the examples instead")
     args = parser.parse_args(argv)
-    if args.ports:
+    if args.examples:
+        names = args.names or list(EXAMPLES)
+        sources = {name: EXAMPLES_DIR / name for name in names}
+        targets = {
+            name: args.out / f"{name}.wasm" if args.out else example_path(name) for name in names
+        }
+    elif args.ports:
         if REPOSITORY_ASC.is_file():
             os.environ.setdefault("EVALD_ASC", str(REPOSITORY_ASC))
         names = args.names or list(PORTS)

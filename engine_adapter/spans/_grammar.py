@@ -180,7 +180,8 @@ class EvaluatorSpec:
 
     @classmethod
     def from_info(cls, info: Any) -> EvaluatorSpec:
-        """From an ``evald.v1.EvaluatorInfo`` message (as returned by ``ListEvaluators``)."""
+        """From an ``evald.v1.EvaluatorInfo`` message (as returned by ``ListEvaluators``); its
+        ``input_schema`` and ``result_schema`` arrive as JSON text (``""`` when absent)."""
         fields: dict[str, Any] = {
             key: getattr(info, key)
             for key in (
@@ -195,6 +196,8 @@ class EvaluatorSpec:
         }
         fields["examples"] = list(getattr(info, "examples", ()) or ())
         fields["literals"] = dict(getattr(info, "literals", {}) or {})
+        for key in ("input_schema", "result_schema"):  # JSON text; "" (absent) is None
+            fields[key] = getattr(info, key, "")
         return cls.from_manifest(fields)
 
     def binding(self, *, begin: str | None = None, end: str | None = None) -> SpanBinding:

@@ -1,6 +1,7 @@
 """SDK subcommands: ``new``, ``build`` and ``test`` (a tenant's own evaluator, before ``register``).
 
-Exit statuses: 0 success; 1 ``evald test`` ran and some case did not give what it expected;
+Exit statuses: 0 success; 1 ``evald test`` ran and some case did not give what it expected
+(or a policy broke its manifest's schemas);
 2 the command could not do its job (bad arguments, a compile error, a module the daemon would
 refuse), printed as ``error: CODE: message`` on stderr like the client commands.
 """
@@ -16,7 +17,14 @@ from evald.cli import EXIT_ERROR, EXIT_OK, Runner, command
 
 if TYPE_CHECKING:
     from evald.contract import EvaldError
-    from evald.sdk import BuildError, BuildResult, BuildSandbox, CaseResult, DaemonSettings
+    from evald.sdk import (
+        BuildError,
+        BuildResult,
+        BuildSandbox,
+        CaseResult,
+        DaemonSettings,
+        PolicyReport,
+    )
 
 __all__ = ["add_build_options", "build_for_cli", "build_sandbox", "print_failure"]
 
@@ -194,6 +202,13 @@ def _new(parser: argparse.ArgumentParser) -> Runner:
         help="guest language (default zig; rust needs rustc for wasm32, assemblyscript asc)",
     )
     parser.add_argument(
+        "--template",
+        choices=("evaluator", "policy"),
+        default="evaluator",
+        help="evaluator (default: span text in, a value out) or policy (one JSON object in, "
+        "one JSON value out, with the SDK's JSON library and the manifest's schemas)",
+    )
+    parser.add_argument(
         "--dir", type=Path, metavar="DIR", help="folder to create (default: ./NAME)"
     )
 
@@ -202,9 +217,9 @@ def _new(parser: argparse.ArgumentParser) -> Runner:
         from evald.sdk import new_evaluator
 
         folder: Path = args.dir or Path(args.name)
-        files = new_evaluator(args.name, folder, args.lang)
+        files = new_evaluator(args.name, folder, args.lang, args.template)
         shown = [path.relative_to(folder).as_posix() for path in files]
-        print(f"created {folder}/ ({args.lang}): {', '.join(shown)}")
+        print(f"created {folder}/ ({args.lang}, {args.template}): {', '.join(shown)}")
         print(
             f"next: edit {shown[0]} and grammar.ebnf, then `evald build {folder}`, "
             f"`evald test {folder}`, `evald register {folder}`"
@@ -276,7 +291,7 @@ def _test(parser: argparse.ArgumentParser) -> Runner:
 
     @_guarded
     def run(args: argparse.Namespace) -> int:
-        from evald.sdk import load_cases, run_cases
+        from evald.sdk import check_policy, load_cases, run_cases
 
         path: Path = args.path
         cases_path: Path | None = args.cases
@@ -296,7 +311,9 @@ def _test(parser: argparse.ArgumentParser) -> Runner:
             except OSError as exc:
                 return _fail("invalid_argument", f"cannot read {path}: {exc.strerror}")
         results = run_cases(wasm, cases, settings)
+        policy = check_policy(wasm, settings, [(f"cases line {c.line}", c.input) for c in cases])
         failed = sum(1 for result in results if not result.passed)
+        failed += len(policy.problems) if policy else 0
         if args.json:
             import json
 
@@ -317,8 +334,13 @@ def _test(parser: argparse.ArgumentParser) -> Runner:
                         }
                     )
                 )
+            if policy:
+                print(json.dumps({"conformance": {"checks": policy.checks,
+                                                  "problems": list(policy.problems)}}))  # fmt: skip
             return EXIT_MISMATCH if failed else EXIT_OK
         _print_table(results, cases_path, settings)
+        if policy:
+            _print_policy(policy)
         return EXIT_MISMATCH if failed else EXIT_OK
 
     return run
@@ -358,3 +380,20 @@ def _print_table(
     failed = sum(1 for result in results if not result.passed)
     summary = f"{len(results) - failed} passed, {failed} failed"
     console.print(f"[red]{summary}[/]" if failed else f"[green]{summary}[/]")
+
+
+def _print_policy(report: PolicyReport) -> None:
+    """The policy conformance check's outcome: each problem, then a summary line."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console()
+    for problem in report.problems:
+        console.print(f"[red]FAIL[/] conformance: {escape(problem)}")
+    if report.passed:
+        console.print(
+            f"[green]conformance: {report.checks} checks passed[/] (examples against "
+            "input_schema and result_schema, case values, malformed JSON refused)"
+        )
+    else:
+        console.print(f"[red]conformance: {len(report.problems)} problem(s)[/]")

@@ -8,7 +8,8 @@ Everything two sides must agree on lives here and nowhere else:
 * the evaluator ABI's names and numbers (:data:`ABI_VERSION`, :data:`MANIFEST_SECTION`, the
   exports) and the one writer of a module's custom section (:func:`append_custom_section`);
 * the evaluator manifest (:class:`Manifest`, :func:`parse_manifest`), its source form and
-  section payload (:func:`load_manifest_source`, :func:`encode_manifest`), and the rule that no
+  section payload (:func:`load_manifest_source`, :func:`encode_manifest`), the bounds of its
+  optional JSON Schemas (:data:`MAX_SCHEMA_BYTES`, :data:`MAX_SCHEMA_DEPTH`), and the rule that no
   evaluator can produce ``<`` (:func:`check_no_angle_bracket`);
 * the standard evaluators' names (:data:`STANDARD_EVALUATORS`);
 * addresses and channels (:func:`default_target`, :func:`unix_socket_path`, :class:`Endpoint`)
@@ -81,6 +82,7 @@ from evald.contract._manifest import (
     Manifest,
     parse_manifest,
 )
+from evald.contract._manifest_schemas import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from evald.contract._manifest_source import encode_manifest, load_manifest_source
 from evald.contract._standard_set import STANDARD_EVALUATORS
 from evald.contract._tokens import MAX_TOKEN_CHARS, TokenError, check_token, token_problem
@@ -105,6 +107,8 @@ __all__ = [
     "MAX_GRAMMAR_NESTING",
     "MAX_HELLO_BYTES",
     "MAX_LITERAL_RULES",
+    "MAX_SCHEMA_BYTES",
+    "MAX_SCHEMA_DEPTH",
     "MAX_TOKEN_CHARS",
     "STANDARD_EVALUATORS",
     "TARGET_ENV",

@@ -17,6 +17,7 @@ from evald.contract._abi import ABI_VERSION
 from evald.contract._alphabet import check_no_angle_bracket
 from evald.contract._errors import ErrorCode, EvaldError
 from evald.contract._grammar_shape import check_grammar_shape
+from evald.contract._manifest_schemas import SCHEMA_FIELDS, parse_schema, schema_text
 
 __all__ = [
     "LITERAL_KINDS",
@@ -49,8 +50,9 @@ _FIELDS: Final = (
 #: Optional manifest fields (docs/abi.md): ``examples``, a few ``{"question", "input", "value"}``
 #: objects that request helpers render into model-facing instructions; ``literals``, the input
 #: grammar's rules whose strings are literals (numbers, strings) a request may narrow to those
-#: of its text.
-_OPTIONAL_FIELDS: Final = ("examples", "literals")
+#: of its text; ``input_schema`` and ``result_schema``, the JSON Schemas of a policy's input and
+#: values (:mod:`evald.contract._manifest_schemas`).
+_OPTIONAL_FIELDS: Final = ("examples", "literals", *SCHEMA_FIELDS)
 _EXAMPLE_KEYS: Final = ("question", "input", "value")
 MAX_EXAMPLES: Final = 8
 #: The kinds of literal a manifest may declare (docs/abi.md, Manifest): how the engine adapter
@@ -80,6 +82,15 @@ class Manifest:
     literals: dict[str, str] = field(default_factory=dict, hash=False)
     """Input-grammar rule name → literal kind (one of :data:`LITERAL_KINDS`): the rules whose
     strings are literals, which a request may narrow to the literals of its text."""
+    input_schema: dict[str, Any] | None = field(default=None, hash=False)
+    """The JSON Schema of the one JSON value the evaluator reads (a policy), or ``None``."""
+    result_schema: dict[str, Any] | None = field(default=None, hash=False)
+    """The JSON Schema every value the evaluator returns validates against, or ``None``."""
+
+    def schema_texts(self) -> dict[str, str]:
+        """``input_schema`` and ``result_schema`` as compact JSON text (``""`` for none), as
+        ``EvaluatorInfo`` carries them."""
+        return {name: schema_text(getattr(self, name)) for name in SCHEMA_FIELDS}
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object of the custom section."""
@@ -88,6 +99,9 @@ class Manifest:
             out["examples"] = [dict(example) for example in self.examples]
         if self.literals:
             out["literals"] = dict(self.literals)
+        for name in SCHEMA_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
@@ -169,7 +183,11 @@ def parse_manifest(payload: bytes) -> Manifest:
     check_grammar_shape(data["input_grammar"], data["result_regex"])
     examples = _parse_examples(data.get("examples", []))
     literals = _parse_literals(data.get("literals", {}), data["input_grammar"])
-    return Manifest(**{name: data[name] for name in _FIELDS}, examples=examples, literals=literals)
+    input_schema, result_schema = (parse_schema(name, data.get(name)) for name in SCHEMA_FIELDS)
+    return Manifest(
+        **{name: data[name] for name in _FIELDS}, examples=examples, literals=literals,
+        input_schema=input_schema, result_schema=result_schema,
+    )  # fmt: skip
 
 
 def _parse_literals(raw: Any, grammar: str) -> dict[str, str]:

@@ -105,6 +105,7 @@ def _evaluator_info(evaluator: Evaluator) -> pb.EvaluatorInfo:
             for example in getattr(manifest, "examples", ())
         ],
         literals=dict(getattr(manifest, "literals", {})),
+        **manifest.schema_texts(),
     )
 
 

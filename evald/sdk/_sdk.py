@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from evald.contract import (
     GUEST_ERROR_CODES,
@@ -40,12 +40,10 @@ from evald.contract import (
     EvaldError,
     Manifest,
     may_produce,
-    parse_manifest,
 )
 from evald.daemon import Config, load_config
 from evald.host import EvalOutcome, HostConfig, Limits, WasmHost, check_manifest_grammars
-from evald.sdk._assemblyscript import GUEST_PACKAGES
-from evald.sdk._rust import GUEST_CRATE
+from evald.sdk._new import TEMPLATE_DIR, TEMPLATES, new_evaluator, template_files
 from evald.sdk._sandbox import BuildSandbox
 from evald.sdk._toolchain import (
     LANGUAGES,
@@ -58,6 +56,7 @@ from evald.sdk._toolchain import (
 
 __all__ = [
     "LANGUAGES",
+    "TEMPLATES",
     "TEMPLATE_DIR",
     "ZIG_VERSION",
     "BuildResult",
@@ -74,91 +73,11 @@ __all__ = [
     "template_files",
 ]
 
-TEMPLATE_DIR: Final = Path(__file__).resolve().parent / "_templates"
-_TEMPLATE_FILES: Final = ("manifest.json", "grammar.ebnf", "cases.jsonl")
-#: Each language's own template files (below TEMPLATE_DIR), the source first; a file under a
-#: language folder (``rust/src/lib.rs``) lands without that folder (``src/lib.rs``).
-_LANGUAGE_FILES: Final = {
-    "zig": ("main.zig",),
-    "c": ("main.c",),
-    "rust": ("rust/src/lib.rs", "rust/Cargo.toml"),
-    "assemblyscript": (
-        "assemblyscript/assembly/index.ts",
-        "assemblyscript/assembly/tsconfig.json",
-        "assemblyscript/package.json",
-    ),
-}
-#: Where a project's package manifest names the guest library, for Cargo, npm and editors
-#: (``evald build`` itself always compiles against the SDK's copy).
-_GUEST_PATHS: Final = {"rust": GUEST_CRATE, "assemblyscript": GUEST_PACKAGES / "evald-guest"}
 _KNOWN_CODES: Final = {code.value for code in ErrorCode}
 
 
 def _usage(message: str) -> EvaldError:
     return EvaldError(ErrorCode.INVALID_ARGUMENT, message)
-
-
-# -- evald new ------------------------------------------------------------------------------
-
-
-def template_files(language: str) -> dict[str, Path]:
-    """A language's template: destination (relative to the new folder) -> template file, the
-    source first, then the language's other files, then the manifest, grammar and cases.
-
-    Raises:
-        EvaldError: ``INVALID_ARGUMENT`` for an unknown language.
-    """
-    if language not in _LANGUAGE_FILES:
-        raise _usage(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
-    files = {
-        path.split("/", 1)[1] if "/" in path else path: TEMPLATE_DIR / path
-        for path in _LANGUAGE_FILES[language]
-    }
-    return {**files, **{name: TEMPLATE_DIR / name for name in _TEMPLATE_FILES}}
-
-
-def new_evaluator(name: str, folder: Path, language: str = "zig") -> list[Path]:
-    """Creates an evaluator folder from the template, with ``name`` as its name and tag.
-
-    Parameters:
-        name: the evaluator's name and tag (``[a-z][a-z0-9_]{0,31}``, not a standard name).
-        folder: created if missing; must be empty if it exists.
-        language: ``zig``, ``c``, ``rust`` or ``assemblyscript``.
-
-    Returns:
-        The files written, source first.
-
-    Raises:
-        EvaldError: ``INVALID_ARGUMENT`` for a bad name or language or a non-empty folder.
-    """
-    from evald.daemon import check_not_reserved
-
-    files = template_files(language)
-    manifest: dict[str, Any] = json.loads((TEMPLATE_DIR / "manifest.json").read_text("utf-8"))
-    manifest.update(name=name, tag=name, semantics_version=f"{name}/1")
-    grammar = (TEMPLATE_DIR / "grammar.ebnf").read_text("utf-8")
-    try:  # the ABI's own field rules, so `new` refuses exactly what registration would
-        parse_manifest(json.dumps({**manifest, "input_grammar": grammar}).encode())
-    except EvaldError as exc:
-        raise _usage(f"cannot use {name!r} as an evaluator name: {exc.message}") from None
-    check_not_reserved(name, name)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise _usage(f"{folder} already exists and is not an empty folder; pick another --dir")
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for destination, template in files.items():
-        target = folder / destination
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if destination == "manifest.json":
-            target.write_text(json.dumps(manifest, indent=2) + "\n", "utf-8")
-        elif destination in ("Cargo.toml", "package.json"):
-            text = template.read_text("utf-8").replace('"NAME"', f'"{name}"')
-            guest = _GUEST_PATHS[language].as_posix()
-            target.write_text(text.replace("EVALD_GUEST", guest), "utf-8")
-        else:
-            target.write_bytes(template.read_bytes())
-        written.append(target)
-    return written
 
 
 # -- the daemon's settings ------------------------------------------------------------------

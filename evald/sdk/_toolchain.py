@@ -35,7 +35,9 @@ from evald.sdk._rust import RUST_SOURCE, compile_rust, find_rustc, refuse_depend
 from evald.sdk._sandbox import BuildSandbox, Scratch
 
 __all__ = [
+    "GUEST_C",
     "GUEST_STACK_BYTES",
+    "GUEST_ZIG",
     "LANGUAGES",
     "ZIG_VERSION",
     "BuildError",
@@ -60,6 +62,11 @@ LANGUAGES: Final = {
     "assemblyscript": ASSEMBLYSCRIPT_SOURCE,
 }
 GUEST_STACK_BYTES = 64 * 1024
+#: The Zig guest library (``evald_json.zig``), importable from every Zig guest as
+#: ``@import("evald_json")``: a module of the build, read from the SDK, never from the folder.
+GUEST_ZIG: Final = Path(__file__).resolve().parent / "guest" / "zig"
+#: The C guest library (``evald_json.h``, header-only), on every C guest's include path.
+GUEST_C: Final = Path(__file__).resolve().parent / "guest" / "c"
 ZIG_FLAGS = (
     "-target",
     "wasm32-freestanding",
@@ -141,12 +148,14 @@ def compile_zig(source: Path, zig: Compiler, scratch: Scratch) -> bytes:
     if source.suffix == ".c":
         cmd = [*zig.argv, "cc", "-target", "wasm32-freestanding", "-nostdlib",
                "-Wl,--no-entry", "-Wl,--export-dynamic", "-Os",
-               f"-Wl,-z,stack-size={GUEST_STACK_BYTES}", "-o", str(out), str(source)]  # fmt: skip
-    else:
-        cmd = [*zig.argv, "build-exe", str(source), *ZIG_FLAGS, f"-femit-bin={out}",
-               "--cache-dir", cache, "--global-cache-dir", cache]  # fmt: skip
+               f"-Wl,-z,stack-size={GUEST_STACK_BYTES}", "-I", str(GUEST_C),
+               "-o", str(out), str(source)]  # fmt: skip
+    else:  # the source is the root module; the guest library a module it may import
+        cmd = [*zig.argv, "build-exe", *ZIG_FLAGS, "--dep", "evald_json",
+               f"-Mroot={source}", f"-Mevald_json={GUEST_ZIG / 'evald_json.zig'}",
+               f"-femit-bin={out}", "--cache-dir", cache, "--global-cache-dir", cache]  # fmt: skip
     scratch.run(
-        cmd, what=source.name, cwd=source.parent, needs=zig.needs,
+        cmd, what=source.name, cwd=source.parent, needs=(*zig.needs, GUEST_ZIG, GUEST_C),
         env={"ZIG_GLOBAL_CACHE_DIR": cache, "ZIG_LOCAL_CACHE_DIR": cache},
     )  # fmt: skip
     if not out.is_file():

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65vald/v1/evald.proto\x12\x08\x65vald.v1\";\n\x05\x45rror\x12!\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x13.evald.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"T\n\x0f\x45valuateRequest\x12\x11\n\tevaluator\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\x0c\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\r\x12\n\n\x02id\x18\x04 \x01(\t\"\xa0\x01\n\x10\x45valuateResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x05value\x18\x02 \x01(\tH\x00\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.evald.v1.ErrorH\x00\x12\x11\n\tfuel_used\x18\x04 \x01(\x04\x12\x14\n\x0c\x65val_time_us\x18\x05 \x01(\x04\x12\x19\n\x11semantics_version\x18\x06 \x01(\tB\t\n\x07outcome\"@\n\x14\x45valuateBatchRequest\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.evald.v1.EvaluateRequest\"D\n\x15\x45valuateBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.evald.v1.EvaluateResponse\"\xcf\x02\n\rEvaluatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\t\x12\x15\n\rinput_grammar\x18\x04 \x01(\t\x12\x14\n\x0cresult_regex\x18\x05 \x01(\t\x12\x19\n\x11semantics_version\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\x12\r\n\x05owner\x18\x08 \x01(\t\x12\x0e\n\x06sha256\x18\t \x01(\t\x12,\n\x08\x65xamples\x18\n \x03(\x0b\x32\x1a.evald.v1.EvaluatorExample\x12\x37\n\x08literals\x18\x0b \x03(\x0b\x32%.evald.v1.EvaluatorInfo.LiteralsEntry\x1a/\n\rLiteralsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x10\x45valuatorExample\x12\r\n\x05input\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x10\n\x08question\x18\x03 \x01(\t\"\x17\n\x15ListEvaluatorsRequest\"g\n\x16ListEvaluatorsResponse\x12+\n\nevaluators\x18\x01 \x03(\x0b\x32\x17.evald.v1.EvaluatorInfo\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0e\n\x06tenant\x18\x03 \x01(\t\";\n\x18RegisterEvaluatorRequest\x12\x0e\n\x06module\x18\x01 \x01(\x0c\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"Y\n\x19RegisterEvaluatorResponse\x12*\n\tevaluator\x18\x01 \x01(\x0b\x32\x17.evald.v1.EvaluatorInfo\x12\x10\n\x08revision\x18\x02 \x01(\x04\"&\n\x16\x44\x65leteEvaluatorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x17\x44\x65leteEvaluatorResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04*\xfb\x04\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45RROR_CODE_SYNTAX\x10\x01\x12\x1f\n\x1b\x45RROR_CODE_DIVISION_BY_ZERO\x10\x02\x12\x17\n\x13\x45RROR_CODE_OVERFLOW\x10\x03\x12\x15\n\x11\x45RROR_CODE_DOMAIN\x10\x04\x12\x18\n\x14\x45RROR_CODE_TOO_LARGE\x10\x05\x12\x1d\n\x19\x45RROR_CODE_FUEL_EXHAUSTED\x10\x06\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x07\x12\x1b\n\x17\x45RROR_CODE_MEMORY_LIMIT\x10\x08\x12\x1d\n\x19\x45RROR_CODE_STACK_OVERFLOW\x10\t\x12\x1a\n\x16\x45RROR_CODE_GUEST_FAULT\x10\n\x12\x1e\n\x1a\x45RROR_CODE_INPUT_TOO_LARGE\x10\x0b\x12\x1f\n\x1b\x45RROR_CODE_OUTPUT_TOO_LARGE\x10\x0c\x12 \n\x1c\x45RROR_CODE_UNKNOWN_EVALUATOR\x10\r\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x0e\x12\x1d\n\x19\x45RROR_CODE_QUOTA_EXCEEDED\x10\x0f\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x10\x12\x1d\n\x19\x45RROR_CODE_INVALID_MODULE\x10\x11\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x12\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x13\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x14\x32\x82\x04\n\tEvaluator\x12\x41\n\x08\x45valuate\x12\x19.evald.v1.EvaluateRequest\x1a\x1a.evald.v1.EvaluateResponse\x12P\n\rEvaluateBatch\x12\x1e.evald.v1.EvaluateBatchRequest\x1a\x1f.evald.v1.EvaluateBatchResponse\x12U\n\x0e\x45valuateStream\x12\x1e.evald.v1.EvaluateBatchRequest\x1a\x1f.evald.v1.EvaluateBatchResponse(\x01\x30\x01\x12S\n\x0eListEvaluators\x12\x1f.evald.v1.ListEvaluatorsRequest\x1a .evald.v1.ListEvaluatorsResponse\x12\\\n\x11RegisterEvaluator\x12\".evald.v1.RegisterEvaluatorRequest\x1a#.evald.v1.RegisterEvaluatorResponse\x12V\n\x0f\x44\x65leteEvaluator\x12 .evald.v1.DeleteEvaluatorRequest\x1a!.evald.v1.DeleteEvaluatorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65vald/v1/evald.proto\x12\x08\x65vald.v1\";\n\x05\x45rror\x12!\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x13.evald.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"T\n\x0f\x45valuateRequest\x12\x11\n\tevaluator\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\x0c\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\r\x12\n\n\x02id\x18\x04 \x01(\t\"\xa0\x01\n\x10\x45valuateResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x05value\x18\x02 \x01(\tH\x00\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.evald.v1.ErrorH\x00\x12\x11\n\tfuel_used\x18\x04 \x01(\x04\x12\x14\n\x0c\x65val_time_us\x18\x05 \x01(\x04\x12\x19\n\x11semantics_version\x18\x06 \x01(\tB\t\n\x07outcome\"@\n\x14\x45valuateBatchRequest\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.evald.v1.EvaluateRequest\"D\n\x15\x45valuateBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.evald.v1.EvaluateResponse\"\xfc\x02\n\rEvaluatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\t\x12\x15\n\rinput_grammar\x18\x04 \x01(\t\x12\x14\n\x0cresult_regex\x18\x05 \x01(\t\x12\x19\n\x11semantics_version\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\x12\r\n\x05owner\x18\x08 \x01(\t\x12\x0e\n\x06sha256\x18\t \x01(\t\x12,\n\x08\x65xamples\x18\n \x03(\x0b\x32\x1a.evald.v1.EvaluatorExample\x12\x37\n\x08literals\x18\x0b \x03(\x0b\x32%.evald.v1.EvaluatorInfo.LiteralsEntry\x12\x14\n\x0cinput_schema\x18\x0c \x01(\t\x12\x15\n\rresult_schema\x18\r \x01(\t\x1a/\n\rLiteralsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x10\x45valuatorExample\x12\r\n\x05input\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x10\n\x08question\x18\x03 \x01(\t\"\x17\n\x15ListEvaluatorsRequest\"g\n\x16ListEvaluatorsResponse\x12+\n\nevaluators\x18\x01 \x03(\x0b\x32\x17.evald.v1.EvaluatorInfo\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0e\n\x06tenant\x18\x03 \x01(\t\";\n\x18RegisterEvaluatorRequest\x12\x0e\n\x06module\x18\x01 \x01(\x0c\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"Y\n\x19RegisterEvaluatorResponse\x12*\n\tevaluator\x18\x01 \x01(\x0b\x32\x17.evald.v1.EvaluatorInfo\x12\x10\n\x08revision\x18\x02 \x01(\x04\"&\n\x16\x44\x65leteEvaluatorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x17\x44\x65leteEvaluatorResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04*\xfb\x04\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45RROR_CODE_SYNTAX\x10\x01\x12\x1f\n\x1b\x45RROR_CODE_DIVISION_BY_ZERO\x10\x02\x12\x17\n\x13\x45RROR_CODE_OVERFLOW\x10\x03\x12\x15\n\x11\x45RROR_CODE_DOMAIN\x10\x04\x12\x18\n\x14\x45RROR_CODE_TOO_LARGE\x10\x05\x12\x1d\n\x19\x45RROR_CODE_FUEL_EXHAUSTED\x10\x06\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x07\x12\x1b\n\x17\x45RROR_CODE_MEMORY_LIMIT\x10\x08\x12\x1d\n\x19\x45RROR_CODE_STACK_OVERFLOW\x10\t\x12\x1a\n\x16\x45RROR_CODE_GUEST_FAULT\x10\n\x12\x1e\n\x1a\x45RROR_CODE_INPUT_TOO_LARGE\x10\x0b\x12\x1f\n\x1b\x45RROR_CODE_OUTPUT_TOO_LARGE\x10\x0c\x12 \n\x1c\x45RROR_CODE_UNKNOWN_EVALUATOR\x10\r\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x0e\x12\x1d\n\x19\x45RROR_CODE_QUOTA_EXCEEDED\x10\x0f\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x10\x12\x1d\n\x19\x45RROR_CODE_INVALID_MODULE\x10\x11\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x12\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x13\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x14\x32\x82\x04\n\tEvaluator\x12\x41\n\x08\x45valuate\x12\x19.evald.v1.EvaluateRequest\x1a\x1a.evald.v1.EvaluateResponse\x12P\n\rEvaluateBatch\x12\x1e.evald.v1.EvaluateBatchRequest\x1a\x1f.evald.v1.EvaluateBatchResponse\x12U\n\x0e\x45valuateStream\x12\x1e.evald.v1.EvaluateBatchRequest\x1a\x1f.evald.v1.EvaluateBatchResponse(\x01\x30\x01\x12S\n\x0eListEvaluators\x12\x1f.evald.v1.ListEvaluatorsRequest\x1a .evald.v1.ListEvaluatorsResponse\x12\\\n\x11RegisterEvaluator\x12\".evald.v1.RegisterEvaluatorRequest\x1a#.evald.v1.RegisterEvaluatorResponse\x12V\n\x0f\x44\x65leteEvaluator\x12 .evald.v1.DeleteEvaluatorRequest\x1a!.evald.v1.DeleteEvaluatorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVALUATORINFO_LITERALSENTRY']._loaded_options = None
   _globals['_EVALUATORINFO_LITERALSENTRY']._serialized_options = b'8\001'
-  _globals['_ERRORCODE']._serialized_start=1254
-  _globals['_ERRORCODE']._serialized_end=1889
+  _globals['_ERRORCODE']._serialized_start=1299
+  _globals['_ERRORCODE']._serialized_end=1934
   _globals['_ERROR']._serialized_start=34
   _globals['_ERROR']._serialized_end=93
   _globals['_EVALUATEREQUEST']._serialized_start=95
@@ -46,23 +46,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVALUATEBATCHRESPONSE']._serialized_start=410
   _globals['_EVALUATEBATCHRESPONSE']._serialized_end=478
   _globals['_EVALUATORINFO']._serialized_start=481
-  _globals['_EVALUATORINFO']._serialized_end=816
-  _globals['_EVALUATORINFO_LITERALSENTRY']._serialized_start=769
-  _globals['_EVALUATORINFO_LITERALSENTRY']._serialized_end=816
-  _globals['_EVALUATOREXAMPLE']._serialized_start=818
-  _globals['_EVALUATOREXAMPLE']._serialized_end=884
-  _globals['_LISTEVALUATORSREQUEST']._serialized_start=886
-  _globals['_LISTEVALUATORSREQUEST']._serialized_end=909
-  _globals['_LISTEVALUATORSRESPONSE']._serialized_start=911
-  _globals['_LISTEVALUATORSRESPONSE']._serialized_end=1014
-  _globals['_REGISTEREVALUATORREQUEST']._serialized_start=1016
-  _globals['_REGISTEREVALUATORREQUEST']._serialized_end=1075
-  _globals['_REGISTEREVALUATORRESPONSE']._serialized_start=1077
-  _globals['_REGISTEREVALUATORRESPONSE']._serialized_end=1166
-  _globals['_DELETEEVALUATORREQUEST']._serialized_start=1168
-  _globals['_DELETEEVALUATORREQUEST']._serialized_end=1206
-  _globals['_DELETEEVALUATORRESPONSE']._serialized_start=1208
-  _globals['_DELETEEVALUATORRESPONSE']._serialized_end=1251
-  _globals['_EVALUATOR']._serialized_start=1892
-  _globals['_EVALUATOR']._serialized_end=2406
+  _globals['_EVALUATORINFO']._serialized_end=861
+  _globals['_EVALUATORINFO_LITERALSENTRY']._serialized_start=814
+  _globals['_EVALUATORINFO_LITERALSENTRY']._serialized_end=861
+  _globals['_EVALUATOREXAMPLE']._serialized_start=863
+  _globals['_EVALUATOREXAMPLE']._serialized_end=929
+  _globals['_LISTEVALUATORSREQUEST']._serialized_start=931
+  _globals['_LISTEVALUATORSREQUEST']._serialized_end=954
+  _globals['_LISTEVALUATORSRESPONSE']._serialized_start=956
+  _globals['_LISTEVALUATORSRESPONSE']._serialized_end=1059
+  _globals['_REGISTEREVALUATORREQUEST']._serialized_start=1061
+  _globals['_REGISTEREVALUATORREQUEST']._serialized_end=1120
+  _globals['_REGISTEREVALUATORRESPONSE']._serialized_start=1122
+  _globals['_REGISTEREVALUATORRESPONSE']._serialized_end=1211
+  _globals['_DELETEEVALUATORREQUEST']._serialized_start=1213
+  _globals['_DELETEEVALUATORREQUEST']._serialized_end=1251
+  _globals['_DELETEEVALUATORRESPONSE']._serialized_start=1253
+  _globals['_DELETEEVALUATORRESPONSE']._serialized_end=1296
+  _globals['_EVALUATOR']._serialized_start=1937
+  _globals['_EVALUATOR']._serialized_end=2451
 # @@protoc_insertion_point(module_scope)

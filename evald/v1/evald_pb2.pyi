@@ -101,7 +101,7 @@ class EvaluateBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EvaluateResponse, _Mapping]]] = ...) -> None: ...
 
 class EvaluatorInfo(_message.Message):
-    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256", "examples", "literals")
+    __slots__ = ("name", "version", "tag", "input_grammar", "result_regex", "semantics_version", "description", "owner", "sha256", "examples", "literals", "input_schema", "result_schema")
     class LiteralsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,8 @@ class EvaluatorInfo(_message.Message):
     SHA256_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     LITERALS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    RESULT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     tag: str
@@ -131,7 +133,9 @@ class EvaluatorInfo(_message.Message):
     sha256: str
     examples: _containers.RepeatedCompositeFieldContainer[EvaluatorExample]
     literals: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[EvaluatorExample, _Mapping]]] = ..., literals: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    input_schema: str
+    result_schema: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., tag: _Optional[str] = ..., input_grammar: _Optional[str] = ..., result_regex: _Optional[str] = ..., semantics_version: _Optional[str] = ..., description: _Optional[str] = ..., owner: _Optional[str] = ..., sha256: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[EvaluatorExample, _Mapping]]] = ..., literals: _Optional[_Mapping[str, str]] = ..., input_schema: _Optional[str] = ..., result_schema: _Optional[str] = ...) -> None: ...
 
 class EvaluatorExample(_message.Message):
     __slots__ = ("input", "value", "question")

@@ -18,6 +18,9 @@
 //! }
 //! ```
 //!
+//! A policy (one JSON value in, one out) reads and writes with [`json`] (`json::parse`,
+//! `json::Writer`, exact `json::Decimal` numbers).
+//!
 //! The manifest is not declared here: `evald build` embeds the folder's `manifest.json` and
 //! `grammar.ebnf` with the SDK's one section writer (a module may hold one manifest).
 //!
@@ -32,6 +35,8 @@ extern crate alloc;
 
 use alloc::borrow::Cow;
 use core::alloc::{GlobalAlloc, Layout};
+
+pub mod json;
 
 /// The ABI version `evald_abi_version` returns.
 pub const ABI_VERSION: i32 = 1;
