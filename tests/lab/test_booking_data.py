@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,3 +239,23 @@ def test_consistency_rules(action: str, reply: str, flags: list[str]) -> None:
 
 def test_no_case_message_uses_markup_the_grammar_refuses() -> None:
     assert not any(re.search(r"[<>]", c.message) for c in BOOKING_CASES)
+
+
+def test_the_recorded_decisions_are_the_sdk_policys_on_every_recorded_input() -> None:
+    """The committed runs computed the decision with the study's code as an evaluator; the SDK's
+    WASM policy answers every input those runs recorded with the same decision, and the engine
+    forces a decision canonically (the schema's key order), so a run with the WASM policy forces
+    the same tokens."""
+    from engine_adapter import InProcessWasmEvaluator
+    from evaluators_wasm import example_path
+
+    inputs: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path("reports/study/booking").glob("*/records.jsonl")):
+        for line in path.read_text().splitlines():
+            for computed in json.loads(line)["computed"]:
+                inputs[computed["content"]] = json.loads(computed["value"])
+    assert len(inputs) >= 100
+    with InProcessWasmEvaluator([example_path("booking_policy")], threads=1) as wasm:
+        for content, recorded in inputs.items():
+            result = wasm.submit("booking_policy", content, 5000).result()
+            assert result.error_code is None and json.loads(result.value or "") == recorded, content

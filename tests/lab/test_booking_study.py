@@ -41,6 +41,7 @@ def test_booking_study_runs_every_arm_and_writes_its_report(
             llama_backend, smollm2_tokenizer, standard_evaluators(), evaluator=evaluator
         )
         policy = plug_policy(engine)
+        assert policy == "wasm"  # the SDK's example policy decides the computed arms
         config = BookingConfig(
             cases=_CASES,
             out_dir=out,
@@ -52,6 +53,7 @@ def test_booking_study_runs_every_arm_and_writes_its_report(
         )
         summary = run_booking(LocalJsonGenerator(engine), config, policy_evaluator=policy)
         assert engine.system_prompt is None, "the engine's system prompt is restored"
+        engine.evaluator.close()  # type: ignore[union-attr]
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == len(_CASES) * len(ARMS)
     names = {f.name for f in fields(BookingRecord)}

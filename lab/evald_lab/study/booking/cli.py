@@ -42,6 +42,13 @@ def add_booking_options(study: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--booking-temperature", type=float, default=0.7, help="temperature of sampled runs"
     )
+    group.add_argument(
+        "--policy",
+        choices=("wasm", "python"),
+        default="wasm",
+        help="what computes the decision in the computed arms: wasm (default: the SDK's "
+        "example policy in the WASM host) or python (the study's code as an evaluator)",
+    )
 
 
 def booking_out_dir(args: argparse.Namespace) -> Path:
@@ -86,6 +93,7 @@ def run_booking_command(args: argparse.Namespace) -> int:
     from engine_adapter.local import BackendError, EngineError
     from evald_lab.study.booking.generation import LocalJsonGenerator
     from evald_lab.study.booking.report import resummarize
+    from evald_lab.study.booking.policy import WasmPolicy
     from evald_lab.study.booking.runner import plug_policy, run_booking
 
     if args.summarize_only:
@@ -104,13 +112,15 @@ def run_booking_command(args: argparse.Namespace) -> int:
     except (EngineError, BackendError, FileNotFoundError) as exc:
         return _fail(str(exc))
     try:
-        policy = plug_policy(engine)
+        policy = plug_policy(engine, args.policy)
         summary = run_booking(
             LocalJsonGenerator(engine), config, policy_evaluator=policy, meta=_meta(args, engine)
         )
     except (EngineError, ValueError) as exc:
         return _fail(str(exc))
     finally:
+        if isinstance(engine.evaluator, WasmPolicy):
+            engine.evaluator.close()
         setup.close()
         engine.close()
     print(summary.table_markdown())

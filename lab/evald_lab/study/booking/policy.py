@@ -30,6 +30,7 @@ __all__ = [
     "REASONS",
     "Decision",
     "PolicyEvaluator",
+    "WasmPolicy",
     "apply_policy",
     "evaluate_policy",
 ]
@@ -172,3 +173,40 @@ class PolicyEvaluator:
 
     def close(self) -> None:
         """Nothing of its own to release (``inner`` is its opener's to close)."""
+
+
+class WasmPolicy:
+    """A :class:`~engine_adapter.SpanEvaluator` that evaluates ``booking_policy`` with the SDK's
+    example policy (``evaluators_wasm/examples/booking_policy``: Zig and the guest JSON library,
+    built reproducibly, run by the in-process WASM host under evald's default limits) and passes
+    every other name to ``inner``. :attr:`spec` is its manifest as the grammar reads it (its
+    ``input_schema`` and ``result_schema`` check the computed arms' schema)."""
+
+    def __init__(self, inner: Any) -> None:
+        from engine_adapter import InProcessWasmEvaluator
+        from evaluators_wasm import EXAMPLES_DIR, example_path
+
+        folder = EXAMPLES_DIR / POLICY_NAME
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["input_grammar"] = (folder / "grammar.ebnf").read_text()
+        self.spec = EvaluatorSpec.from_manifest(manifest)
+        self.inner = inner
+        self._wasm = InProcessWasmEvaluator([example_path(POLICY_NAME)], threads=1)
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        target = self._wasm if evaluator == POLICY_NAME else self.inner
+        future: concurrent.futures.Future[EvalResult] = target.submit(
+            evaluator, content, deadline_ms
+        )
+        return future
+
+    def flush(self) -> None:
+        flush = getattr(self.inner, "flush", None)
+        if flush is not None:
+            flush()
+
+    def close(self) -> None:
+        """Releases the policy's WASM host (``inner`` is its opener's to close)."""
+        self._wasm.close()

@@ -34,7 +34,13 @@ from evald_lab.study.booking.arms import (
 )
 from evald_lab.study.booking.generation import JsonGenerator, JsonReply, JsonRequest
 from evald_lab.study.booking.messages import BOOKING_CASES, BookingCase
-from evald_lab.study.booking.policy import POLICY_NAME, POLICY_SPEC, PolicyEvaluator, apply_policy
+from evald_lab.study.booking.policy import (
+    POLICY_NAME,
+    POLICY_SPEC,
+    PolicyEvaluator,
+    WasmPolicy,
+    apply_policy,
+)
 from evald_lab.study.booking.records import BookingRecord, load_records, rescore
 from evald_lab.study.booking.report import summarize, write_report
 from evald_lab.study.booking.scoring import score
@@ -100,12 +106,18 @@ class BookingConfig:
         return [case for case in BOOKING_CASES if not wanted or case.case_id in wanted]
 
 
-def plug_policy(engine: Any) -> str:
-    """Makes ``booking_policy`` available to the engine and says which one it is: ``wasm`` when
-    its evaluators already hold it (the SDK's example built into the WASM host), else
-    ``python``: the policy's manifest is added and :class:`PolicyEvaluator` answers it in front
-    of the engine's own evaluator."""
+def plug_policy(engine: Any, kind: str = "wasm") -> str:
+    """Makes ``booking_policy`` available to the engine and says which one it is: ``wasm``
+    (default) when its evaluators already hold it, or else the SDK's example policy is put in
+    front of the engine's evaluator (:class:`WasmPolicy`); ``python``: the policy's manifest is
+    added and :class:`PolicyEvaluator` answers it in this process (the code of the two-calls
+    arm, as an evaluator)."""
     if any(spec.name == POLICY_NAME for spec in engine.evaluators):
+        return "wasm"
+    if kind == "wasm":
+        policy = WasmPolicy(engine.evaluator)
+        engine.evaluators = (*engine.evaluators, policy.spec)
+        engine.evaluator = policy
         return "wasm"
     engine.evaluators = (*engine.evaluators, POLICY_SPEC)
     engine.evaluator = PolicyEvaluator(engine.evaluator)
