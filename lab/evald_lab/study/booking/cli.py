@@ -92,8 +92,8 @@ def run_booking_command(args: argparse.Namespace) -> int:
     from engine_adapter.cli import open_engine
     from engine_adapter.local import BackendError, EngineError
     from evald_lab.study.booking.generation import LocalJsonGenerator
-    from evald_lab.study.booking.report import resummarize
     from evald_lab.study.booking.policy import WasmPolicy
+    from evald_lab.study.booking.report import resummarize
     from evald_lab.study.booking.runner import plug_policy, run_booking
 
     if args.summarize_only:
