@@ -27,6 +27,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    adapter_checkout,
     daemon_config,
     metric_lines,
     stop_process,
@@ -151,7 +152,7 @@ def start_server(
         "VLLM_NO_USAGE_STATS": "1",
         **env,
     }
-    environ.pop("PYTHONPATH", None)  # the vLLM venv has this repository installed itself
+    environ["PYTHONPATH"] = adapter_checkout()  # the adapter under test, not the venv's copy
     log = open(log_path, "wb")  # owned by the server process for its lifetime
     process = subprocess.Popen(
         command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)

@@ -1,0 +1,112 @@
+"""Computed-field requests the real-server tests send to SGLang and vLLM alike, and the check
+every answer must pass (docs/computed-fields.md).
+
+The schemas keep SmolLM2-135M on rails (patterns, bounds, short strings), so the model always
+writes a document the evaluator can read; the values come from the real daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "ESSAY_PROMPT",
+    "ESSAY_SCHEMA",
+    "checked_document",
+    "extraction_schema",
+    "numbers_in",
+    "policy_schema",
+    "unknown_evaluator_schema",
+]
+
+#: The essay's example: ``answer`` computed by ``calc`` from ``expression``.
+ESSAY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "expression": {"type": "string", "pattern": "^[1-9][0-9]{0,2} [*+] [1-9][0-9]{0,2}$"},
+        "answer": {"type": "number", "computed": {"by": "calc", "from": "/expression"}},
+    },
+    "required": ["expression", "answer"],
+}
+ESSAY_PROMPT = (
+    'Write a multiplication as JSON, for example {"expression": "17 * 23", "answer": 391}.\nJSON: '
+)
+
+
+def policy_schema(evaluator: str) -> dict[str, Any]:
+    """A booking-style document: the model writes the facts, ``evaluator`` gets them as one
+    JSON object (``{"age": 34, "components": [6500, 1200]}``) and its object is forced as
+    ``decision``; the model writes the reply after it."""
+    components = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 99999}}
+    return {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 1, "maximum": 120},
+            "components": {**components, "minItems": 1, "maxItems": 3},
+            "decision": {
+                "type": "object",
+                "properties": {"age": {"type": "integer"}, "components": components},
+                "required": ["age", "components"],
+                "computed": {
+                    "by": evaluator,
+                    "from": {"age": "/age", "components": "/components"},
+                },
+            },
+            "reply": {"type": "string", "pattern": "^[A-Za-z ,.]{1,40}$"},
+        },
+        "required": ["age", "components", "decision", "reply"],
+    }
+
+
+def extraction_schema() -> dict[str, Any]:
+    """``n`` narrowed to the literals of the request's operands text, ``same`` computed from it
+    by ``calc`` (its value is the number itself)."""
+    return {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "extracted": True},
+            "same": {"type": "number", "computed": {"by": "calc", "from": "/n"}},
+        },
+        "required": ["n", "same"],
+    }
+
+
+def unknown_evaluator_schema() -> dict[str, Any]:
+    """The essay's schema with an evaluator no tenant has."""
+    schema: dict[str, Any] = json.loads(json.dumps(ESSAY_SCHEMA))
+    schema["properties"]["answer"]["computed"]["by"] = "no_such_evaluator"
+    return schema
+
+
+def checked_document(text: str, schema: Mapping[str, Any], specs: Sequence[Any]) -> Any:
+    """The JSON document ``text``, checked: it parses, it is written compactly with XGrammar's
+    separators (``", "`` and ``": "``, no free whitespace), and it validates against the
+    lowered schema (the request's plus the ``{"$error": CODE}`` alternative).
+
+    Raises:
+        AssertionError: names what is wrong.
+    """
+    import jsonschema
+
+    from engine_adapter.spans import lower_computed_schema
+
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise AssertionError(f"not JSON ({exc}): {text!r}") from None
+    assert text == json.dumps(document, ensure_ascii=False), f"not compact: {text!r}"
+    plan = lower_computed_schema(schema, specs).computed
+    assert plan is not None
+    try:
+        jsonschema.validate(document, plan.schema)
+    except jsonschema.ValidationError as exc:
+        raise AssertionError(f"{text!r} does not validate: {exc.message}") from None
+    return document
+
+
+def numbers_in(text: str) -> set[int]:
+    """The integers written in ``text``."""
+    return {int(m) for m in re.findall(r"\d+", text)}
