@@ -111,6 +111,24 @@ class VllmServer:
                 times.append(arrived)
         return "".join(text), times
 
+    def stream_texts(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> list[str]:
+        """A streamed completion: the text as each chunk left it, in order (the last is the
+        final text)."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, "stream": True, **body}
+        texts, text = [], ""
+        for chunk, _ in stream_chunks(f"{self.url}/v1/completions", payload, timeout_s):
+            choices = chunk.get("choices") or [{}]
+            text += choices[0].get("text") or ""
+            texts.append(text)
+        return texts
+
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], timeout_s: float = 180.0, **body: Any
+    ) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (greedy unless told)."""
+        payload = {"model": self.model, "messages": list(messages), "temperature": 0, **body}
+        return post(f"{self.url}/v1/chat/completions", payload, timeout_s)
+
     def counters(self) -> dict[str, float]:
         """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
         over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
