@@ -77,7 +77,7 @@ def test_unlisted_evaluators_and_a_refused_tenant_are_refused_at_the_root() -> N
     def down(tenant: AdapterConfig, refresh: bool) -> Any:
         raise EvaluatorsUnavailable("ListEvaluators at unix:/x failed: connection refused")
 
-    with pytest.raises(ComputedSchemaRefused, match="^/: cannot list .* connection refused"):
+    with pytest.raises(ComputedSchemaRefused, match=r"^/: cannot list .* connection refused"):
         lower_for_request(params(ESSAY_SCHEMA), CONFIG, down)
     foreign = params(ESSAY_SCHEMA, evald_target="10.9.9.9:1")
     with pytest.raises(ComputedSchemaRefused, match="permission_denied"):
