@@ -35,6 +35,7 @@ from engine_adapter.testing._common import (
 from engine_adapter.testing._computed_cases import (
     ESSAY_PROMPT,
     ESSAY_SCHEMA,
+    NARRATED_SCHEMA,
     checked_document,
     extraction_schema,
     numbers_in,
@@ -45,6 +46,7 @@ from engine_adapter.testing._computed_cases import (
 __all__ = [
     "ESSAY_PROMPT",
     "ESSAY_SCHEMA",
+    "NARRATED_SCHEMA",
     "PLAIN_PROMPTS",
     "SPAN",
     "STALL_FACTOR",

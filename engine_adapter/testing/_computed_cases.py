@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "ESSAY_PROMPT",
     "ESSAY_SCHEMA",
+    "NARRATED_SCHEMA",
     "checked_document",
     "extraction_schema",
     "numbers_in",
@@ -30,6 +31,17 @@ ESSAY_SCHEMA: dict[str, Any] = {
         "answer": {"type": "number", "computed": {"by": "calc", "from": "/expression"}},
     },
     "required": ["expression", "answer"],
+}
+#: The essay's schema with a property the model writes after the computed value, so a stream
+#: goes on after the value has arrived (without it the value's region and the end of the
+#: document arrive in one chunk).
+NARRATED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        **ESSAY_SCHEMA["properties"],
+        "comment": {"type": "string", "pattern": "^[A-Za-z ]{1,24}$"},
+    },
+    "required": ["expression", "answer", "comment"],
 }
 ESSAY_PROMPT = (
     'Write a multiplication as JSON, for example {"expression": "17 * 23", "answer": 391}.\nJSON: '
