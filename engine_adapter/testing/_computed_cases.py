@@ -27,7 +27,7 @@ __all__ = [
 ESSAY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "expression": {"type": "string", "pattern": "^[1-9][0-9]{0,2} [*+] [1-9][0-9]{0,2}$"},
+        "expression": {"type": "string", "pattern": "^[1-9][0-9]{1,2} [*] [1-9][0-9]{1,2}$"},
         "answer": {"type": "number", "computed": {"by": "calc", "from": "/expression"}},
     },
     "required": ["expression", "answer"],
@@ -43,9 +43,9 @@ NARRATED_SCHEMA: dict[str, Any] = {
     },
     "required": ["expression", "answer", "comment"],
 }
-ESSAY_PROMPT = (
-    'Write a multiplication as JSON, for example {"expression": "17 * 23", "answer": 391}.\nJSON: '
-)
+#: No answer in the prompt to copy: a model that wrote the value itself would get a product of
+#: two- or three-digit numbers wrong far more often than not.
+ESSAY_PROMPT = 'Write a product of two numbers as JSON with "expression" and "answer".\nJSON: '
 
 
 def policy_schema(evaluator: str) -> dict[str, Any]:
