@@ -102,3 +102,13 @@ def test_a_plan_that_does_not_lower_to_the_grammar_is_not_followed() -> None:
     request.extra_args[COMPUTED_ARG] = "junk"
     with pytest.raises(ValueError, match="is not what the API server writes"):
         computed_plan(request)
+
+
+def test_the_request_helper_sends_the_schema_as_written() -> None:
+    from engine_adapter.vllm import computed_json_body
+
+    body = computed_json_body(ESSAY_SCHEMA, "t", operands_from="I am 46")
+    assert body == {
+        "structured_outputs": {"json": ESSAY_SCHEMA},
+        "vllm_xargs": {"evald_token": "t", "evald_operands_from": "I am 46"},
+    }
