@@ -26,7 +26,16 @@ from typing import Any
 from engine_adapter.serving import AdapterRuntime, lower_request_schema, needs_lowering
 from engine_adapter.spans import ComputedSchemaError
 
-__all__ = ["dispatch_computed_json", "keyed_field"]
+__all__ = ["COMPUTED_IN_TAG", "dispatch_computed_json", "keyed_field"]
+
+#: Why a structural tag that holds a computed schema is refused (SGLang's chat API frames a
+#: ``json_schema`` in a structural tag when a reasoning parser gates the answer): compiled as
+#: it is, XGrammar would ignore the keyword and the model would write the values itself.
+COMPUTED_IN_TAG = (
+    "evald adapter: computed or extracted properties work in a json_schema request (or a "
+    "response_format of type json_schema), not inside a structural tag; with a reasoning "
+    "parser SGLang puts the schema in one, so start the server without it for such requests"
+)
 
 logger = logging.getLogger("engine_adapter.sglang")
 

@@ -383,6 +383,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return original(backend, key_string)
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
+    from engine_adapter.serving import needs_lowering
+    from engine_adapter.sglang._computed_json import COMPUTED_IN_TAG
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
     from engine_adapter.sglang._tenants import split_key
     from engine_adapter.spans import EvaluatedTagError, plan_spans
@@ -393,6 +395,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return InvalidGrammarObject(
             "evald adapter: the request this grammar was for has ended; send it again"
         )
+    if needs_lowering(key_string):  # never compiled with the keyword silently ignored
+        return InvalidGrammarObject(COMPUTED_IN_TAG)
     tenant = keyed.runtime if keyed is not None else default
     try:
         plan = plan_spans(key_string, tenant.evaluators)

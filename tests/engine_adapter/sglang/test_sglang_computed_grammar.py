@@ -93,3 +93,17 @@ def test_the_plan_survives_sglangs_cache_and_reasoning_frame(backend: Any) -> No
         },
     )
     assert isinstance(framed, EvaluatorGrammar) and framed.computed is grammar.computed
+
+
+def test_a_computed_schema_inside_a_structural_tag_is_refused(backend: Any) -> None:
+    """What SGLang's chat API sends when a reasoning parser frames a ``json_schema``: refused,
+    never compiled with the keyword ignored (the model would write the value itself)."""
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+    tag = {
+        "type": "structural_tag",
+        "format": {"type": "json_schema", "json_schema": ESSAY_SCHEMA},
+    }
+    refused = backend.dispatch_structural_tag(json.dumps(tag))
+    assert isinstance(refused, InvalidGrammarObject)
+    assert "not inside a structural tag" in refused.error_message
