@@ -12,9 +12,10 @@ that validation (:func:`install_validation`). For a schema that marks a property
 1. lowers it with the request's tenant's evaluators (``ListEvaluators`` with the request's
    ``evald_token`` / ``evald_target``, held per tenant for ``evaluators_ttl_s``) and the
    request's ``evald_operands_from`` text;
-2. refuses a bad schema with :class:`ComputedSchemaRefused` (a ``ValueError``, which vLLM
-   answers with HTTP 400; not vLLM's own validation error, on which its ``auto`` backend would
-   try another backend that ignores the keyword): the message starts with the JSON pointer;
+2. refuses a bad schema with :class:`ComputedSchemaRefused`, raised to vLLM as its
+   ``VLLMClientError`` (HTTP 400; a plain ``ValueError`` becomes a 500, and vLLM's
+   ``VLLMValidationError`` would make its ``auto`` backend try another backend, which ignores
+   the keyword): the message starts with the JSON pointer;
 3. rewrites the request as vLLM does for ``choice``: ``json`` becomes the lowered ``grammar``
    (XGrammar EBNF), and ``extra_args["evald_computed"]`` carries the schema and the manifests of
    the evaluators it uses, from which the scheduler's tracker rebuilds the same plan
@@ -66,7 +67,8 @@ LISTING_TIMEOUT_S = 5.0
 
 
 class ComputedSchemaRefused(ValueError):
-    """A computed JSON schema vLLM must refuse (HTTP 400); the message starts with the pointer."""
+    """A computed JSON schema vLLM must refuse (HTTP 400); the message starts with the pointer.
+    The installed validation raises it to vLLM as a ``VLLMClientError``."""
 
 
 def install_validation(config: AdapterConfig) -> None:
@@ -79,9 +81,17 @@ def install_validation(config: AdapterConfig) -> None:
         return
     listings = _Listings(config)
 
+    from vllm.exceptions import VLLMClientError
+
+    class ComputedSchemaBadRequest(VLLMClientError, ValueError):  # type: ignore[misc]
+        """vLLM's own client error (HTTP 400; a plain ``ValueError`` raised here is a 500)."""
+
     @functools.wraps(original)
     def validate_xgrammar_grammar(sampling_params: Any) -> None:
-        lower_for_request(sampling_params, config, listings.evaluators)
+        try:
+            lower_for_request(sampling_params, config, listings.evaluators)
+        except ComputedSchemaRefused as exc:
+            raise ComputedSchemaBadRequest(str(exc)) from None
         original(sampling_params)
 
     setattr(validate_xgrammar_grammar, _MARK, True)
