@@ -16,6 +16,7 @@ __all__ = [
     "ESSAY_PROMPT",
     "ESSAY_SCHEMA",
     "NARRATED_SCHEMA",
+    "VERDICT",
     "checked_document",
     "extraction_schema",
     "numbers_in",
@@ -48,28 +49,42 @@ NARRATED_SCHEMA: dict[str, Any] = {
 ESSAY_PROMPT = 'Write a product of two numbers as JSON with "expression" and "answer".\nJSON: '
 
 
-def policy_schema(evaluator: str) -> dict[str, Any]:
-    """A booking-style document: the model writes the facts, ``evaluator`` gets them as one
-    JSON object (``{"age": 34, "components": [6500, 1200]}``) and its object is forced as
-    ``decision``; the model writes the reply after it."""
+#: What the booking policy registered by the tests decides, whatever the facts (a policy module
+#: that returns a fixed object): a value no model writes unforced.
+VERDICT = {"total": 7700, "action": "book_appointment", "reason": "eligible"}
+
+
+def policy_schema(echo: str, policy: str) -> dict[str, Any]:
+    """A booking-style document: the model writes the facts; ``echo`` gets them as one JSON
+    object (``{"age": 34, "components": [6500, 1200]}``) and returns it, forced as ``facts``
+    (the input the engine built, checkable); ``policy`` returns its decision object, forced as
+    ``decision``; the model writes the reply after them."""
     components = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 99999}}
+    inputs = {"age": "/age", "components": "/components"}
     return {
         "type": "object",
         "properties": {
             "age": {"type": "integer", "minimum": 1, "maximum": 120},
             "components": {**components, "minItems": 1, "maxItems": 3},
-            "decision": {
+            "facts": {
                 "type": "object",
                 "properties": {"age": {"type": "integer"}, "components": components},
                 "required": ["age", "components"],
-                "computed": {
-                    "by": evaluator,
-                    "from": {"age": "/age", "components": "/components"},
+                "computed": {"by": echo, "from": inputs},
+            },
+            "decision": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "action": {"enum": ["book_appointment", "offer_alternative", "decline"]},
+                    "reason": {"type": "string"},
                 },
+                "required": ["total", "action", "reason"],
+                "computed": {"by": policy, "from": inputs},
             },
             "reply": {"type": "string", "pattern": "^[A-Za-z ,.]{1,40}$"},
         },
-        "required": ["age", "components", "decision", "reply"],
+        "required": ["age", "components", "facts", "decision", "reply"],
     }
 
 

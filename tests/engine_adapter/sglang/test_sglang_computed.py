@@ -19,6 +19,7 @@ from engine_adapter.testing import (
     ESSAY_PROMPT,
     ESSAY_SCHEMA,
     NARRATED_SCHEMA,
+    VERDICT,
     checked_document,
     extraction_schema,
     numbers_in,
@@ -30,9 +31,9 @@ from evald.client import Client
 
 pytestmark = pytest.mark.sglang_server
 
-#: The policy the per-request tenant registers: it returns its input object (the facts the
-#: model wrote, as the engine built them), so the forced object is checkable.
-POLICY = "policy46"
+#: What the per-request tenant registers: an evaluator that returns its input object (the facts
+#: the model wrote, as the engine built them) and a booking policy that returns ``VERDICT``.
+ECHO, POLICY = "facts46", "policy46"
 
 
 def calc_value(daemon: Daemon, expression: str, token: str = TOKEN) -> Any:
@@ -47,12 +48,14 @@ def calc_value(daemon: Daemon, expression: str, token: str = TOKEN) -> Any:
 
 
 def register_policy(daemon: Daemon) -> list[Any]:
-    """``POLICY`` (an echo module) for the spin tenant only; that tenant's evaluators."""
+    """``ECHO`` and ``POLICY`` for the spin tenant only; that tenant's evaluators."""
     from engine_adapter import list_evaluators
     from evald.testing import named_guest
 
     with Client(daemon.target, SPIN_TOKEN) as client:
-        client.register(named_guest("echo", POLICY), replace=True)
+        client.register(named_guest("echo", ECHO), replace=True)
+        verdict = (json.dumps(VERDICT).encode(), False)
+        client.register(named_guest("payload", POLICY, verdict), replace=True)
     assert POLICY not in {s.name for s in list_evaluators(daemon.target, TOKEN)}
     return list_evaluators(daemon.target, SPIN_TOKEN)
 
@@ -86,10 +89,11 @@ def test_openai_response_format_with_a_request_tenants_policy(
     server: SglangServer, server_daemon: Daemon, server_specs: Any
 ) -> None:
     """``response_format`` json_schema through the chat API, the tenant's token in
-    ``custom_params``: that tenant's policy computes the decision object from the facts the
-    model wrote; the server's own tenant, which has no such evaluator, gets a 400."""
+    ``custom_params``: that tenant's evaluators compute the facts object and the decision
+    object from the facts the model wrote; the server's own tenant, which has no such
+    evaluator, gets a 400."""
     specs = register_policy(server_daemon)
-    schema = policy_schema(POLICY)
+    schema = policy_schema(ECHO, POLICY)
     message = "I am 34 and the repair parts cost 6500 and 1200. Can you book me?"
     response_format = {"type": "json_schema", "json_schema": {"name": "booking", "schema": schema}}
     answer = server.chat(
@@ -100,14 +104,15 @@ def test_openai_response_format_with_a_request_tenants_policy(
     )
     text = answer["choices"][0]["message"]["content"]
     document = checked_document(text, schema, specs)
-    assert document["decision"] == {"age": document["age"], "components": document["components"]}
+    assert document["facts"] == {"age": document["age"], "components": document["components"]}
+    assert document["decision"] == VERDICT, text
     assert answer["choices"][0]["finish_reason"] == "stop", answer
     refused = http_error(
         lambda: server.chat(
             [{"role": "user", "content": message}], max_tokens=60, response_format=response_format
         )
     )
-    assert "HTTP 400" in refused and "/properties/decision/computed/by" in refused, refused
+    assert "HTTP 400" in refused and "/properties/facts/computed/by" in refused, refused
     assert SPIN_TOKEN not in server.log()
 
 

@@ -20,6 +20,7 @@ from engine_adapter.testing import (
     ESSAY_PROMPT,
     ESSAY_SCHEMA,
     NARRATED_SCHEMA,
+    VERDICT,
     checked_document,
     extraction_schema,
     numbers_in,
@@ -31,9 +32,9 @@ from evald.client import Client
 
 pytestmark = pytest.mark.vllm
 
-#: The policy the per-request tenant registers: it returns its input object (the facts the
-#: model wrote, as the engine built them), so the forced object is checkable.
-POLICY = "policy46"
+#: What the per-request tenant registers: an evaluator that returns its input object (the facts
+#: the model wrote, as the engine built them) and a booking policy that returns ``VERDICT``.
+ECHO, POLICY = "facts46", "policy46"
 
 
 def calc_value(daemon: Daemon, expression: str) -> Any:
@@ -48,12 +49,14 @@ def calc_value(daemon: Daemon, expression: str) -> Any:
 
 
 def register_policy(daemon: Daemon) -> list[Any]:
-    """``POLICY`` (an echo module) for the spin tenant only; that tenant's evaluators."""
+    """``ECHO`` and ``POLICY`` for the spin tenant only; that tenant's evaluators."""
     from engine_adapter import list_evaluators
     from evald.testing import named_guest
 
     with Client(daemon.target, SPIN_TOKEN) as client:
-        client.register(named_guest("echo", POLICY), replace=True)
+        client.register(named_guest("echo", ECHO), replace=True)
+        verdict = (json.dumps(VERDICT).encode(), False)
+        client.register(named_guest("payload", POLICY, verdict), replace=True)
     assert POLICY not in {s.name for s in list_evaluators(daemon.target, TOKEN)}
     return list_evaluators(daemon.target, SPIN_TOKEN)
 
@@ -91,10 +94,11 @@ def test_openai_response_format_with_a_request_tenants_policy(
     server: VllmServer, daemon: Daemon
 ) -> None:
     """``response_format`` json_schema through the chat API, the tenant's token in
-    ``vllm_xargs``: that tenant's policy computes the decision object from the facts the model
-    wrote; the server's own tenant, which has no such evaluator, gets a 400."""
+    ``vllm_xargs``: that tenant's evaluators compute the facts object and the decision object
+    from the facts the model wrote; the server's own tenant, which has no such evaluator, gets
+    a 400."""
     specs = register_policy(daemon)
-    schema = policy_schema(POLICY)
+    schema = policy_schema(ECHO, POLICY)
     message = [{"role": "user", "content": "I am 34 and the parts cost 6500 and 1200. Book me?"}]
     response_format = {"type": "json_schema", "json_schema": {"name": "booking", "schema": schema}}
     answer = server.chat(
@@ -105,12 +109,13 @@ def test_openai_response_format_with_a_request_tenants_policy(
     )
     text = answer["choices"][0]["message"]["content"]
     document = checked_document(text, schema, specs)
-    assert document["decision"] == {"age": document["age"], "components": document["components"]}
+    assert document["facts"] == {"age": document["age"], "components": document["components"]}
+    assert document["decision"] == VERDICT, text
     assert answer["choices"][0]["finish_reason"] == "stop", answer
     refused = http_error(
         lambda: server.chat(message, max_tokens=60, response_format=response_format)
     )
-    assert "HTTP 400" in refused and "/properties/decision/computed/by" in refused, refused
+    assert "HTTP 400" in refused and "/properties/facts/computed/by" in refused, refused
     assert SPIN_TOKEN not in server.log()
 
 
