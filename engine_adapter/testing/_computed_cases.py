@@ -75,11 +75,11 @@ def policy_schema(echo: str, policy: str) -> dict[str, Any]:
             "decision": {
                 "type": "object",
                 "properties": {
-                    "total": {"type": "integer"},
                     "action": {"enum": ["book_appointment", "offer_alternative", "decline"]},
                     "reason": {"type": "string"},
+                    "total": {"type": "integer"},
                 },
-                "required": ["total", "action", "reason"],
+                "required": ["action", "reason", "total"],
                 "computed": {"by": policy, "from": inputs},
             },
             "reply": {"type": "string", "pattern": "^[A-Za-z ,.]{1,40}$"},
