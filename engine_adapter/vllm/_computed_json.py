@@ -144,7 +144,8 @@ def lower_for_request(
 
 def computed_plan(sampling_params: Any) -> ComputedPlan | None:
     """The plan of a request the API server lowered, rebuilt in the scheduler; None for any
-    other request.
+    other request. Plans are shared by requests that carry the same schema, manifests, operands
+    text and grammar (a rebuild costs the scheduler's thread milliseconds; a hit, nothing).
 
     Raises:
         ValueError: ``evald_computed`` is malformed or does not lower to the request's grammar.
@@ -155,13 +156,22 @@ def computed_plan(sampling_params: Any) -> ComputedPlan | None:
         return None
     if not isinstance(carried, Mapping) or not isinstance(carried.get("schema"), str):
         raise ValueError(f"{COMPUTED_ARG} is not what the API server writes")
-    specs = [EvaluatorSpec.from_manifest(m) for m in carried.get("evaluators") or ()]
     operands = extra.get(EXTRA_ARG_OPERANDS) if isinstance(extra, Mapping) else None
-    lowered = lower_computed_schema(
-        carried["schema"], specs, operands_from=operands if isinstance(operands, str) else None
-    )
-    plan = lowered.computed
     grammar = getattr(getattr(sampling_params, "structured_outputs", None), "grammar", None)
+    return _rebuilt(
+        carried["schema"],
+        json.dumps(carried.get("evaluators") or [], sort_keys=True),
+        operands if isinstance(operands, str) else None,
+        grammar if isinstance(grammar, str) else None,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _rebuilt(
+    schema: str, manifests: str, operands: str | None, grammar: str | None
+) -> ComputedPlan | None:
+    specs = [EvaluatorSpec.from_manifest(m) for m in json.loads(manifests)]
+    plan = lower_computed_schema(schema, specs, operands_from=operands).computed
     if plan is None or plan.ebnf != grammar:
         raise ValueError(f"{COMPUTED_ARG} does not lower to the request's grammar")
     return plan if plan.fields else None
