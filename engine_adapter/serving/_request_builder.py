@@ -22,6 +22,7 @@ from typing import Any
 from engine_adapter.evaluation import list_evaluators
 from engine_adapter.serving._request_options import (
     EXTRA_ARG_EVALUATORS,
+    EXTRA_ARG_OPERANDS,
     EXTRA_ARG_TARGET,
     EXTRA_ARG_TOKEN,
 )
@@ -126,12 +127,15 @@ def request_option_values(
     token: str | None = None,
     target: str | None = None,
     evaluators: Sequence[EvaluatorSpec] = (),
+    *,
+    operands_from: str | None = None,
 ) -> dict[str, str]:
     """The request options that name a request's tenant and its renamed evaluators.
 
     ``token`` defaults to ``$EVALD_TOKEN`` (and is left out when there is none); ``target`` is
     sent when not ``None``; each evaluator whose tag differs from its name is named
-    (``TAG=NAME``), so its spans reach it.
+    (``TAG=NAME``), so its spans reach it; ``operands_from`` is the text a JSON schema's
+    ``extracted`` properties are narrowed to on the server (``evald_operands_from``).
     """
     options: dict[str, str] = {}
     token = token if token is not None else env_token()
@@ -142,6 +146,8 @@ def request_option_values(
     renamed = [f"{spec.tag}={spec.name}" for spec in evaluators if spec.tag != spec.name]
     if renamed:
         options[EXTRA_ARG_EVALUATORS] = ",".join(renamed)
+    if operands_from is not None:
+        options[EXTRA_ARG_OPERANDS] = operands_from
     return options
 
 

@@ -19,7 +19,10 @@ The keys:
   at an arbitrary host;
 - ``evald_evaluators``: ``TAG=NAME`` pairs separated by commas, for evaluators whose tag differs
   from their name (the request helpers fill it in; without it a span is sent to the evaluator
-  named like its opener, ``<calc>`` → ``calc``).
+  named like its opener, ``<calc>`` → ``calc``);
+- ``evald_operands_from``: for a JSON schema with ``"extracted": true`` properties, the text
+  whose literals they are narrowed to (typically the user's message; docs/computed-fields.md).
+  The server lowers such a schema itself, so the text travels with the request.
 
 A bad option never fails the request: its spans answer ``<result_error>CODE</result_error>``.
 """
@@ -39,6 +42,7 @@ from evald.contract import ErrorCode, token_problem
 __all__ = [
     "EXTRA_ARGS",
     "EXTRA_ARG_EVALUATORS",
+    "EXTRA_ARG_OPERANDS",
     "EXTRA_ARG_TARGET",
     "EXTRA_ARG_TOKEN",
     "RequestOptions",
@@ -51,7 +55,8 @@ __all__ = [
 EXTRA_ARG_TARGET = "evald_target"
 EXTRA_ARG_TOKEN = "evald_token"
 EXTRA_ARG_EVALUATORS = "evald_evaluators"
-EXTRA_ARGS = (EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN, EXTRA_ARG_EVALUATORS)
+EXTRA_ARG_OPERANDS = "evald_operands_from"
+EXTRA_ARGS = (EXTRA_ARG_TARGET, EXTRA_ARG_TOKEN, EXTRA_ARG_EVALUATORS, EXTRA_ARG_OPERANDS)
 
 _PAIR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*=\s*([A-Za-z_][A-Za-z0-9_.:-]*)\s*")
 

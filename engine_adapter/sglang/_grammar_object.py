@@ -38,7 +38,7 @@ from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
 from engine_adapter.evaluation import SpanRecord, SpanState, open_span_state
 from engine_adapter.serving import AdapterRuntime, StepWaits, allows
-from engine_adapter.spans import SpanBinding
+from engine_adapter.spans import ComputedPlan, SpanBinding
 
 __all__ = ["EvaluatorGrammar"]
 
@@ -53,21 +53,32 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
             is not about evaluation is delegated to it.
         bindings: the request's span kinds (``engine_adapter.spans.plan_spans``).
         runtime: the backend's shared state (codec, client, deadline).
+        computed: for a JSON schema with computed properties
+            (:mod:`engine_adapter.sglang._computed_json`), the plan the request's state follows
+            (``bindings`` is then empty): the document's values are forced where spans' results
+            would be, through the same calls.
 
     Thread-safety: like every SGLang grammar object, driven by one scheduler thread.
     """
 
     def __init__(
-        self, grammar: Any, bindings: Sequence[SpanBinding], runtime: AdapterRuntime
+        self,
+        grammar: Any,
+        bindings: Sequence[SpanBinding],
+        runtime: AdapterRuntime,
+        computed: ComputedPlan | None = None,
     ) -> None:
         super().__init__()
         self.grammar = grammar
         self.grammar_stats = getattr(grammar, "grammar_stats", None)
         self._bindings = tuple(bindings)
         self._runtime = runtime
+        self._computed = computed
         # The runtime is the engine-level runtime (codec, deadline, flush once per step) and,
         # for this tenant, where the spans go.
-        self._injector = open_span_state(runtime, self._bindings, runtime, auto_flush=False)
+        self._injector = open_span_state(
+            runtime, self._bindings, runtime, auto_flush=False, computed=computed
+        )
         self._unfed_tail = 0
         """Tokens accepted after the grammar terminated (the matcher ignores them too)."""
         # A matcher terminates only by accepting one of its stop tokens, so the per-token path
@@ -156,7 +167,7 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
 
     def copy(self) -> EvaluatorGrammar:
         """A fresh grammar object for another request (SGLang's ``copy`` resets the matcher)."""
-        return EvaluatorGrammar(self.grammar.copy(), self._bindings, self._runtime)
+        return EvaluatorGrammar(self.grammar.copy(), self._bindings, self._runtime, self._computed)
 
     def maybe_init_reasoning(self, reasoning: bool) -> None:
         self.grammar.maybe_init_reasoning(reasoning)
@@ -251,6 +262,11 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     @property
     def runtime(self) -> AdapterRuntime:
         return self._runtime
+
+    @property
+    def computed(self) -> ComputedPlan | None:
+        """The computed-properties plan of a JSON-schema request (None for spans)."""
+        return self._computed
 
     @property
     def injector(self) -> SpanState:

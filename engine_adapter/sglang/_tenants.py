@@ -12,15 +12,17 @@ daemon has since replaced. The scheduler hook (``GrammarManager.process_req_with
    never reaches a log line or a metric label);
 2. asks ``TenantRuntimes.for_request`` for the runtime (never blocks);
 3. while SGLang computes the request's cache key, appends :data:`TENANT_MARK` and a mark naming
-   the runtime, its spec revision and the request's evaluator renames: two tenants, or one
-   tenant before and after a revision, have two keys, two compiles and two grammar objects.
+   the runtime, its spec revision, the request's evaluator renames and its operands text to
+   its structural tag, or to its ``json_schema`` when that has computed properties
+   (:mod:`engine_adapter.sglang._computed_json`): two tenants, or one tenant before and after
+   a revision, have two keys, two compiles and two grammar objects.
 
 The mark resolves to the request's :class:`KeyedTenant` through :class:`TenantKeys`, which holds
 it *weakly*: the request itself holds it (``Req._evald_tenant``), so it lives exactly as long as
 a request or a compiled grammar needs it, and no flood of other requests can push it out before
-the grammar compiles. The compile hook (``dispatch_structural_tag``) splits the mark off again
-(:func:`split_key`). A request whose tag already holds the mark is refused: only the adapter may
-write it.
+the grammar compiles. The compile hooks (``dispatch_structural_tag``, ``dispatch_json``) split
+the mark off again (:func:`split_key`). A request whose tag or schema already holds the mark is
+refused: only the adapter may write it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter.serving import EXTRA_ARG_EVALUATORS, EXTRA_ARGS, AdapterRuntime, rename_bindings
+from engine_adapter.serving import (
+    EXTRA_ARG_EVALUATORS,
+    EXTRA_ARG_OPERANDS,
+    EXTRA_ARGS,
+    AdapterRuntime,
+    rename_bindings,
+)
 from engine_adapter.spans import SpanBinding
 
 __all__ = ["REQUEST_ATTR", "TENANT_MARK", "KeyedTenant", "TenantKeys", "split_key", "take_options"]
@@ -70,6 +78,9 @@ class KeyedTenant:
     runtime: AdapterRuntime
     evaluators: str | None
     """The request's ``evald_evaluators`` (already validated), or None."""
+    operands_from: str | None = None
+    """The request's ``evald_operands_from``: the text its JSON schema's ``extracted``
+    properties are narrowed to (part of the key: it changes the grammar)."""
 
     def bindings(self, found: tuple[SpanBinding, ...]) -> tuple[SpanBinding, ...]:
         if self.evaluators is None:
@@ -80,7 +91,8 @@ class KeyedTenant:
 class TenantKeys:
     """Cache-key marks to :class:`KeyedTenant`, held weakly (one scheduler process).
 
-    A mark is the runtime's random id, its spec revision and a salted digest of the renames, so
+    A mark is the runtime's random id, its spec revision and a salted digest of the renames and
+    the operands text, so
     it can be neither reversed into a token nor guessed to reach another tenant's grammar.
     """
 
@@ -95,12 +107,16 @@ class TenantKeys:
         """``(mark, the KeyedTenant the request must hold)`` for a request of ``runtime``."""
         renames = options.get(EXTRA_ARG_EVALUATORS) if options is not None else None
         names = renames if isinstance(renames, str) else None
-        digest = hashlib.blake2b(repr(names).encode(), key=self._salt, digest_size=6).hexdigest()
+        text = options.get(EXTRA_ARG_OPERANDS) if options is not None else None
+        operands = text if isinstance(text, str) else None
+        digest = hashlib.blake2b(
+            repr((names, operands)).encode(), key=self._salt, digest_size=6
+        ).hexdigest()
         mark = f"{runtime.mark}.{runtime.revision}.{digest}"
         with self._lock:
             keyed = self._by_mark.get(mark)
             if keyed is None:
-                keyed = KeyedTenant(runtime, names)
+                keyed = KeyedTenant(runtime, names, operands)
                 self._by_mark[mark] = keyed
         return mark, keyed
 

@@ -20,6 +20,10 @@ The grammar layer:
   and wraps the grammar in an :class:`EvaluatorGrammar` bound to the request's tenant. The
   backend stays ``xgrammar``, so SGLang's reasoning-parser wrapping and its grammar cache keep
   working.
+- AROUND ``XGrammarGrammarBackend.dispatch_json``: a ``json_schema`` (native or the OpenAI API's
+  ``response_format``) with computed properties is lowered with the request's tenant's
+  evaluators, compiled, and wrapped the same way (:mod:`engine_adapter.sglang._computed_json`);
+  any other schema is SGLang's.
 - AFTER ``XGrammarGrammarBackend.compile_framed_grammar``: keeps the wrapper when a reasoning
   parser frames the grammar.
 
@@ -226,6 +230,7 @@ def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
         HookType.AROUND,
     )
     yield f"{_BACKEND}.dispatch_structural_tag", _around_dispatch_structural_tag, HookType.AROUND
+    yield f"{_BACKEND}.dispatch_json", _around_dispatch_json, HookType.AROUND
     yield f"{_BACKEND}.compile_framed_grammar", _after_compile_framed_grammar, HookType.AFTER
     yield (
         "sglang.srt.constrained.base_grammar_backend.create_grammar_backend",
@@ -341,31 +346,35 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
     tenants = getattr(getattr(manager, "grammar_backend", None), _TENANTS_ATTR, None)
     if tenants is None:
         return original(manager, req)
+    from engine_adapter.sglang._computed_json import keyed_field
     from engine_adapter.sglang._tenants import REQUEST_ATTR, TENANT_MARK, take_options
 
     params = req.sampling_params
     options, rest = take_options(getattr(params, "custom_params", None))
-    tag = params.structural_tag
-    if tag is not None and TENANT_MARK in tag:
-        req.set_finish_with_abort(
-            "evald adapter: the structural tag holds text reserved for the adapter "
-            f"({TENANT_MARK.strip()!r})"
-        )
-        return False
+    for name in ("structural_tag", "json_schema"):
+        text = getattr(params, name, None)
+        if isinstance(text, str) and TENANT_MARK in text:
+            req.set_finish_with_abort(
+                f"evald adapter: the {name.replace('_', ' ')} holds text reserved for the "
+                f"adapter ({TENANT_MARK.strip()!r})"
+            )
+            return False
     if options is not None:
         params.custom_params = rest  # the token leaves the request here
-    if tag is None:
+    field = keyed_field(params)  # the structural tag, or a json_schema with computed fields
+    if field is None:
         return original(manager, req)
+    text = getattr(params, field)
     runtime = tenants.for_request(options).runtime
     mark, keyed = _tenant_keys().key(runtime, options)
     setattr(req, REQUEST_ATTR, keyed)  # lives as long as the request
-    params.structural_tag = tag + TENANT_MARK + mark
+    setattr(params, field, text + TENANT_MARK + mark)
     try:
         # A compile that would wait for evald's answer waits off SGLang's compile threads.
         with manager.grammar_backend.executor.after(runtime.listing_ready()):
             return original(manager, req)
     finally:
-        params.structural_tag = tag
+        setattr(params, field, text)
 
 
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
@@ -374,6 +383,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return original(backend, key_string)
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 
+    from engine_adapter.serving import needs_lowering
+    from engine_adapter.sglang._computed_json import COMPUTED_IN_TAG
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
     from engine_adapter.sglang._tenants import split_key
     from engine_adapter.spans import EvaluatedTagError, plan_spans
@@ -384,6 +395,8 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
         return InvalidGrammarObject(
             "evald adapter: the request this grammar was for has ended; send it again"
         )
+    if needs_lowering(key_string):  # never compiled with the keyword silently ignored
+        return InvalidGrammarObject(COMPUTED_IN_TAG)
     tenant = keyed.runtime if keyed is not None else default
     try:
         plan = plan_spans(key_string, tenant.evaluators)
@@ -399,6 +412,15 @@ def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str
     return EvaluatorGrammar(grammar, bindings, tenant)
 
 
+def _around_dispatch_json(original: Any, backend: Any, key_string: str) -> Any:
+    default = getattr(backend, _RUNTIME_ATTR, None)
+    if default is None:
+        return original(backend, key_string)
+    from engine_adapter.sglang._computed_json import dispatch_computed_json
+
+    return dispatch_computed_json(original, backend, key_string, default, _tenant_keys())
+
+
 def _after_compile_framed_grammar(
     result: Any, backend: Any, grammar: Any, *args: Any, **kwargs: Any
 ) -> Any:
@@ -411,7 +433,7 @@ def _after_compile_framed_grammar(
         and result is not None
         and not isinstance(result, EvaluatorGrammar | InvalidGrammarObject)
     ):
-        return EvaluatorGrammar(result, grammar.bindings, grammar.runtime)
+        return EvaluatorGrammar(result, grammar.bindings, grammar.runtime, grammar.computed)
     return None
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine_adapter.serving import chosen_evaluators, request_option_values, span_request
@@ -135,6 +135,7 @@ def tenant_params(
     target: str | None = None,
     *,
     evaluators: Sequence[EvaluatorSpec] = (),
+    operands_from: str | None = None,
 ) -> dict[str, str]:
     """``custom_params`` that name a request's tenant, so the server's adapter evaluates its spans
     under that tenant's token (and lowers its ``evaluated_tag`` elements with that tenant's
@@ -146,21 +147,35 @@ def tenant_params(
             (it must be one of the server's ``EVALD_ALLOWED_TARGETS``).
         evaluators: the tenant's evaluators; those whose tag differs from their name are
             named (``evald_evaluators``), so their spans reach them.
+        operands_from: for a ``json_schema`` with ``"extracted": true`` properties, the text
+            they are narrowed to (``evald_operands_from``; typically the user's message).
 
     Returns:
         For ``sampling_params["custom_params"]`` (``/generate``) or the OpenAI API's
         ``custom_params`` (``extra_body``). A bad token or address is answered in band,
         ``<result_error>permission_denied</result_error>``.
     """
-    return request_option_values(token, target or None, evaluators)
+    return request_option_values(token, target or None, evaluators, operands_from=operands_from)
 
 
 def generate_sampling_params(
-    tag: dict[str, Any], *, custom_params: dict[str, Any] | None = None, **sampling: Any
+    tag: dict[str, Any] | None = None,
+    *,
+    json_schema: Mapping[str, Any] | None = None,
+    custom_params: dict[str, Any] | None = None,
+    **sampling: Any,
 ) -> dict[str, Any]:
-    """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag`` (and the
-    request's tenant, :func:`tenant_params`)."""
-    params = {**sampling, "structural_tag": json.dumps(tag, ensure_ascii=False)}
+    """``sampling_params`` for ``/generate`` or ``sglang.Engine.generate`` with ``tag``, or with
+    ``json_schema`` (a schema whose ``computed`` properties the server computes,
+    docs/computed-fields.md), and the request's tenant (:func:`tenant_params`).
+
+    Raises:
+        ValueError: both or neither of ``tag`` and ``json_schema``.
+    """
+    if (tag is None) == (json_schema is None):
+        raise ValueError("give a structural tag or a json_schema (one of them)")
+    key, value = ("structural_tag", tag) if tag is not None else ("json_schema", json_schema)
+    params = {**sampling, key: json.dumps(value, ensure_ascii=False)}
     if custom_params:
         params["custom_params"] = dict(custom_params)
     return params

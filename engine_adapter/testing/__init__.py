@@ -7,7 +7,9 @@ its environment (the engine loads the adapter through its plugin entry point) an
 is healthy; this package holds what both share — SmolLM2 as a folder the servers load
 (:func:`model_folder`), a structural tag whose span contents the caller fixes
 (:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
-(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`).
+(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`), and the
+computed-field requests both servers are tested with (:data:`ESSAY_SCHEMA`,
+:func:`checked_document`).
 
 The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
 package; importing it imports neither SGLang nor vLLM.
@@ -30,19 +32,39 @@ from engine_adapter.testing._common import (
     spans_in,
     stopped,
 )
+from engine_adapter.testing._computed_cases import (
+    ESSAY_PROMPT,
+    ESSAY_SCHEMA,
+    NARRATED_SCHEMA,
+    VERDICT,
+    checked_document,
+    extraction_schema,
+    numbers_in,
+    policy_schema,
+    unknown_evaluator_schema,
+)
 
 __all__ = [
+    "ESSAY_PROMPT",
+    "ESSAY_SCHEMA",
+    "NARRATED_SCHEMA",
     "PLAIN_PROMPTS",
     "SPAN",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
+    "VERDICT",
     "SilentAddress",
+    "checked_document",
+    "extraction_schema",
     "fixed_tag",
     "free_port",
     "has_amx",
     "longest_gap",
     "model_folder",
+    "numbers_in",
+    "policy_schema",
     "post",
     "spans_in",
     "stopped",
+    "unknown_evaluator_schema",
 ]

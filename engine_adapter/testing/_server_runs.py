@@ -27,6 +27,7 @@ __all__ = [
     "SLOW_TENANT_DEADLINE_MS",
     "SPAN_DEADLINE_MS",
     "SPIN_TENANT_DEADLINE_MS",
+    "adapter_checkout",
     "daemon_config",
     "metric_lines",
     "stop_process",
@@ -69,6 +70,16 @@ def daemon_config(*tenants: str) -> str:
     head = '[server]\nthreads = 2\nshutdown_grace_s = 2\n\n[[tenants]]\nname = "local"\n'
     head += 'evaluators = ["*"]'
     return "\n" + "\n\n".join([head, *tenants]) + "\n"
+
+
+def adapter_checkout() -> str:
+    """The folder this process imports the adapter from. A server puts it alone on its
+    ``PYTHONPATH``, ahead of the copy its venv installed (editable, from the checkout that
+    built the venv), so a server started from another checkout runs that checkout's adapter:
+    the code under test."""
+    import engine_adapter
+
+    return str(Path(engine_adapter.__file__).resolve().parents[1])
 
 
 def venv_python(variable: str, venv: str, root: Path | None = None) -> Path | None:

@@ -28,6 +28,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    adapter_checkout,
     daemon_config,
     metric_lines,
     stop_process,
@@ -110,10 +111,12 @@ class SglangServer:
 
     def generate(self, text: str, timeout_s: float = 300.0, **sampling: Any) -> dict[str, Any]:
         """``POST /generate`` (greedy unless told); ``sampling`` are its sampling params, with
-        ``custom_params`` and ``structural_tag`` (a dict, sent as JSON text) among them."""
+        ``custom_params``, ``structural_tag`` and ``json_schema`` (dicts, sent as JSON text)
+        among them."""
         params = {"temperature": 0, **sampling}
-        if isinstance(params.get("structural_tag"), Mapping):
-            params["structural_tag"] = json.dumps(params["structural_tag"])
+        for key in ("structural_tag", "json_schema"):
+            if isinstance(params.get(key), Mapping):
+                params[key] = json.dumps(params[key])
         return post(f"{self.url}/generate", {"text": text, "sampling_params": params}, timeout_s)
 
     def stream(
@@ -131,6 +134,19 @@ class SglangServer:
                 times.append(arrived)
                 last = current
         return last, times
+
+    def stream_texts(self, text: str, timeout_s: float = 300.0, **sampling: Any) -> list[str]:
+        """A streamed ``/generate``: the text as each chunk left it, in order (the last is the
+        final text). ``json_schema`` may be a dict (sent as JSON text)."""
+        params = {"temperature": 0, **sampling}
+        for key in ("structural_tag", "json_schema"):
+            if isinstance(params.get(key), Mapping):
+                params[key] = json.dumps(params[key])
+        payload = {"text": text, "sampling_params": params, "stream": True}
+        return [
+            chunk.get("text", "")
+            for chunk, _ in stream_chunks(f"{self.url}/generate", payload, timeout_s)
+        ]
 
     def chat(
         self, messages: Sequence[Mapping[str, str]], timeout_s: float = 300.0, **body: Any
@@ -210,7 +226,7 @@ def start_server(
         "TRANSFORMERS_OFFLINE": "1",
         **env,
     }
-    environ.pop("PYTHONPATH", None)  # the SGLang venv has this repository installed itself
+    environ["PYTHONPATH"] = adapter_checkout()  # the adapter under test, not the venv's copy
     log = open(log_path, "wb")  # owned by the server process for its lifetime
     process = subprocess.Popen(
         command,

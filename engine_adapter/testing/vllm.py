@@ -27,6 +27,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    adapter_checkout,
     daemon_config,
     metric_lines,
     stop_process,
@@ -110,6 +111,24 @@ class VllmServer:
                 times.append(arrived)
         return "".join(text), times
 
+    def stream_texts(self, prompt: str, timeout_s: float = 180.0, **body: Any) -> list[str]:
+        """A streamed completion: the text as each chunk left it, in order (the last is the
+        final text)."""
+        payload = {"model": self.model, "prompt": prompt, "temperature": 0, "stream": True, **body}
+        texts, text = [], ""
+        for chunk, _ in stream_chunks(f"{self.url}/v1/completions", payload, timeout_s):
+            choices = chunk.get("choices") or [{}]
+            text += choices[0].get("text") or ""
+            texts.append(text)
+        return texts
+
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], timeout_s: float = 180.0, **body: Any
+    ) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (greedy unless told)."""
+        payload = {"model": self.model, "messages": list(messages), "temperature": 0, **body}
+        return post(f"{self.url}/v1/chat/completions", payload, timeout_s)
+
     def counters(self) -> dict[str, float]:
         """The server's own Prometheus metrics (``/metrics``) by name without ``vllm:``, summed
         over their labels: e.g. ``iteration_tokens_total_count`` (engine steps that produced
@@ -151,7 +170,7 @@ def start_server(
         "VLLM_NO_USAGE_STATS": "1",
         **env,
     }
-    environ.pop("PYTHONPATH", None)  # the vLLM venv has this repository installed itself
+    environ["PYTHONPATH"] = adapter_checkout()  # the adapter under test, not the venv's copy
     log = open(log_path, "wb")  # owned by the server process for its lifetime
     process = subprocess.Popen(
         command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)

@@ -56,7 +56,8 @@ from engine_adapter.serving import (
     allow_only,
     allows,
 )
-from engine_adapter.spans import EvalResult
+from engine_adapter.spans import ComputedPlan, EvalResult
+from engine_adapter.vllm._computed_json import computed_plan
 from engine_adapter.vllm._options import evaluated_spans
 
 __all__ = ["SpanTracker", "TrackedRequest", "TrackerStats"]
@@ -156,15 +157,19 @@ class SpanTracker:
     # ------------------------------------------------------------------ vLLM's calls
 
     def add(self, request: Any) -> TrackedRequest | None:
-        """Starts following ``request`` if its structural tag holds evaluated spans."""
+        """Starts following ``request`` if its structural tag holds evaluated spans, or if the
+        API server lowered its JSON schema's computed properties
+        (:mod:`engine_adapter.vllm._computed_json`): its state then follows the document."""
         if self.greedy_drafts_only and not _greedy(request):
             self._sampling.add(str(request.request_id))
         try:
             bindings = evaluated_spans(request.sampling_params)
-            if bindings is None:
+            plan = computed_plan(request.sampling_params) if bindings is None else None
+            if bindings is None and plan is None:
                 return None
             extra = getattr(request.sampling_params, "extra_args", None)
-            state = self._new_state(request, self.tenants.for_request(extra, bindings))
+            tenancy = self.tenants.for_request(extra, bindings or ())
+            state = self._new_state(request, tenancy, plan)
         except Exception as exc:
             self.stats.faults += 1
             logger.error(
@@ -317,9 +322,11 @@ class SpanTracker:
 
     # ------------------------------------------------------------------ internals
 
-    def _new_state(self, request: Any, tenancy: Tenancy) -> TrackedRequest:
+    def _new_state(
+        self, request: Any, tenancy: Tenancy, plan: ComputedPlan | None = None
+    ) -> TrackedRequest:
         runtime = tenancy.runtime
-        injector = open_span_state(self, tenancy.bindings, runtime, auto_flush=False)
+        injector = open_span_state(self, tenancy.bindings, runtime, auto_flush=False, computed=plan)
         return TrackedRequest(
             request_id=str(request.request_id),
             injector=injector,

@@ -18,6 +18,10 @@ methods of vLLM's v1 ``Scheduler`` (``vllm==0.32.0``), which every scheduler cla
   region takes one forward);
 - AFTER ``_free_request``: forgets a finished request (and logs its spans).
 
+In the API server, the plugin also wraps vLLM's xgrammar validation, which lowers a JSON schema
+with computed properties and refuses a bad one with HTTP 400
+(:mod:`engine_adapter.vllm._computed_json`); the tracker follows such a request like spans.
+
 Why the scheduler and not a logits processor: on the CPU platform the model runner (and so every
 logits processor) lives in a worker process apart from the scheduler, and only the scheduler can
 leave a request out of a step. A logits processor that waits for a value stalls the whole batch;
@@ -125,6 +129,9 @@ def register() -> None:
 
     install(Scheduler)
     verify_installed(Scheduler)
+    from engine_adapter.vllm._computed_json import install_validation
+
+    install_validation(config)  # the API server's check of computed JSON schemas
     logger.info(
         "evald vLLM adapter: scheduler hooks installed (spans evaluated by %s, deadline %d ms)",
         config.target,

@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_adapter.serving import lowered_tag, span_request
+from engine_adapter.serving import lowered_tag, request_option_values, span_request
 from engine_adapter.spans import DEFAULT_SPECIAL_EXCLUDES, EvaluatorSpec, OperandNarrowing
 
-__all__ = ["EvaluatedRequest", "evaluated_request", "lower_for_vllm"]
+__all__ = ["EvaluatedRequest", "computed_json_body", "evaluated_request", "lower_for_vllm"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,24 @@ def lower_for_vllm(
 ) -> dict[str, Any]:
     """``tag`` with its ``evaluated_tag`` elements lowered (unchanged if it has none)."""
     return lowered_tag(tag, specs, special_tokens=special_tokens)
+
+
+def computed_json_body(
+    schema: Mapping[str, Any],
+    token: str | None = None,
+    target: str | None = None,
+    *,
+    operands_from: str | None = None,
+) -> dict[str, Any]:
+    """``extra_body`` (or raw JSON fields) for a request whose answer is one JSON document of
+    ``schema``, its ``computed`` properties computed by the server (docs/computed-fields.md).
+
+    Unlike spans, the schema is sent as written: the server lowers it with the tenant's
+    evaluators and answers HTTP 400 naming the field if it cannot. ``token`` defaults to
+    ``$EVALD_TOKEN``; ``operands_from`` is the text ``extracted`` properties are narrowed to.
+    """
+    body: dict[str, Any] = {"structured_outputs": {"json": dict(schema)}}
+    options = request_option_values(token, target, operands_from=operands_from)
+    if options:
+        body["vllm_xargs"] = options
+    return body

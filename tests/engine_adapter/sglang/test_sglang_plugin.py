@@ -52,10 +52,12 @@ def test_hooks_are_installed_by_load_plugins_in_a_spawned_child(
     assert report["before_load"].startswith("evald SGLang adapter: hooks not installed on")
     assert "dispatch_structural_tag" in report["before_load"], "unpatched classes are detected"
     assert report["hooks"] and all(report["hooks"].values())
-    # SGLang's grammar layer alone (this venv has no scheduler): the six grammar and settings
-    # hooks; the scheduler's four are checked in a real server (test_sglang_server.py).
+    # SGLang's grammar layer alone (this venv has no scheduler): the seven grammar and settings
+    # hooks (dispatch_json among them, for computed JSON schemas); the scheduler's four are
+    # checked in a real server (test_sglang_server.py).
     assert report["scheduler_available"] is False
-    assert len(report["hooks"]) == 6
+    assert len(report["hooks"]) == 7
+    assert any(target.endswith(".dispatch_json") for target in report["hooks"])
 
 
 def test_spawned_child_evaluates_a_span_through_the_daemon(

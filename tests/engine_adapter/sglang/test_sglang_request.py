@@ -97,3 +97,16 @@ def test_tenant_params_name_the_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
     params = generate_sampling_params({"type": "structural_tag"}, custom_params={"x": "t"})
     assert params["custom_params"] == {"x": "t"}
     assert json.loads(params["structural_tag"]) == {"type": "structural_tag"}
+
+
+def test_a_computed_json_schema_request() -> None:
+    """``json_schema=`` in place of a tag, the operands text among the tenant's params."""
+    from engine_adapter.sglang import tenant_params
+    from engine_adapter.testing import ESSAY_SCHEMA
+
+    custom = tenant_params("t", operands_from="I am 46")
+    assert custom == {"evald_token": "t", "evald_operands_from": "I am 46"}
+    params = generate_sampling_params(json_schema=ESSAY_SCHEMA, custom_params=custom)
+    assert json.loads(params["json_schema"]) == ESSAY_SCHEMA and "structural_tag" not in params
+    with pytest.raises(ValueError, match="one of them"):
+        generate_sampling_params({"type": "structural_tag"}, json_schema=ESSAY_SCHEMA)

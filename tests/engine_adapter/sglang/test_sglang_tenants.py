@@ -37,6 +37,19 @@ def test_the_key_names_the_runtime_and_its_revision_never_the_token() -> None:
     assert split_key('{"type": "structural_tag"}') == ('{"type": "structural_tag"}', None)
 
 
+def test_the_operands_text_keys_a_computed_schemas_grammar() -> None:
+    """``extracted`` properties are narrowed to ``evald_operands_from``: two texts are two
+    grammars, and the keyed tenant carries the text to the compile."""
+    keys = TenantKeys()
+    one = AdapterRuntime(AdapterConfig("unix:/x", "secret-token-a"), CODEC)
+    mark_a, held_a = keys.key(one, {"evald_operands_from": "I am 46"})
+    mark_b, held_b = keys.key(one, {"evald_operands_from": "I am 12"})
+    assert mark_a != mark_b and "46" not in mark_a
+    assert (held_a.operands_from, held_b.operands_from) == ("I am 46", "I am 12")
+    options, rest = take_options({"evald_operands_from": "I am 46", "thinking_budget": 5})
+    assert options == {"evald_operands_from": "I am 46"} and rest == {"thinking_budget": 5}
+
+
 def test_a_requests_tenant_lives_as_long_as_the_request_whatever_else_arrives() -> None:
     """A flood of other requests cannot push a live request's tenant out before its grammar
     compiles (the old table kept 4,096 fingerprints and forgot the oldest); once nothing holds
