@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine_adapter.spans._computed_extracted import narrow_extracted
 from engine_adapter.spans._computed_schema import (
     COMPUTED_KEYWORD,
     EXTRACTED_KEYWORD,
@@ -27,16 +28,11 @@ from engine_adapter.spans._computed_values import (
     ValueCheck,
     check_result_schema,
     deep_copy,
-    strict_schema,
 )
 from engine_adapter.spans._grammar import EvaluatorSpec, Mode, SpanGrammar
 from engine_adapter.spans._operands import (
-    MAX_CANDIDATES_PER_RULE,
-    MAX_LITERALS_PER_RULE,
     EvaluatorOperands,
     OperandNarrowing,
-    bounded_text,
-    literals_in_text,
 )
 
 __all__ = ["Lowering", "lower_computed_schema"]
@@ -240,7 +236,7 @@ class Lowering:
                 EvaluatorOperands(at, reason="no text to read literals from (operands_from)")
             )
             return plain
-        narrowed, report = _narrow(plain, self.operands_from, at)
+        narrowed, report = narrow_extracted(plain, self.operands_from, at)
         self.operands.append(report)
         return narrowed
 
@@ -532,77 +528,3 @@ def _strip(node: Any) -> Any:
     if not isinstance(node, Mapping):
         return node
     return {k: _strip(v) for k, v in node.items() if k not in _KEYWORDS}
-
-
-# -- extracted properties -------------------------------------------------------------------
-
-
-def _literal_value(literal: str) -> Any:
-    """A literal of the text as a JSON value: a JSON string, or a number written as the text
-    writes it (``07`` and ``00`` are 7 and 0: JSON itself has no leading zeros)."""
-    try:
-        return json.loads(literal)
-    except ValueError:
-        pass
-    try:
-        return int(literal)
-    except ValueError:
-        pass
-    try:
-        return float(literal)
-    except ValueError:
-        return None
-
-
-def _narrow(schema: dict[str, Any], text: str, at: str) -> tuple[dict[str, Any], EvaluatorOperands]:
-    """``schema`` with each number or string place narrowed to the literals of ``text``."""
-    text, cut = bounded_text(text)
-    found: dict[str, tuple[str, ...]] = {}
-    reasons: list[str] = []
-    narrowed = _narrow_node(schema, text, at, found, reasons)
-    bounded = f"literals read from the first {len(text)} characters of the text" if cut else ""
-    return narrowed, EvaluatorOperands(at, found, "; ".join(reasons), bounded=bounded)
-
-
-def _narrow_node(
-    node: dict[str, Any], text: str, at: str, found: dict[str, tuple[str, ...]],
-    reasons: list[str],
-) -> dict[str, Any]:  # fmt: skip
-    for union in ("anyOf", "oneOf"):
-        if isinstance(node.get(union), list):
-            out = dict(node)
-            out[union] = [
-                _narrow_node(b, text, f"{at}/{union}/{i}", found, reasons)
-                if isinstance(b, dict)
-                else b
-                for i, b in enumerate(node[union])
-            ]
-            return out
-    kind = node.get("type")
-    if kind == "array" and isinstance(node.get("items"), dict):
-        return {**node, "items": _narrow_node(node["items"], text, f"{at}/items", found, reasons)}
-    literal_kind = _SCALAR_KINDS.get(kind) if isinstance(kind, str) else None
-    if literal_kind is None:
-        return node
-    from jsonschema import Draft202012Validator
-
-    validator = Draft202012Validator(strict_schema(node))
-    kept: list[Any] = []
-    for literal in literals_in_text(literal_kind, text)[:MAX_CANDIDATES_PER_RULE]:
-        value = _literal_value(literal)
-        if value is None:
-            continue
-        if kind == "integer" and isinstance(value, float):
-            if not value.is_integer():
-                continue
-            value = int(value)
-        if validator.is_valid(value) and value not in kept:
-            kept.append(value)
-            if len(kept) == MAX_LITERALS_PER_RULE:
-                break
-    if not kept:
-        reasons.append(f"{at}: the text holds no {kind} this property accepts")
-        return node
-    found[at] = tuple(json.dumps(v, ensure_ascii=False) for v in kept)
-    keep = {k: v for k, v in node.items() if k in ("description", "title")}
-    return {**keep, "enum": kept}
