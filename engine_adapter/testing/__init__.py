@@ -7,7 +7,8 @@ its environment (the engine loads the adapter through its plugin entry point) an
 is healthy; this package holds what both share — SmolLM2 as a folder the servers load
 (:func:`model_folder`), a structural tag whose span contents the caller fixes
 (:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
-(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`).
+(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`), and the
+machine's CPUs split between the engine and evald (:class:`CpuPartition`).
 
 The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
 package; importing it imports neither SGLang nor vLLM.
@@ -30,12 +31,14 @@ from engine_adapter.testing._common import (
     spans_in,
     stopped,
 )
+from engine_adapter.testing._server_runs import CpuPartition
 
 __all__ = [
     "PLAIN_PROMPTS",
     "SPAN",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
+    "CpuPartition",
     "SilentAddress",
     "fixed_tag",
     "free_port",

@@ -28,6 +28,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    CpuPartition,
     daemon_config,
     metric_lines,
     stop_process,
@@ -72,6 +73,9 @@ READY_TIMEOUT_S = 400.0
 #: SGLang's default (the next step is launched before the last one's tokens are processed).
 SCHEDULERS = ("normal", "overlap")
 SERVED_MODEL = "smollm2"
+#: SGLang's KV cache in tokens when its OpenMP threads are bound (it then cannot size the cache
+#: from a NUMA node's memory): 32 requests of 512 tokens.
+BOUND_MAX_TOTAL_TOKENS = 16384
 
 
 def sglang_python(root: Path | None = None) -> Path | None:
@@ -180,13 +184,17 @@ def start_server(
     scheduler: str = "normal",
     extra_args: Sequence[str] = (),
     prefix: Sequence[str] = (),
+    partition: CpuPartition | None = None,
 ) -> SglangServer:
     """Starts the server with ``env`` added to this environment and waits for ``/health``.
 
     ``--sleep-on-idle``: an idle SGLang scheduler otherwise spins a whole core, which on a small
     machine takes the CPU the tests and evald need. The dtype is float32 without AMX (SGLang's
     torch_native path; texts then compare across batch sizes) and bfloat16 with it (the CPU
-    kernel has no fp32 paths). ``prefix`` runs the server under another command (``taskset``).
+    kernel has no fp32 paths). ``prefix`` runs the server under another command.
+    ``partition``: the server runs on the engine's CPUs (``taskset``) with its OpenMP threads
+    bound to them (``SGLANG_CPU_OMP_THREADS_BIND``, and then ``--max-total-tokens``, which
+    SGLang can no longer derive from a NUMA node's memory); evald's daemon takes the others.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
@@ -201,8 +209,12 @@ def start_server(
         "--mem-fraction-static", "0.05", "--max-running-requests", "32",
         "--sleep-on-idle", "--enable-metrics",
         *(["--disable-overlap-schedule"] if scheduler == "normal" else []),
+        *(["--max-total-tokens", str(BOUND_MAX_TOTAL_TOKENS)] if partition else []),
         *extra_args,
     ]  # fmt: skip
+    if partition is not None:
+        command[:0] = partition.engine_prefix()
+        env = {**partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND"), **env}
     environ = {
         **os.environ,
         "SGLANG_USE_CPU_ENGINE": "1",
