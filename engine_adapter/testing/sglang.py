@@ -73,6 +73,10 @@ READY_TIMEOUT_S = 400.0
 #: SGLang's default (the next step is launched before the last one's tokens are processed).
 SCHEDULERS = ("normal", "overlap")
 SERVED_MODEL = "smollm2"
+#: SGLang's share of the machine's free memory. It reads memory other processes take while it
+#: loads as its weights': on a shared 23 GB machine 0.05 left nothing for the KV cache ("Raise
+#: --mem-fraction-static above 0.056") while another process loaded a model.
+MEM_FRACTION_STATIC = "0.1"
 #: SGLang's KV cache in tokens when its OpenMP threads are bound (it then cannot size the cache
 #: from a NUMA node's memory): 32 requests of 512 tokens.
 BOUND_MAX_TOTAL_TOKENS = 16384
@@ -206,7 +210,7 @@ def start_server(
         "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", "1",
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "bfloat16" if has_amx() else "float32",
-        "--mem-fraction-static", "0.05", "--max-running-requests", "32",
+        "--mem-fraction-static", MEM_FRACTION_STATIC, "--max-running-requests", "32",
         "--sleep-on-idle", "--enable-metrics",
         *(["--disable-overlap-schedule"] if scheduler == "normal" else []),
         *(["--max-total-tokens", str(BOUND_MAX_TOTAL_TOKENS)] if partition else []),
