@@ -109,7 +109,7 @@ class CpuPartition:
         """The engine's environment: its OpenMP threads bound to its CPUs through
         ``bind_variable`` (where its CPU kernels bind them: SGLang only with AMX or on Arm),
         one OpenMP thread per CPU wherever they are not."""
-        return {bind_variable: self.engine, "OMP_NUM_THREADS": str(len(self.engine.split(",")))}
+        return {bind_variable: self.engine, "OMP_NUM_THREADS": str(_cpu_count(self.engine))}
 
     def daemon_config(self, config: str) -> str:
         """``config`` (a daemon config with a ``[server]`` table) with evald's CPUs set."""
@@ -121,6 +121,15 @@ class CpuPartition:
 def _cpu_list(cpus: list[int]) -> str:
     """A Linux cpu-list of single CPUs (``"0,1"``; taskset, evald and both engines read it)."""
     return ",".join(str(cpu) for cpu in cpus)
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """How many CPUs a Linux cpu-list names (``"0-13,16"``: 15)."""
+    count = 0
+    for item in cpu_list.split(","):
+        first, _, last = item.strip().partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def venv_python(variable: str, venv: str, root: Path | None = None) -> Path | None:

@@ -98,5 +98,7 @@ def test_a_partition_gives_evald_the_last_cpu_and_the_engine_the_others(harness:
     env = partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND")
     assert parse_cpu_list(env["SGLANG_CPU_OMP_THREADS_BIND"]) == engine
     assert env["OMP_NUM_THREADS"] == str(len(engine))
+    wide = CpuPartition("0-13,16", "14-15").engine_env("VLLM_CPU_OMP_THREADS_BIND")
+    assert wide == {"VLLM_CPU_OMP_THREADS_BIND": "0-13,16", "OMP_NUM_THREADS": "15"}
     with pytest.raises(ValueError, match="cannot give evald"):
         CpuPartition.split(len(available))
