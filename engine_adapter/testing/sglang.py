@@ -73,13 +73,15 @@ READY_TIMEOUT_S = 400.0
 #: SGLang's default (the next step is launched before the last one's tokens are processed).
 SCHEDULERS = ("normal", "overlap")
 SERVED_MODEL = "smollm2"
-#: SGLang's share of the machine's free memory. It reads memory other processes take while it
-#: loads as its weights': on a shared 23 GB machine 0.05 left nothing for the KV cache ("Raise
-#: --mem-fraction-static above 0.056") while another process loaded a model.
-MEM_FRACTION_STATIC = "0.1"
-#: SGLang's KV cache in tokens when its OpenMP threads are bound (it then cannot size the cache
-#: from a NUMA node's memory): 32 requests of 512 tokens.
-BOUND_MAX_TOTAL_TOKENS = 16384
+#: SGLang's KV cache in tokens (32 requests of 512): SGLang sizes its cache from the memory left
+#: once its weights are loaded, and cannot when its OpenMP threads are bound (no NUMA node's
+#: memory to go by); capped here, it is the same on every machine.
+MAX_TOTAL_TOKENS = 16384
+#: SGLang's share of the machine's free memory, which it checks against what is left once the
+#: weights are loaded: memory other processes take meanwhile counts as its own, and on a shared
+#: 23 GB machine 0.05 and 0.1 both left "no memory for the KV cache" while another process
+#: loaded a model. The cache itself is MAX_TOTAL_TOKENS.
+MEM_FRACTION_STATIC = "0.3"
 
 
 def sglang_python(root: Path | None = None) -> Path | None:
@@ -197,8 +199,7 @@ def start_server(
     torch_native path; texts then compare across batch sizes) and bfloat16 with it (the CPU
     kernel has no fp32 paths). ``prefix`` runs the server under another command.
     ``partition``: the server runs on the engine's CPUs (``taskset``) with its OpenMP threads
-    bound to them (``SGLANG_CPU_OMP_THREADS_BIND``, and then ``--max-total-tokens``, which
-    SGLang can no longer derive from a NUMA node's memory); evald's daemon takes the others.
+    bound to them (``SGLANG_CPU_OMP_THREADS_BIND``); evald's daemon takes the others.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
@@ -213,7 +214,7 @@ def start_server(
         "--mem-fraction-static", MEM_FRACTION_STATIC, "--max-running-requests", "32",
         "--sleep-on-idle", "--enable-metrics",
         *(["--disable-overlap-schedule"] if scheduler == "normal" else []),
-        *(["--max-total-tokens", str(BOUND_MAX_TOTAL_TOKENS)] if partition else []),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
         *extra_args,
     ]  # fmt: skip
     if partition is not None:
