@@ -165,9 +165,7 @@ def run_rounds(
     return seen
 
 
-def result_of(
-    seen: Rounds, deadline_ms: float, **settings: Any
-) -> dict[str, Any]:
+def result_of(seen: Rounds, deadline_ms: float, **settings: Any) -> dict[str, Any]:
     """A run's result: ``settings`` (rounds, requests, tokens), the summary of every arm, a
     sample text per arm and the raw gaps (for the plot; left out of the JSON report)."""
     return {
@@ -222,6 +220,8 @@ def _stopped(pid: int | None) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
 #: The targets the summary checks (the longest gap is also held to one span deadline).
 MEDIAN_RATIO_TARGET = 1.02
 LONGEST_RATIO_TARGET = 1.5
@@ -326,9 +326,7 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
         axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
         axis.set_yscale("log")
-        ratios = [
-            f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
-        ]
+        ratios = [f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"]
         lines = [", ".join(ratios[i : i + 2]) for i in range(0, len(ratios), 2)]
         axis.set_title("\n".join([key, "longest ÷ fast:", *lines]), fontsize=7)
     for row in axes:
