@@ -7,9 +7,10 @@ its environment (the engine loads the adapter through its plugin entry point) an
 is healthy; this package holds what both share — SmolLM2 as a folder the servers load
 (:func:`model_folder`), a structural tag whose span contents the caller fixes
 (:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
-(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`), and the
+(:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`), the
 computed-field requests both servers are tested with (:data:`ESSAY_SCHEMA`,
-:func:`checked_document`).
+:func:`checked_document`), and the machine's CPUs split between the engine and evald
+(:class:`CpuPartition`).
 
 The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
 package; importing it imports neither SGLang nor vLLM.
@@ -43,6 +44,7 @@ from engine_adapter.testing._computed_cases import (
     policy_schema,
     unknown_evaluator_schema,
 )
+from engine_adapter.testing._server_runs import CpuPartition
 
 __all__ = [
     "ESSAY_PROMPT",
@@ -53,6 +55,7 @@ __all__ = [
     "STALL_FACTOR",
     "STALL_FLOOR_S",
     "VERDICT",
+    "CpuPartition",
     "SilentAddress",
     "checked_document",
     "extraction_schema",

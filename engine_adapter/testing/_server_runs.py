@@ -4,8 +4,9 @@ Each harness (:mod:`engine_adapter.testing.sglang`, :mod:`engine_adapter.testing
 its engine its own way (command line, environment, how it stops); the rest is the same run:
 the daemon config with the tenants both test (the server's own, a spinning one, a slow one),
 the engine's venv found by environment variable or checkout folder, ``/health`` polled until the
-server answers or dies, a stream's ``data:`` chunks, the Prometheus lines of ``/metrics``, and a
-process stopped by a signal and then killed.
+server answers or dies, a stream's ``data:`` chunks, the Prometheus lines of ``/metrics``, a
+process stopped by a signal and then killed, and the machine's CPUs split between the engine and
+evald (:class:`CpuPartition`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "SLOW_TENANT_DEADLINE_MS",
     "SPAN_DEADLINE_MS",
     "SPIN_TENANT_DEADLINE_MS",
+    "CpuPartition",
     "adapter_checkout",
     "daemon_config",
     "metric_lines",
@@ -80,6 +83,64 @@ def adapter_checkout() -> str:
     import engine_adapter
 
     return str(Path(engine_adapter.__file__).resolve().parents[1])
+
+
+@dataclass(frozen=True)
+class CpuPartition:
+    """The machine's CPUs split between an engine and evald, as an operator partitions them
+    (docs/operations.md, "Partitioning the CPU"): the engine's server runs under ``taskset``
+    on ``engine`` with its OpenMP threads bound there (``SGLANG_CPU_OMP_THREADS_BIND``,
+    ``VLLM_CPU_OMP_THREADS_BIND``; unset, each binds them to a whole NUMA node, evald's cores
+    included), and evald's ``[server] cpus`` is ``evald``. Both are Linux cpu-lists.
+    """
+
+    engine: str
+    evald: str
+
+    @classmethod
+    def split(cls, evald_cpus: int = 1) -> CpuPartition:
+        """The last ``evald_cpus`` of the CPUs this process may use for evald, the others for
+        the engine (2 CPUs: the engine on CPU 0, evald on CPU 1).
+
+        Raises:
+            ValueError: fewer than ``evald_cpus + 1`` CPUs to split.
+        """
+        cpus = sorted(os.sched_getaffinity(0))
+        if evald_cpus < 1 or len(cpus) <= evald_cpus:
+            raise ValueError(
+                f"cannot give evald {evald_cpus} of {len(cpus)} CPUs and the engine the rest"
+            )
+        return cls(_cpu_list(cpus[:-evald_cpus]), _cpu_list(cpus[-evald_cpus:]))
+
+    def engine_prefix(self) -> list[str]:
+        """The command that runs the engine's server (all its processes) on its CPUs."""
+        return ["taskset", "-c", self.engine]
+
+    def engine_env(self, bind_variable: str) -> dict[str, str]:
+        """The engine's environment: its OpenMP threads bound to its CPUs through
+        ``bind_variable`` (where its CPU kernels bind them: SGLang only with AMX or on Arm),
+        one OpenMP thread per CPU wherever they are not."""
+        return {bind_variable: self.engine, "OMP_NUM_THREADS": str(_cpu_count(self.engine))}
+
+    def daemon_config(self, config: str) -> str:
+        """``config`` (a daemon config with a ``[server]`` table) with evald's CPUs set."""
+        if "[server]\n" not in config:
+            raise ValueError("the daemon config has no [server] table to set cpus in")
+        return config.replace("[server]\n", f'[server]\ncpus = "{self.evald}"\n', 1)
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """A Linux cpu-list of single CPUs (``"0,1"``; taskset, evald and both engines read it)."""
+    return ",".join(str(cpu) for cpu in cpus)
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """How many CPUs a Linux cpu-list names (``"0-13,16"``: 15)."""
+    count = 0
+    for item in cpu_list.split(","):
+        first, _, last = item.strip().partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def venv_python(variable: str, venv: str, root: Path | None = None) -> Path | None:

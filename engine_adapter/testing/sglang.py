@@ -28,6 +28,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    CpuPartition,
     adapter_checkout,
     daemon_config,
     metric_lines,
@@ -73,6 +74,15 @@ READY_TIMEOUT_S = 400.0
 #: SGLang's default (the next step is launched before the last one's tokens are processed).
 SCHEDULERS = ("normal", "overlap")
 SERVED_MODEL = "smollm2"
+#: SGLang's KV cache in tokens (32 requests of 512): SGLang sizes its cache from the memory left
+#: once its weights are loaded, and cannot when its OpenMP threads are bound (no NUMA node's
+#: memory to go by); capped here, it is the same on every machine.
+MAX_TOTAL_TOKENS = 16384
+#: SGLang's share of the machine's free memory, which it checks against what is left once the
+#: weights are loaded: memory other processes take meanwhile counts as its own, and on a shared
+#: 23 GB machine 0.05 and 0.1 both left "no memory for the KV cache" while another process
+#: loaded a model. The cache itself is MAX_TOTAL_TOKENS.
+MEM_FRACTION_STATIC = "0.3"
 
 
 def sglang_python(root: Path | None = None) -> Path | None:
@@ -196,13 +206,16 @@ def start_server(
     scheduler: str = "normal",
     extra_args: Sequence[str] = (),
     prefix: Sequence[str] = (),
+    partition: CpuPartition | None = None,
 ) -> SglangServer:
     """Starts the server with ``env`` added to this environment and waits for ``/health``.
 
     ``--sleep-on-idle``: an idle SGLang scheduler otherwise spins a whole core, which on a small
     machine takes the CPU the tests and evald need. The dtype is float32 without AMX (SGLang's
     torch_native path; texts then compare across batch sizes) and bfloat16 with it (the CPU
-    kernel has no fp32 paths). ``prefix`` runs the server under another command (``taskset``).
+    kernel has no fp32 paths). ``prefix`` runs the server under another command.
+    ``partition``: the server runs on the engine's CPUs (``taskset``) with its OpenMP threads
+    bound to them (``SGLANG_CPU_OMP_THREADS_BIND``); evald's daemon takes the others.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
@@ -214,11 +227,15 @@ def start_server(
         "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", "1",
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "bfloat16" if has_amx() else "float32",
-        "--mem-fraction-static", "0.05", "--max-running-requests", "32",
+        "--mem-fraction-static", MEM_FRACTION_STATIC, "--max-running-requests", "32",
         "--sleep-on-idle", "--enable-metrics",
         *(["--disable-overlap-schedule"] if scheduler == "normal" else []),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
         *extra_args,
     ]  # fmt: skip
+    if partition is not None:
+        command[:0] = partition.engine_prefix()
+        env = {**partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND"), **env}
     environ = {
         **os.environ,
         "SGLANG_USE_CPU_ENGINE": "1",

@@ -27,6 +27,7 @@ from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
+    CpuPartition,
     adapter_checkout,
     daemon_config,
     metric_lines,
@@ -151,9 +152,12 @@ def start_server(
     *,
     dtype: str = "float32",
     args: Sequence[str] = (),
+    partition: CpuPartition | None = None,
 ) -> VllmServer:
     """Starts the server with ``env`` added to this environment and ``args`` added to its
-    command line, and waits for ``/health``."""
+    command line, and waits for ``/health``. ``partition``: the server runs on the engine's
+    CPUs (``taskset``) with its OpenMP threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``);
+    evald's daemon takes the others."""
     folder = model_folder()
     port = free_port()
     command = [
@@ -162,6 +166,9 @@ def start_server(
         "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
         "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port), *args,
     ]  # fmt: skip
+    if partition is not None:
+        command[:0] = partition.engine_prefix()
+        env = {**partition.engine_env("VLLM_CPU_OMP_THREADS_BIND"), **env}
     environ = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -31,6 +31,13 @@ def _serve(parser: argparse.ArgumentParser) -> Runner:
         "else ~/.local/state/evald)",
     )
     parser.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help='run on these CPUs only, a Linux cpu-list such as "1" or "2-3,6" (default: '
+        "config's [server].cpus, else every CPU the daemon is given); bind the engine to the "
+        "others",
+    )
+    parser.add_argument(
         "--parent-fd",
         type=int,
         metavar="FD",
@@ -40,11 +47,16 @@ def _serve(parser: argparse.ArgumentParser) -> Runner:
 
     def run(args: argparse.Namespace) -> int:
         from evald.contract import EvaldError
-        from evald.daemon import ConfigError, load_config
+        from evald.daemon import ConfigError, load_config, parse_cpu_list
 
         try:
+            cpus = parse_cpu_list(args.cpus) if args.cpus is not None else None
+        except ValueError as exc:
+            print(f"error: invalid_argument: --cpus: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        try:
             config = load_config(args.config).with_overrides(
-                listen=args.listen, state_dir=args.state_dir
+                listen=args.listen, state_dir=args.state_dir, cpus=cpus
             )
         except ConfigError as exc:
             print(f"error: invalid_argument: {exc}", file=sys.stderr)
@@ -62,6 +74,9 @@ def _serve(parser: argparse.ArgumentParser) -> Runner:
                 return EXIT_ERROR
         try:
             serve(config)
+        except ConfigError as exc:  # a setting the machine cannot honour ([server] cpus)
+            print(f"error: invalid_argument: {exc}", file=sys.stderr)
+            return EXIT_ERROR
         except EvaldError as exc:
             print(f"error: {exc.code.value}: {exc.message}", file=sys.stderr)
             return EXIT_UNREACHABLE

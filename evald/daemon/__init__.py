@@ -29,6 +29,7 @@ from evald.daemon._config import (
     parse_config,
     parse_limits,
 )
+from evald.daemon._cpu_affinity import format_cpu_list, parse_cpu_list
 from evald.daemon._gatekeeping import send_limit
 from evald.daemon._parent_watch import (
     PARENT_FD_FLAG,
@@ -85,6 +86,7 @@ __all__ = [
     "check_not_reserved",
     "check_store_url",
     "default_state_dir",
+    "format_cpu_list",
     "hash_token",
     "host_config",
     "host_limits",
@@ -92,6 +94,7 @@ __all__ = [
     "is_tenant_name",
     "load_config",
     "parse_config",
+    "parse_cpu_list",
     "parse_limits",
     "running_daemon_pid",
     "send_limit",

@@ -100,13 +100,22 @@ class Config:
                 return tenant
         return None
 
-    def with_overrides(self, *, listen: str | None = None, state_dir: str | None = None) -> Config:
-        """A copy with command-line overrides applied (``evald serve --listen/--state-dir``)."""
+    def with_overrides(
+        self,
+        *,
+        listen: str | None = None,
+        state_dir: str | None = None,
+        cpus: frozenset[int] | None = None,
+    ) -> Config:
+        """A copy with command-line overrides applied (``evald serve --listen/--state-dir/
+        --cpus``)."""
         server = self.server
         if listen:
             server = replace(server, listen=listen)
         if state_dir:
             server = replace(server, state_dir=state_dir)
+        if cpus:
+            server = replace(server, cpus=cpus)
         return replace(self, server=server)
 
 

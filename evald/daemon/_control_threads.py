@@ -60,11 +60,16 @@ class Recheck:
 
 
 class ControlThreads:
-    """The control thread and the module thread (see the module)."""
+    """The control thread and the module thread (see the module); ``initializer`` runs first
+    on each (the daemon pins them to its CPUs: the compile worker they start inherits them)."""
 
-    def __init__(self) -> None:
-        self.control_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-control")
-        self.module_pool = ThreadPoolExecutor(1, thread_name_prefix="evald-modules")
+    def __init__(self, initializer: Callable[[], None] | None = None) -> None:
+        self.control_pool = ThreadPoolExecutor(
+            1, thread_name_prefix="evald-control", initializer=initializer
+        )
+        self.module_pool = ThreadPoolExecutor(
+            1, thread_name_prefix="evald-modules", initializer=initializer
+        )
         #: Set shortly before the shutdown grace ends: calls still waiting for either thread
         #: then end with ``unavailable`` (before gRPC cancels them untyped).
         self._cut_off: asyncio.Event | None = None

@@ -89,6 +89,13 @@ class Metrics:
             registry=self.registry,
         )
         self.store_connected.set(1)
+        self.cpus = Gauge(
+            "evald_cpus",
+            "How many CPUs evald's workers and compile worker run on; the label lists them "
+            "([server] cpus, else every CPU the daemon was given).",
+            ("cpus",),
+            registry=self.registry,
+        )
         self.revision = Gauge(
             "evald_store_revision",
             "The revision of tenants and modules the daemon serves.",

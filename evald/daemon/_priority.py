@@ -40,14 +40,14 @@ the daemon logs why and leaves every priority alone.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import threading
 import time
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from evald.daemon._cpu_group import AutogroupPriority
+from evald.daemon._cpu_group import AutogroupPriority, group_reason
 
 __all__ = [
     "GROUP_HOLD_S",
@@ -58,7 +58,10 @@ __all__ = [
     "Priorities",
     "WorkerPriority",
     "can_restore_priority",
+    "heavy_tenant_priorities",
 ]
+
+_log = logging.getLogger("evald.server")
 
 #: A call that has used more than this much CPU is heavy: it runs lowered from then on, and its
 #: tenant is heavy (a light call, a calc expression, takes tens of microseconds).
@@ -376,3 +379,24 @@ class Priorities:
         # ESRCH: the thread is gone (the pool shut down); EPERM cannot happen after the probe.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+
+def heavy_tenant_priorities(nice: int) -> Priorities | None:
+    """Lowering heavy tenants' workers (``[server] heavy_tenant_nice``), when configured and
+    permitted (else logged, off), with evald's own scheduling group when it has one."""
+    if nice <= 0:
+        return None
+    why_not = can_restore_priority(nice)
+    if why_not:
+        _log.warning(
+            "heavy tenants keep their CPU priority",
+            extra={"fields": {"heavy_tenant_nice": nice, "reason": why_not}},
+        )
+        return None
+    reason = group_reason()
+    if reason:
+        _log.info(
+            "evald's scheduling group is not its own to lower",
+            extra={"fields": {"heavy_tenant_nice": nice, "reason": reason}},
+        )
+    return Priorities(nice, None if reason else AutogroupPriority(nice))

@@ -154,6 +154,8 @@ class Scheduler:
             (:mod:`evald.daemon._priority`); None: every worker keeps its priority.
         uncharged: the CPU seconds of the item just run (on the calling worker) that were not
             its tenant's work, left out when deciding whether the tenant is heavy; default none.
+        initializer: run first on each worker thread (the daemon pins them to its CPUs,
+            :mod:`evald.daemon._cpu_affinity`); default none.
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class Scheduler:
         flush: Callable[[], None] = _nothing,
         priorities: Priorities | None = None,
         uncharged: Callable[[], float] = lambda: 0.0,
+        initializer: Callable[[], None] | None = None,
     ) -> None:
         self._run = run
         self._flush = flush
@@ -171,7 +174,9 @@ class Scheduler:
         #: instance another tenant's calls pushed out of the worker's cache).
         self._uncharged = uncharged
         self.priorities = priorities
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="evald-guest")
+        self.pool = ThreadPoolExecutor(
+            workers, thread_name_prefix="evald-guest", initializer=initializer
+        )
         # Tenants with queued work and a free slot under their cap, in round-robin order, and
         # the workers not running a scheduling job.
         self._lock = threading.Lock()

@@ -3,8 +3,7 @@
 The parts, each in its own module:
 
 * :mod:`evald.daemon._admission`: who a call is (tokens, the tokenless unix-socket tenant) and what
-it
-  may hold (evaluations, calls and unread output bytes in flight, rate, batch size);
+  it may hold (evaluations, calls and unread output bytes in flight, rate, batch size);
 * :mod:`evald.daemon._scheduler`: the fair scheduler that runs admitted items on the guest workers,
   round-robin across tenants in time slices, no tenant holding more than its ``max_running``;
 * :mod:`evald.daemon._service`: ``evald.v1.Evaluator`` over gRPC (``grpc.aio``);
@@ -46,14 +45,14 @@ from evald.daemon._compile_queue import CompileQueue
 from evald.daemon._config import Config, ConfigError, HostSettings, ServerSettings, TenantConfig
 from evald.daemon._control_store import ControlStore
 from evald.daemon._control_threads import ControlThreads, Recheck, still_names
-from evald.daemon._cpu_group import AutogroupPriority, group_reason
+from evald.daemon._cpu_affinity import check_cpus, format_cpu_list, pin_process, pinning
 from evald.daemon._data_path import DataServer
 from evald.daemon._embedded import EmbeddedStore
 from evald.daemon._gatekeeping import PROTO_CODES, SERVICE_NAME, error_response
 from evald.daemon._lifecycle import bind, grpc_server, run_until_signal
 from evald.daemon._logging import configure_logging
 from evald.daemon._metrics import Metrics
-from evald.daemon._priority import Priorities, can_restore_priority
+from evald.daemon._priority import heavy_tenant_priorities
 from evald.daemon._registry import Evaluator, Registry
 from evald.daemon._scheduler import Scheduler, Work
 from evald.daemon._standard_modules import standard_module_paths
@@ -111,26 +110,6 @@ def host_config(host: HostSettings, state_dir: Path | None) -> HostConfig:
     )
 
 
-def _priorities(nice: int) -> Priorities | None:
-    """Lowering heavy tenants' workers, when configured and permitted (else logged, off)."""
-    if nice <= 0:
-        return None
-    why_not = can_restore_priority(nice)
-    if why_not:
-        _log.warning(
-            "heavy tenants keep their CPU priority",
-            extra={"fields": {"heavy_tenant_nice": nice, "reason": why_not}},
-        )
-        return None
-    reason = group_reason()
-    if reason:
-        _log.info(
-            "evald's scheduling group is not its own to lower",
-            extra={"fields": {"heavy_tenant_nice": nice, "reason": reason}},
-        )
-    return Priorities(nice, None if reason else AutogroupPriority(nice))
-
-
 class EvaldServer:
     """The daemon: state, host, registry and the gRPC server. Use from one event loop.
 
@@ -142,22 +121,29 @@ class EvaldServer:
     """
 
     def __init__(self, config: Config) -> None:
+        """Raises ConfigError: a ``[server] cpus`` CPU is not available to the daemon."""
         self.config = config
         settings = config.server
+        #: the CPUs evald's work runs on ([server] cpus; empty: not pinned, every CPU it has)
+        self.cpus = settings.cpus
+        cpus_used = check_cpus(self.cpus, config.source)
         self.listen = settings.resolved_listen
         self.state_dir = settings.resolved_state_dir
         self.threads = settings.resolved_threads
         self.metrics = Metrics()
+        self._cpu_list = format_cpu_list(cpus_used)
+        self.metrics.cpus.labels(self._cpu_list).set(len(cpus_used))
         self.metrics_port: int | None = None
         self.stopping = False
         self.admission = Admission(config, self.metrics, self.threads)
-        self.priorities = _priorities(settings.heavy_tenant_nice)
+        self.priorities = heavy_tenant_priorities(settings.heavy_tenant_nice)
         self.scheduler = Scheduler(
             self.run,
             self.threads,
             flush=self.metrics.flush_tally,
             priorities=self.priorities,
             uncharged=self._uncharged_s,
+            initializer=pinning(self.cpus),
         )
         # Core's operations that run per call and per item, bound once here: no forwarding
         # call on the evaluation path.
@@ -172,7 +158,7 @@ class EvaldServer:
         self.abandon = self.scheduler.abandon
         self.watch = self.admission.watch
         self.watch_token = self.admission.watch_token
-        self._threads = ControlThreads()
+        self._threads = ControlThreads(pinning(self.cpus))
         self.control = self._threads.control
         self._compile_queue = CompileQueue(
             capacity=settings.compile_queue, per_tenant=settings.compile_queue_per_tenant
@@ -524,6 +510,7 @@ class EvaldServer:
                     "data_listen": settings.data_listen,
                     "state_dir": str(self.state_dir),
                     "threads": self.threads,
+                    "cpus": self._cpu_list,
                     "tenants": sorted(self.admission.tenants),
                     "metrics_port": self.metrics_port,
                     "pid": os.getpid(),
@@ -595,6 +582,9 @@ def serve(config: Config) -> None:
 
     Raises:
         EvaldError: start-up failed (the message says why: address taken, state folder in use …).
+        ConfigError: a ``[server] cpus`` CPU is not available to the daemon.
     """
     configure_logging(config.server.log_level)
-    asyncio.run(run_until_signal(EvaldServer(config)))
+    server = EvaldServer(config)
+    pin_process(server.cpus)  # a process of its own: all of it, and all it starts, inherits
+    asyncio.run(run_until_signal(server))

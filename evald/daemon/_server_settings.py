@@ -13,6 +13,7 @@ from pathlib import Path
 
 from evald.contract import default_target
 from evald.daemon._config_table import KIB, MIB, ConfigTable
+from evald.daemon._cpu_affinity import CPU_LIST_EXAMPLE, parse_cpu_list
 from evald.host import DEFAULT_COMPILE_MEMORY_BYTES
 
 __all__ = ["ServerSettings", "default_state_dir", "server_from_table"]
@@ -51,6 +52,10 @@ class ServerSettings:
     running a heavy tenant's items (one of its evaluations used more than 5 ms of CPU in the
     last second) runs at nice ``heavy_tenant_nice`` until the item's deadline (0: off), so
     other tenants' light calls go first on a busy machine (:mod:`evald.daemon._priority`).
+    ``cpus`` (a Linux cpu-list, empty: every CPU the daemon is given) confines the workers
+    and the compile worker, and under ``evald serve`` the whole daemon, to those CPUs, so an
+    engine bound to the others never shares a core with tenants' work
+    (:mod:`evald.daemon._cpu_affinity`); ``threads`` then defaults to their number.
     """
 
     listen: str = ""
@@ -83,6 +88,7 @@ class ServerSettings:
     frame_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
     heavy_tenant_nice: int = 19
+    cpus: frozenset[int] = frozenset()
 
     @property
     def resolved_listen(self) -> str:
@@ -96,8 +102,11 @@ class ServerSettings:
 
     @property
     def resolved_threads(self) -> int:
-        """Guest worker threads: ``threads``, or the number of CPUs when 0."""
-        return self.threads if self.threads > 0 else max(1, os.cpu_count() or 1)
+        """Guest worker threads: ``threads``, or when 0 the number of ``cpus``, else of the
+        machine's CPUs."""
+        if self.threads > 0:
+            return self.threads
+        return len(self.cpus) if self.cpus else max(1, os.cpu_count() or 1)
 
     @property
     def is_unix(self) -> bool:
@@ -117,6 +126,24 @@ def _socket_mode(table: ConfigTable, base: ServerSettings) -> int:
         message = f"expected permission bits only (<= 0777), got {mode_text!r}"
         raise table.error("socket_mode", message)
     return socket_mode
+
+
+def _cpus(table: ConfigTable, base: ServerSettings) -> frozenset[int]:
+    """``cpus``: a Linux cpu-list string (which CPUs, never how many)."""
+    value = table.data.get("cpus")
+    if value is not None and not isinstance(value, str):
+        message = (
+            f"expected a Linux CPU list string such as {CPU_LIST_EXAMPLE} (which CPUs, not "
+            f"how many), got {value!r}"
+        )
+        raise table.error("cpus", message)
+    text = table.get_str("cpus", "")
+    if value is None:
+        return base.cpus
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise table.error("cpus", str(exc)) from None
 
 
 def _addresses(table: ConfigTable, base: ServerSettings) -> tuple[str, str]:
@@ -201,6 +228,7 @@ def server_from_table(table: ConfigTable) -> ServerSettings:
             "heavy_tenant_nice", base.heavy_tenant_nice, minimum=0, maximum=19
         ),
         idle_timeout_s=table.get_float("idle_timeout_s", base.idle_timeout_s),
+        cpus=_cpus(table, base),
     )
     _check_server(table, settings)
     table.finish()

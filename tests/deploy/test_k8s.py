@@ -279,3 +279,18 @@ def test_every_sidecar_follows_the_fleet_store_with_the_password_from_a_secret()
 def _config_text() -> str:
     text: str = one("Secret", "evald-config")["stringData"]["evald.toml"]
     return text
+
+
+def test_the_worker_pod_gives_evald_whole_cores_of_its_own() -> None:
+    """Guaranteed QoS (every container's requests equal to its limits) with integer CPUs: the
+    static CPU manager then gives the sidecar and SGLang cores of their own, apart
+    (docs/operations.md, "Partitioning the CPU"), and evald runs one worker per core."""
+    pod = _pod()
+    for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        resources, where = container["resources"], container["name"]
+        assert resources["requests"] == resources["limits"], where
+        assert re.fullmatch(r"[1-9]\d*", str(resources["limits"]["cpu"])), where
+    cores = int(_sidecar()["resources"]["limits"]["cpu"])
+    server = parse_config(_config_text(), "evald-config").server
+    assert server.resolved_threads == cores
+    assert not server.cpus  # the container's cpuset is its cores

@@ -16,6 +16,7 @@ def test_documented_metrics_exist_with_their_labels() -> None:
     metrics.observe_rpc("Evaluate", "local", "ok")
     metrics.inflight.labels("local").set(0)
     metrics.modules.labels("local").set(0)
+    metrics.cpus.labels("0-1").set(2)
     exported: dict[str, set[str]] = {}
     for line in metrics.render().decode().splitlines():
         if "_created{" in line:  # creation timestamps prometheus_client adds to every series

@@ -122,5 +122,31 @@ def test_rounds_count_the_wait_for_the_first_token_and_stop_evald_for_its_arm() 
         assert all(1.0 <= w < 1.5 for w in seen.first_token[name]), seen.first_token[name]
         assert seen.longest[name] == [pytest.approx(2.0)] * 2
         assert seen.texts[name] == [f"text of {name}"] * 2
+        # The plain requests ended 3.5 s after they were sent, long after the evaluated
+        # ones came back: none lay inside them.
+        assert seen.overlapped[name] == [False] * 4
     arms = summarize(seen.gaps, seen.longest, DEADLINE_MS, seen.first_token)
     assert 1000.0 <= arms["fast"]["first_token_max_ms"] < 1500.0
+
+
+def test_a_plain_request_that_ends_before_the_evaluated_ones_come_back_overlapped() -> None:
+    """A plain request counts as overlapped when its last chunk came before the round's first
+    evaluated request came back (the spans were still pending all its life)."""
+    import time
+
+    from evald_lab.bench._stall import result_of, run_rounds
+
+    def evaluate() -> str:
+        time.sleep(0.3)
+        return "evaluated"
+
+    def quick(prompt: str) -> list[float]:
+        now = time.monotonic()
+        return [now + 0.01, now + 0.02]
+
+    seen = run_rounds(
+        {"fast": evaluate, "spinning": evaluate}, quick, ["p"], rounds=1, plain=2, evaluated=2,
+        plain_after_s=0.0,
+    )  # fmt: skip
+    assert seen.overlapped == {"fast": [True, True], "spinning": [True, True]}
+    assert result_of(seen, DEADLINE_MS)["overlapped_share"] == {"fast": 1.0, "spinning": 1.0}

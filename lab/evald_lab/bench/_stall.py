@@ -4,7 +4,10 @@ its plot (``engine-adapter bench sglang-stall`` and ``vllm-stall``).
 
 A plain request's gaps start with the wait for its first token, counted from the moment it was
 sent: a request kept from admission freezes as surely as one kept from its next token, and a
-stream shows nothing before it."""
+stream shows nothing before it. Each plain request is also marked as overlapped when it finished
+before the round's first evaluated request came back (its spans still pending or spinning all
+its life): short plain requests (:data:`OVERLAP_PLAIN_TOKENS`) feel the late spans over their
+whole life, where long ones decode most of their tokens after the spans' deadlines."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ __all__ = [
     "ARMS",
     "LONGEST_RATIO_TARGET",
     "MEDIAN_RATIO_TARGET",
+    "OVERLAP_PLAIN_TOKENS",
     "PLAIN_AFTER_S",
     "PLAIN_TOKENS",
     "ArmTag",
@@ -54,6 +58,9 @@ PLAIN_AFTER_S = 0.5
 #: Long enough that the plain streams run through both spans' deadlines (3 s each) and the
 #: evaluated requests' returns to the batch.
 PLAIN_TOKENS = 160
+#: Short enough that a plain request's whole life lies inside the spans' (as an operator met
+#: the slowdown: 48 tokens sent half a second after the spans).
+OVERLAP_PLAIN_TOKENS = 48
 
 
 @dataclass(frozen=True)
@@ -96,12 +103,14 @@ def arm_tags(
 @dataclass
 class Rounds:
     """What the rounds saw, per arm: every gap (s), each round's longest, first-token waits,
-    the evaluated requests' texts."""
+    the evaluated requests' texts, and per plain request whether it finished before the
+    round's first evaluated request did."""
 
     gaps: dict[str, list[float]] = field(default_factory=dict)
     longest: dict[str, list[float]] = field(default_factory=dict)
     first_token: dict[str, list[float]] = field(default_factory=dict)
     texts: dict[str, list[str]] = field(default_factory=dict)
+    overlapped: dict[str, list[bool]] = field(default_factory=dict)
 
 
 def run_rounds(
@@ -122,40 +131,50 @@ def run_rounds(
     seen = Rounds()
     for name in evaluate:
         seen.gaps[name], seen.longest[name] = [], []
-        seen.first_token[name], seen.texts[name] = [], []
+        seen.first_token[name], seen.texts[name], seen.overlapped[name] = [], [], []
     cycle = itertools.cycle(prompts)
 
     def timed(prompt: str) -> list[float]:
         sent = time.monotonic()
         return [sent, *stream(prompt)]
 
+    def finished(call: Callable[[], str]) -> tuple[str, float]:
+        text = call()
+        return text, time.monotonic()
+
     with concurrent.futures.ThreadPoolExecutor(plain + evaluated) as pool:
         for _ in range(rounds):
             for name, call in evaluate.items():
                 with _stopped(daemon_pid if name == "stopped" else None):
-                    calls = [pool.submit(call) for _ in range(evaluated)]
+                    calls = [pool.submit(finished, call) for _ in range(evaluated)]
                     time.sleep(plain_after_s)
                     streams = [pool.submit(timed, next(cycle)) for _ in range(plain)]
                     round_gaps: list[float] = []
+                    ends: list[float] = []
                     for future in streams:
                         times = future.result()
                         seen.first_token[name].append(times[1] - times[0])
                         round_gaps.extend(b - a for a, b in itertools.pairwise(times))
-                    seen.texts[name].extend(future.result() for future in calls)
+                        ends.append(times[-1])
+                    answers = [future.result() for future in calls]
+                    seen.texts[name].extend(text for text, _ in answers)
+                    first_back = min(back for _, back in answers)
+                    seen.overlapped[name].extend(end <= first_back for end in ends)
                 seen.gaps[name].extend(round_gaps)
                 seen.longest[name].append(max(round_gaps))
     return seen
 
 
-def result_of(
-    seen: Rounds, deadline_ms: float, **settings: Any
-) -> dict[str, Any]:
+def result_of(seen: Rounds, deadline_ms: float, **settings: Any) -> dict[str, Any]:
     """A run's result: ``settings`` (rounds, requests, tokens), the summary of every arm, a
     sample text per arm and the raw gaps (for the plot; left out of the JSON report)."""
     return {
         **settings,
         "span_deadline_ms": deadline_ms,
         "arms": summarize(seen.gaps, seen.longest, deadline_ms, seen.first_token),
+        "overlapped_share": {
+            name: sum(marks) / len(marks) for name, marks in seen.overlapped.items() if marks
+        },
         "sample_texts": {name: values[:1] for name, values in seen.texts.items()},
         "gaps_ms": {name: [g * 1e3 for g in values] for name, values in seen.gaps.items()},
     }
@@ -165,7 +184,14 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags both stall benchmarks take: rounds, requests, tokens, arms, hogs."""
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain", type=int, default=4)
-    parser.add_argument("--plain-tokens", type=int, default=PLAIN_TOKENS)
+    parser.add_argument(
+        "--plain-tokens",
+        nargs="+",
+        type=int,
+        default=[OVERLAP_PLAIN_TOKENS, PLAIN_TOKENS],
+        help="a plain request's tokens, one run per value: 48 lie inside the spans' life, 160 "
+        "run past their deadlines",
+    )
     parser.add_argument(
         "--plain-after",
         type=float,
@@ -194,6 +220,8 @@ def _stopped(pid: int | None) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
 #: The targets the summary checks (the longest gap is also held to one span deadline).
 MEDIAN_RATIO_TARGET = 1.02
 LONGEST_RATIO_TARGET = 1.5
@@ -285,21 +313,24 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
+    columns = min(4, len(results))
+    rows = math.ceil(len(results) / columns)
     figure, axes = plt.subplots(
-        1, len(results), figsize=(3.4 * len(results), 3.8), sharey=True, squeeze=False
+        rows, columns, figsize=(3.4 * columns, 3.8 * rows), sharey=True, squeeze=False
     )
-    for axis, (key, result) in zip(axes[0], results.items(), strict=True):
+    for axis in axes.flat[len(results) :]:
+        axis.set_visible(False)
+    for axis, (key, result) in zip(axes.flat, results.items(), strict=False):
         names = list(result["gaps_ms"])
         axis.boxplot([result["gaps_ms"][n] for n in names], whis=(1, 99), showfliers=True)
         axis.set_xticks(range(1, len(names) + 1), names, fontsize=8)
         axis.axhline(result["span_deadline_ms"], color="red", linewidth=0.8, linestyle="--")
         axis.set_yscale("log")
-        ratios = [
-            f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"
-        ]
+        ratios = [f"{n} {a['longest_ratio']:.2f}" for n, a in result["arms"].items() if n != "fast"]
         lines = [", ".join(ratios[i : i + 2]) for i in range(0, len(ratios), 2)]
         axis.set_title("\n".join([key, "longest ÷ fast:", *lines]), fontsize=7)
-    axes[0][0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
+    for row in axes:
+        row[0].set_ylabel("plain request: ms between tokens\n(whiskers p1-p99; red: deadline)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

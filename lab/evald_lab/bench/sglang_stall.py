@@ -5,9 +5,10 @@ beside CPU hogs.
 
 Each round sends ``--evaluated`` requests whose structural tag holds two spans, then, after
 ``--plain-after`` seconds (spans are pending by then), ``--plain`` streamed plain requests (a
-third tenant's, ``ignore_eos``, ``--plain-tokens``, long enough to run through both spans'
-deadlines and the evaluated requests' jumps). A plain request's gaps start with the wait for
-its first token, from the moment it was sent. The arms:
+third tenant's, ``ignore_eos``, ``--plain-tokens``, one run per value: 48, whose whole life lies
+inside the spans', as an operator feels a spinning tenant, and 160, long enough to run through
+both spans' deadlines and the evaluated requests' jumps). A plain request's gaps start with the
+wait for its first token, from the moment it was sent. The arms:
 
 - ``fast``: the spans go to calc (a value in microseconds): the reference;
 - ``spinning``: to a tenant's evaluator that loops until the 3 s span deadline
@@ -28,10 +29,14 @@ everything quiet and again beside two busy-looping processes (a user's server is
 Prints a line per arm, writes ``reports/sglang/stall.json`` and a plot.
 
 ``--isolation none`` (the default) shares the machine's cores among SGLang, evald and the hogs,
-as an operator runs them; ``--isolation cores`` pins SGLang (one torch thread) to core 0 and
-evald to core 1, which measures the scheduling alone (``stall-cores.json``).
+as an operator runs them; ``--isolation partitioned`` splits them as docs/operations.md says
+(:class:`~engine_adapter.testing.CpuPartition`: on 2 cores SGLang under ``taskset`` on CPU 0
+with its OpenMP threads bound there, evald with ``[server] cpus = "1"``); both values run both,
+one after the other. The hogs are not pinned, in either: an operator's other jobs are not
+confined with the engine or evald unless their own service says so, so the kernel spreads them
+over every core, the engine's included (with two hogs on two cores, one beside each).
 
-    engine-adapter bench sglang-stall [--rounds 5] [--hogs 0 2]
+    engine-adapter bench sglang-stall [--rounds 5] [--hogs 0 2] [--isolation none partitioned]
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald (in a session of its own, as
 a service runs: its own scheduling group, docs/design.md) and SGLang servers.
@@ -40,6 +45,7 @@ a service runs: its own scheduling group, docs/design.md) and SGLang servers.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 from collections.abc import Callable
@@ -47,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.testing import PLAIN_PROMPTS as ALL_PLAIN_PROMPTS
+from engine_adapter.testing import CpuPartition
 from engine_adapter.testing.sglang import (
     CONFIG,
     DEADLINE_MS,
@@ -76,6 +83,7 @@ from evald_lab.bench._stall import (
 #: Relative to the checkout the command runs in, like every benchmark\'s results.
 REPORT_DIR = Path("reports") / "sglang"
 MODES = ("inline", "jump")
+ISOLATIONS = ("none", "partitioned")
 PLAIN_PROMPTS = ALL_PLAIN_PROMPTS[:6]
 
 
@@ -153,8 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_round_arguments(parser)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--modes", nargs="+", default=["jump"], choices=MODES)
-    parser.add_argument("--isolation", choices=("cores", "none"), default="none")
+    parser.add_argument(
+        "--isolation", nargs="+", choices=ISOLATIONS, default=["none"],
+        help="none: every core shared; partitioned: the engine's cores and evald's apart",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
+    parser.add_argument("--report", default="stall.json", help="the report's file name in --out")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -166,55 +178,59 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from evald.testing import DaemonProcess, start_daemon
-
     results: dict[str, dict[str, Any]] = {}
-    arms = tuple(dict.fromkeys(["fast", *args.arms]))
-    report = args.out / ("stall-cores.json" if args.isolation == "cores" else "stall.json")
+    report = args.out / args.report
     with tempfile.TemporaryDirectory(prefix="evald-sgl-") as tmp:
-        root = Path(tmp)
-        cores = args.isolation == "cores"
-        pin = ["taskset", "-c", "1"] if cores else []
-        daemon: DaemonProcess = start_daemon(root / "evald", CONFIG, prefix=pin, own_session=True)
-        try:
-            for scheduler in args.schedulers:
-                for mode in args.modes:
-                    env = {
-                        "EVALD_TARGET": daemon.target,
-                        "EVALD_TOKEN": TOKEN,
-                        "EVALD_DEADLINE_MS": str(DEADLINE_MS),
-                        "EVALD_SGLANG_SCHEDULING": mode,
-                        **({"OMP_NUM_THREADS": "1"} if cores else {}),
-                    }
-                    server = start_server(
-                        python,
-                        env,
-                        root / f"sglang-{scheduler}-{mode}.log",
-                        scheduler=scheduler,
-                        prefix=["taskset", "-c", "0"] if cores else (),
-                    )
-                    try:
-                        for count in args.hogs:
-                            with hogs(count):
-                                result = measure_stall(
-                                    server,
-                                    daemon.target,
-                                    rounds=args.rounds,
-                                    plain=args.plain,
-                                    max_tokens=args.plain_tokens,
-                                    plain_after_s=args.plain_after,
-                                    evaluated=args.evaluated,
-                                    arms=arms,
-                                    daemon_pid=daemon.pid,
-                                )
-                            result.update(mode=mode, isolation=args.isolation, hogs=count)
-                            key = f"{scheduler}/{mode}/{'quiet' if not count else f'{count} hogs'}"
-                            results[key] = result
-                            print_arms(key, result["arms"])
-                            write_report(results, report)  # a cut-short run keeps its part
-                    finally:
-                        server.stop()
-        finally:
-            daemon.stop()
+        for isolation in args.isolation:
+            partition = CpuPartition.split() if isolation == "partitioned" else None
+            _run_isolation(python, Path(tmp) / isolation, partition, args, results, report)
     write_report(results, report)
     return 0
+
+
+def _run_isolation(
+    python: Path,
+    root: Path,
+    partition: CpuPartition | None,
+    args: argparse.Namespace,
+    results: dict[str, dict[str, Any]],
+    report: Path,
+) -> None:
+    """Every scheduler, mode, hog count and plain length on one evald, with the CPUs shared
+    (``partition`` None) or split; adds each run to ``results`` and rewrites the report."""
+    from evald.testing import DaemonProcess, start_daemon
+
+    isolation = "partitioned" if partition else "none"
+    config = partition.daemon_config(CONFIG) if partition else CONFIG
+    arms = tuple(dict.fromkeys(["fast", *args.arms]))
+    daemon: DaemonProcess = start_daemon(root / "evald", config, own_session=True)
+    try:
+        for scheduler, mode in itertools.product(args.schedulers, args.modes):
+            env = {
+                "EVALD_TARGET": daemon.target,
+                "EVALD_TOKEN": TOKEN,
+                "EVALD_DEADLINE_MS": str(DEADLINE_MS),
+                "EVALD_SGLANG_SCHEDULING": mode,
+            }
+            log = root / f"sglang-{scheduler}-{mode}.log"
+            server = start_server(python, env, log, scheduler=scheduler, partition=partition)
+            try:
+                for count, tokens in itertools.product(args.hogs, args.plain_tokens):
+                    with hogs(count):
+                        result = measure_stall(
+                            server, daemon.target, rounds=args.rounds, plain=args.plain,
+                            max_tokens=tokens, plain_after_s=args.plain_after,
+                            evaluated=args.evaluated, arms=arms, daemon_pid=daemon.pid,
+                        )  # fmt: skip
+                    result.update(mode=mode, isolation=isolation, hogs=count)
+                    if partition is not None:
+                        result.update(engine_cpus=partition.engine, evald_cpus=partition.evald)
+                    hogged = "quiet" if not count else f"{count} hogs"
+                    key = f"{isolation}/{scheduler}/{mode}/{hogged}/{tokens} tok"
+                    results[key] = result
+                    print_arms(key, result["arms"])
+                    write_report(results, report)  # a cut-short run keeps its part
+            finally:
+                server.stop()
+    finally:
+        daemon.stop()

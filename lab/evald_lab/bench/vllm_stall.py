@@ -30,6 +30,7 @@ service runs) and vLLM server.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 from collections.abc import Callable
@@ -161,15 +162,15 @@ def main(args: argparse.Namespace) -> int:
             }
             server = start_server(python, env, root / "vllm.log")
             try:
-                for count in args.hogs:
+                for count, tokens in itertools.product(args.hogs, args.plain_tokens):
                     with hogs(count):
                         result = measure_stall(
                             server, daemon.target, rounds=args.rounds, plain=args.plain,
-                            evaluated=args.evaluated, max_tokens=args.plain_tokens,
+                            evaluated=args.evaluated, max_tokens=tokens,
                             plain_after_s=args.plain_after, arms=arms, daemon_pid=daemon.pid,
                         )  # fmt: skip
                     result["hogs"] = count
-                    key = "quiet" if not count else f"{count} hogs"
+                    key = f"{'quiet' if not count else f'{count} hogs'}/{tokens} tok"
                     results[key] = result
                     print_arms(key, result["arms"])
                     write_report(results, args.out / "stall.json")

@@ -601,6 +601,8 @@ def test_stall_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> No
         daemon_pid=server_daemon.pid,
     )  # fmt: skip
     assert tuple(result["arms"]) == ARMS
+    assert set(result["overlapped_share"]) == set(ARMS)
+    assert all(0 <= share <= 1 for share in result["overlapped_share"].values())
     for name, arm in result["arms"].items():
         assert 0 < arm["median_gap_ms"] <= arm["p99_gap_ms"] <= arm["max_gap_ms"], (name, arm)
         assert name == "fast" or arm["longest_ratio"] > 0

@@ -4,17 +4,19 @@ the real-server tests name, and each engine's venv is found where the Makefile b
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from engine_adapter.testing import sglang, vllm
+from engine_adapter.testing import CpuPartition, sglang, vllm
 from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPIN_TENANT_DEADLINE_MS,
     venv_python,
 )
-from evald.daemon import TenantConfig, hash_token, parse_config
+from evald.daemon import TenantConfig, hash_token, parse_config, parse_cpu_list
 
 
 def _tenants(config: str) -> dict[str, TenantConfig]:
@@ -76,3 +78,27 @@ def test_the_venv_python_comes_from_the_variable_then_the_checkout(
     assert sglang.sglang_python(tmp_path) == named
     monkeypatch.setenv("EVALD_SGLANG_PYTHON", str(tmp_path / "missing"))
     assert venv_python("EVALD_SGLANG_PYTHON", ".venv-sglang", tmp_path) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a partition needs two CPUs or more")
+@pytest.mark.parametrize("harness", [sglang, vllm])
+def test_a_partition_gives_evald_the_last_cpu_and_the_engine_the_others(harness: Any) -> None:
+    """The engine's CPUs and evald's do not meet and cover the CPUs this process may use; the
+    daemon config the harness starts evald with reads back with evald's CPUs, and the engine's
+    settings name the engine's (the real servers run them: the stall benchmark's partitioned
+    runs, docs/sglang.md)."""
+    available = sorted(os.sched_getaffinity(0))
+    partition = CpuPartition.split()
+    engine = parse_cpu_list(partition.engine)
+    assert parse_cpu_list(partition.evald) == {available[-1]}
+    assert engine == set(available[:-1])
+    server = parse_config(partition.daemon_config(harness.CONFIG), "harness").server
+    assert server.cpus == {available[-1]} and server.threads == 2
+    assert partition.engine_prefix() == ["taskset", "-c", partition.engine]
+    env = partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND")
+    assert parse_cpu_list(env["SGLANG_CPU_OMP_THREADS_BIND"]) == engine
+    assert env["OMP_NUM_THREADS"] == str(len(engine))
+    wide = CpuPartition("0-13,16", "14-15").engine_env("VLLM_CPU_OMP_THREADS_BIND")
+    assert wide == {"VLLM_CPU_OMP_THREADS_BIND": "0-13,16", "OMP_NUM_THREADS": "15"}
+    with pytest.raises(ValueError, match="cannot give evald"):
+        CpuPartition.split(len(available))
