@@ -80,7 +80,9 @@ class Answer:
     text: str
     """The final turn's text (what the user reads)."""
     value: str | None
-    """The evaluator's value this answer was given (None: an error)."""
+    """The evaluator's value the answer must state (None: an error, or nothing evaluated):
+    the tool's answer; for a span, evald's value for its content, asked by the benchmark apart
+    from the server (``span_answer`` leaves the value the text holds)."""
     expression: str | None
     """What the model had evaluated (the span's content, the tool call's argument)."""
     value_at_client_s: float | None = None
@@ -219,15 +221,12 @@ def tool_answer(
     tools: Sequence[Mapping[str, Any]],
     tool: ToolRun,
     max_tokens: int,
-    *,
-    second_tool_choice: str,
 ) -> Answer:
     """The tool-calling loop an application runs: a streamed turn with ``tool_choice=
     "required"``, the client runs the call, appends the tool message and streams the answer.
 
-    ``second_tool_choice``: what the second turn sends with the same tools (``auto`` on SGLang;
-    ``none`` on vLLM, which refuses ``auto`` without a tool parser): both keep the tools in the
-    prompt, so the second turn's prefix is the first turn's.
+    The second turn sends the same tools with ``tool_choice="auto"`` (the default), so its
+    prompt opens with the first turn's and the prefix cache can serve it.
     """
     usage = _Usage()
     messages: list[dict[str, Any]] = [{"role": "user", "content": question.text}]
@@ -264,7 +263,7 @@ def tool_answer(
     second_sent = time.perf_counter()
     for chunk in _stream(
         client, model=model, messages=messages, tools=list(tools),
-        tool_choice=second_tool_choice, max_tokens=max_tokens,
+        tool_choice="auto", max_tokens=max_tokens,
     ):  # fmt: skip
         usage.add(chunk.usage)
         for choice in chunk.choices:
