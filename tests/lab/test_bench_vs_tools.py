@@ -30,9 +30,23 @@ def test_the_benchmark_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> 
     parser = argparse.ArgumentParser()
     vs_tools.add_arguments(parser)
     args = parser.parse_args(
-        ["--servers", "sglang", "--concurrency", "1", "--rounds", "1", "--answers", "1",
-         "--warmup", "1", "--hogs", "0", "--out", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--servers",
+            "sglang",
+            "--concurrency",
+            "1",
+            "--rounds",
+            "1",
+            "--answers",
+            "1",
+            "--warmup",
+            "1",
+            "--hogs",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert vs_tools.main(args) == 0
     document = json.loads((tmp_path / "vs_tools.json").read_text())
     assert (tmp_path / "vs_tools.png").stat().st_size > 1000

@@ -19,8 +19,19 @@ QUESTION = Question("What is 17 times 23, plus 91?", "17 * 23 + 91")
 
 
 def answer(path: str, text: str, value: str | None = "482") -> Answer:
-    return Answer(path, QUESTION, 1.0, None, 1 if path == "span" else 2, 10, 5, None, text,
-                  value, QUESTION.expression)  # fmt: skip
+    return Answer(
+        path,
+        QUESTION,
+        1.0,
+        None,
+        1 if path == "span" else 2,
+        10,
+        5,
+        None,
+        text,
+        value,
+        QUESTION.expression,
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,10 +89,15 @@ def test_tools_come_from_the_manifests() -> None:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **more: Any) -> str:
-    return str(tokenizer.apply_chat_template(
-        messages, chat_template=CHAT_TEMPLATE.read_text(), tokenize=False,
-        add_generation_prompt=True, **more,
-    ))  # fmt: skip
+    return str(
+        tokenizer.apply_chat_template(
+            messages,
+            chat_template=CHAT_TEMPLATE.read_text(),
+            tokenize=False,
+            add_generation_prompt=True,
+            **more,
+        )
+    )
 
 
 def test_the_chat_template_is_smollm2s_own_without_tools() -> None:
@@ -103,15 +119,25 @@ def test_the_chat_template_renders_tools_a_call_and_its_answer() -> None:
     arguments = json.dumps({"expression": "17 * 23 + 91"})
     messages = [
         {"role": "user", "content": QUESTION.text},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c0", "type": "function", "function": {"name": "calc", "arguments": arguments}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c0",
+                    "type": "function",
+                    "function": {"name": "calc", "arguments": arguments},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c0", "content": "482"},
-    ]  # fmt: skip
+    ]
     text = _render(load_tokenizer(), messages, tools=tools)
-    assert '"name": "calc"' in text.split("</tools>")[0]
-    assert f'[{{"name": "calc", "parameters": {arguments}}}]<|im_end|>' in text
-    assert text.endswith("<|im_start|>tool\n482<|im_end|>\n<|im_start|>assistant\n")
+    assert '"name": "calc"' in text.split("<tools>\n")[1].split("</tools>")[0]
+    call = f'<tool_call>\n{{"name": "calc", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+    assert f"<|im_start|>assistant\n{call}" in text
+    answer = "<|im_start|>user\n<tool_response>\n482\n</tool_response><|im_end|>\n"
+    assert text.endswith(answer + "<|im_start|>assistant\n")
     # The first turn's prompt is a prefix of the second's: the prefix cache can serve it.
     first = _render(load_tokenizer(), messages[:1], tools=tools)
     assert text.startswith(first)

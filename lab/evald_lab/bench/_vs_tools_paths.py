@@ -176,9 +176,18 @@ def span_answer(
     found = spans_in(text)
     _, content, value, _ = found[0] if found else (None, None, None, None)
     return Answer(
-        "span", question, end, value_at, 1, usage.prompt, usage.completion, usage.cached,
-        text, value, content,
-    )  # fmt: skip
+        "span",
+        question,
+        end,
+        value_at,
+        1,
+        usage.prompt,
+        usage.completion,
+        usage.cached,
+        text,
+        value,
+        content,
+    )
 
 
 @dataclass(frozen=True)
@@ -232,13 +241,18 @@ def tool_answer(
     messages: list[dict[str, Any]] = [{"role": "user", "content": question.text}]
     start = time.perf_counter()
     first = _stream(
-        client, model=model, messages=messages, tools=list(tools), tool_choice="required",
+        client,
+        model=model,
+        messages=messages,
+        tools=list(tools),
+        tool_choice="required",
         max_tokens=max_tokens,
-    )  # fmt: skip
+    )
     call = _first_call(first, usage)
     first_end = time.perf_counter()
     expression = _expression_of(call)
-    value, error = (None, "no expression") if expression is None else (None, None)
+    value: str | None = None
+    error: str | None = "the call has no expression"
     if expression is not None:
         value, error = tool.run(call["name"], expression)
     tool_end = time.perf_counter()
@@ -262,9 +276,13 @@ def tool_answer(
     value_at: float | None = None
     second_sent = time.perf_counter()
     for chunk in _stream(
-        client, model=model, messages=messages, tools=list(tools),
-        tool_choice="auto", max_tokens=max_tokens,
-    ):  # fmt: skip
+        client,
+        model=model,
+        messages=messages,
+        tools=list(tools),
+        tool_choice="auto",
+        max_tokens=max_tokens,
+    ):
         usage.add(chunk.usage)
         for choice in chunk.choices:
             text += choice.delta.content or ""
@@ -272,11 +290,22 @@ def tool_answer(
             value_at = time.perf_counter() - start
     end = time.perf_counter() - start
     return Answer(
-        "tool", question, end, value_at, 2, usage.prompt, usage.completion, usage.cached,
-        text, value, expression, value_at_client_s=tool_end - start,
-        between_turns_s=second_sent - first_end, tool_s=tool_end - first_end,
+        "tool",
+        question,
+        end,
+        value_at,
+        2,
+        usage.prompt,
+        usage.completion,
+        usage.cached,
+        text,
+        value,
+        expression,
+        value_at_client_s=tool_end - start,
+        between_turns_s=second_sent - first_end,
+        tool_s=tool_end - first_end,
         extra={"tool_call": call},
-    )  # fmt: skip
+    )
 
 
 def _states(text: str, value: str) -> bool:

@@ -137,8 +137,9 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    figure, axes = plt.subplots(2, max(1, len(runs)), figsize=(4.2 * max(1, len(runs)), 7),
-                                squeeze=False)  # fmt: skip
+    figure, axes = plt.subplots(
+        2, max(1, len(runs)), figsize=(4.2 * max(1, len(runs)), 7), squeeze=False
+    )
     colours = {"span": "#1565c0", "tool": "#c62828"}
     for column, (key, run) in enumerate(runs.items()):
         top, bottom = axes[0][column], axes[1][column]
@@ -147,8 +148,15 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> Path | None:
             xs = [int(c) for c in levels]
             p50 = [cells[c]["e2e"]["p50_ms"] or 0 for c in levels]
             p90 = [cells[c]["e2e"]["p90_ms"] or 0 for c in levels]
-            top.errorbar(xs, p50, yerr=[[0] * len(xs), [b - a for a, b in zip(p50, p90, strict=True)]],
-                         marker="o", capsize=3, color=colours.get(path_name), label=path_name)  # fmt: skip
+            top.errorbar(
+                xs,
+                p50,
+                yerr=[[0] * len(xs), [b - a for a, b in zip(p50, p90, strict=True)]],
+                marker="o",
+                capsize=3,
+                color=colours.get(path_name),
+                label=path_name,
+            )
             rates = [cells[c]["answers_per_s"] or 0 for c in levels]
             bottom.plot(xs, rates, marker="o", color=colours.get(path_name), label=path_name)
         for axis in (top, bottom):

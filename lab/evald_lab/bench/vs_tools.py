@@ -86,58 +86,80 @@ class Served:
     stop: Callable[[], None]
 
 
-def _sglang(root: Path, scheduler: str) -> tuple[Served, Callable[[], None]]:
+def _sglang(root: Path, scheduler: str) -> tuple[Served, Callable[[], object]]:
     from engine_adapter.sglang.request import structural_tag_for
     from engine_adapter.testing.sglang import CONFIG, DEADLINE_MS, TOKEN, sglang_python
     from engine_adapter.testing.sglang import start_server as start_sglang
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     python = sglang_python()
     if python is None:
         raise RuntimeError("the SGLang venv is absent: run `make sglang-venv` first")
-    daemon = start_daemon(root / "evald-sglang", CONFIG, own_session=True)
+    daemon: DaemonProcess = start_daemon(root / "evald-sglang", CONFIG, own_session=True)
     try:
-        env = {"EVALD_TARGET": daemon.target, "EVALD_TOKEN": TOKEN,
-               "EVALD_DEADLINE_MS": str(DEADLINE_MS)}  # fmt: skip
+        env = {
+            "EVALD_TARGET": daemon.target,
+            "EVALD_TOKEN": TOKEN,
+            "EVALD_DEADLINE_MS": str(DEADLINE_MS),
+        }
         server = start_sglang(
-            python, env, root / "sglang.log", scheduler=scheduler,
-            extra_args=["--chat-template", str(CHAT_TEMPLATE), "--enable-cache-report",
-                        "--mem-fraction-static", MEM_FRACTION],
-        )  # fmt: skip
+            python,
+            env,
+            root / "sglang.log",
+            scheduler=scheduler,
+            extra_args=[
+                "--chat-template",
+                str(CHAT_TEMPLATE),
+                "--enable-cache-report",
+                "--tool-call-parser",
+                "hermes",
+                "--mem-fraction-static",
+                MEM_FRACTION,
+            ],
+        )
     except BaseException:
         daemon.stop()
         raise
     free = structural_tag_for(daemon.target, TOKEN, list(EVALUATORS))["format"]
-    served = Served("sglang", server.url, server.model, daemon.target, TOKEN, free,
-                    server.stop)  # fmt: skip
+    served = Served("sglang", server.url, server.model, daemon.target, TOKEN, free, server.stop)
     return served, daemon.stop
 
 
-def _vllm(root: Path) -> tuple[Served, Callable[[], None]]:
+def _vllm(root: Path) -> tuple[Served, Callable[[], object]]:
     from engine_adapter.testing.vllm import CONFIG, DEADLINE_MS, TOKEN, vllm_python
     from engine_adapter.testing.vllm import start_server as start_vllm
     from engine_adapter.vllm.request import evaluated_request
-    from evald.testing import start_daemon
+    from evald.testing import DaemonProcess, start_daemon
 
     python = vllm_python()
     if python is None:
         raise RuntimeError("the vLLM venv is absent: run `make vllm-venv` first")
-    daemon = start_daemon(root / "evald-vllm", CONFIG, own_session=True)
+    daemon: DaemonProcess = start_daemon(root / "evald-vllm", CONFIG, own_session=True)
     try:
-        env = {"EVALD_TARGET": daemon.target, "EVALD_TOKEN": TOKEN,
-               "EVALD_DEADLINE_MS": str(DEADLINE_MS)}  # fmt: skip
+        env = {
+            "EVALD_TARGET": daemon.target,
+            "EVALD_TOKEN": TOKEN,
+            "EVALD_DEADLINE_MS": str(DEADLINE_MS),
+        }
         server = start_vllm(
-            python, env, root / "vllm.log",
-            args=["--chat-template", str(CHAT_TEMPLATE), "--enable-prefix-caching",
-                  "--enable-prompt-tokens-details", "--tool-call-parser", "hermes",
-                  "--enable-auto-tool-choice"],
-        )  # fmt: skip
+            python,
+            env,
+            root / "vllm.log",
+            args=[
+                "--chat-template",
+                str(CHAT_TEMPLATE),
+                "--enable-prefix-caching",
+                "--enable-prompt-tokens-details",
+                "--tool-call-parser",
+                "hermes",
+                "--enable-auto-tool-choice",
+            ],
+        )
     except BaseException:
         daemon.stop()
         raise
     free = evaluated_request(daemon.target, TOKEN, list(EVALUATORS)).structural_tag["format"]
-    served = Served("vllm", server.url, server.model, daemon.target, TOKEN, free,
-                    server.stop)  # fmt: skip
+    served = Served("vllm", server.url, server.model, daemon.target, TOKEN, free, server.stop)
     return served, daemon.stop
 
 
@@ -176,8 +198,10 @@ def tool_runners(target: str, token: str) -> Iterator[dict[str, ToolRun]]:
         return result.value, result.error_code
 
     try:
-        yield {"evald": ToolRun("evald", through_evald),
-               "inprocess": ToolRun("inprocess", in_process)}  # fmt: skip
+        yield {
+            "evald": ToolRun("evald", through_evald),
+            "inprocess": ToolRun("inprocess", in_process),
+        }
     finally:
         local.close()
         client.close()
@@ -196,8 +220,9 @@ def time_tools(runners: dict[str, ToolRun], asked: Sequence[Question]) -> dict[s
     return {"p50_us": p50, "faster": min(p50, key=lambda name: p50[name])}
 
 
-def _batch(call: Callable[[Question], Answer], asked: Sequence[Question], concurrency: int
-           ) -> tuple[list[Answer], float]:  # fmt: skip
+def _batch(
+    call: Callable[[Question], Answer], asked: Sequence[Question], concurrency: int
+) -> tuple[list[Answer], float]:
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         answers = list(pool.map(call, asked))
@@ -217,7 +242,6 @@ def measure(
 ) -> dict[str, Any]:
     """The alternating rounds on one server; the cells, the ratios and every answer."""
     from openai import OpenAI
-
 
     specs = _specs(served)
     tools = tools_from(specs[name] for name in EVALUATORS)
@@ -278,7 +302,8 @@ def _record(answer: Answer, concurrency: int) -> dict[str, Any]:
         "value": answer.value,
         "stated": stated(answer),
         "e2e_ms": round(answer.e2e_s * 1000, 1),
-        "value_in_stream_ms": None if answer.value_in_stream_s is None
+        "value_in_stream_ms": None
+        if answer.value_in_stream_s is None
         else round(answer.value_in_stream_s * 1000, 1),
         "text": answer.text[:300],
     }
@@ -289,27 +314,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="rounds per setting (alternating)")
-    parser.add_argument("--answers", type=int, default=4,
-                        help="answers per batch at least (a batch at concurrency c: max(c, N))")  # fmt: skip
+    parser.add_argument(
+        "--answers",
+        type=int,
+        default=4,
+        help="answers per batch at least (a batch at concurrency c: max(c, N))",
+    )
     parser.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every request")
     parser.add_argument("--warmup", type=int, default=2, help="answers per path before measuring")
-    parser.add_argument("--hogs", nargs="+", type=int, default=[0, 2],
-                        help="busy-looping processes beside the run (one run per count)")  # fmt: skip
-    parser.add_argument("--tool-runner", choices=("faster", "evald", "inprocess"),
-                        default="faster", help="how the client runs the tool (faster: as timed)")  # fmt: skip
-    parser.add_argument("--scheduler", choices=("normal", "overlap"), default="overlap",
-                        help="SGLang's scheduler (overlap: SGLang's default)")  # fmt: skip
+    parser.add_argument(
+        "--hogs",
+        nargs="+",
+        type=int,
+        default=[0, 2],
+        help="busy-looping processes beside the run (one run per count)",
+    )
+    parser.add_argument(
+        "--tool-runner",
+        choices=("faster", "evald", "inprocess"),
+        default="faster",
+        help="how the client runs the tool (faster: as timed)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=("normal", "overlap"),
+        default="overlap",
+        help="SGLang's scheduler (overlap: SGLang's default)",
+    )
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
 
 
 def main(args: argparse.Namespace) -> int:
     """Runs the benchmark; returns the exit status (2: it could not run)."""
     if min(args.concurrency) < 1 or args.rounds < 1 or args.answers < 1 or args.max_tokens < 8:
-        print("error: invalid_argument: concurrency, rounds and answers must be >= 1, "
-              "--max-tokens >= 8", file=sys.stderr)  # fmt: skip
+        print(
+            "error: invalid_argument: concurrency, rounds and answers must be >= 1, "
+            "--max-tokens >= 8",
+            file=sys.stderr,
+        )
         return 2
-    document: dict[str, Any] = {"benchmark": "vs-tools", "machine": machine_info(),
-                                "settings": _settings(args), "runs": {}}  # fmt: skip
+    document: dict[str, Any] = {
+        "benchmark": "vs-tools",
+        "machine": machine_info(),
+        "settings": _settings(args),
+        "runs": {},
+    }
     asked = iter(questions(10_000))
     try:
         with tempfile.TemporaryDirectory(prefix="evald-vs-tools-") as tmp:
@@ -324,21 +373,33 @@ def main(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "servers": args.servers, "concurrency": args.concurrency, "rounds": args.rounds,
-        "answers_per_batch_at_least": args.answers, "max_tokens": args.max_tokens,
-        "warmup": args.warmup, "hogs": args.hogs, "sglang_scheduler": args.scheduler,
-        "evaluators": list(EVALUATORS), "tool_choice_first_turn": "required",
+        "servers": args.servers,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "answers_per_batch_at_least": args.answers,
+        "max_tokens": args.max_tokens,
+        "warmup": args.warmup,
+        "hogs": args.hogs,
+        "sglang_scheduler": args.scheduler,
+        "evaluators": list(EVALUATORS),
+        "tool_choice_first_turn": "required",
         "chat_template": CHAT_TEMPLATE.name,
-    }  # fmt: skip
+    }
 
 
-def _run_server(name: str, root: Path, args: argparse.Namespace, document: dict[str, Any],
-                asked: Iterator[Question]) -> None:  # fmt: skip
+def _run_server(
+    name: str,
+    root: Path,
+    args: argparse.Namespace,
+    document: dict[str, Any],
+    asked: Iterator[Question],
+) -> None:
     from evald.testing import cpu_hogs
 
-    with serving(name, root, args.scheduler) as served, tool_runners(
-        served.target, served.token
-    ) as runners:
+    with (
+        serving(name, root, args.scheduler) as served,
+        tool_runners(served.target, served.token) as runners,
+    ):
         timing = time_tools(runners, [next(asked) for _ in range(8)])
         chosen = timing["faster"] if args.tool_runner == "faster" else args.tool_runner
         for count in args.hogs:
@@ -346,12 +407,23 @@ def _run_server(name: str, root: Path, args: argparse.Namespace, document: dict[
             load_before = load_average()
             with cpu_hogs(count):
                 result = measure(
-                    served, runners[chosen], concurrency=args.concurrency, rounds=args.rounds,
-                    answers=args.answers, max_tokens=args.max_tokens, warmup=args.warmup,
+                    served,
+                    runners[chosen],
+                    concurrency=args.concurrency,
+                    rounds=args.rounds,
+                    answers=args.answers,
+                    max_tokens=args.max_tokens,
+                    warmup=args.warmup,
                     asked=asked,
-                )  # fmt: skip
-            result.update(server=name, hogs=count, tool_runner=chosen, tool_timing=timing,
-                          load_average_before=load_before, load_average_after=load_average())  # fmt: skip
+                )
+            result.update(
+                server=name,
+                hogs=count,
+                tool_runner=chosen,
+                tool_timing=timing,
+                load_average_before=load_before,
+                load_average_after=load_average(),
+            )
             document["runs"][key] = result
             _print_run(key, result)
             write_json(args.out / "vs_tools.json", document)  # a cut-short run keeps its part
