@@ -10,6 +10,7 @@ Each returns an :class:`Answer` with the times read on the client's clock (one c
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -24,6 +25,7 @@ __all__ = [
     "Answer",
     "Question",
     "ToolRun",
+    "fixed_tools",
     "questions",
     "span_answer",
     "span_tag",
@@ -122,7 +124,7 @@ def span_tag(binding: Any, content: str, free: Mapping[str, Any]) -> dict[str, A
 
 def tools_from(specs: Iterable[EvaluatorSpec]) -> list[dict[str, Any]]:
     """OpenAI tool definitions for evaluators, from their manifests: the name, the
-    description (with the manifest's first example), one string parameter."""
+    description (with the manifest's first example), one string parameter, strict."""
     tools = []
     for spec in specs:
         example = spec.examples[0] if spec.examples else None
@@ -139,11 +141,30 @@ def tools_from(specs: Iterable[EvaluatorSpec]) -> list[dict[str, Any]]:
                             PARAMETER: {"type": "string", "description": "the input to evaluate"}
                         },
                         "required": [PARAMETER],
+                        "additionalProperties": False,
                     },
+                    # Strict: the servers' grammar holds the arguments to this schema (without
+                    # it both let the model write any JSON object: tool calling's best case).
+                    "strict": True,
                 },
             }
         )
     return tools
+
+
+def fixed_tools(
+    tools: Sequence[Mapping[str, Any]], evaluator: str, expression: str
+) -> list[dict[str, Any]]:
+    """``tools`` with ``evaluator``'s argument fixed to ``expression`` (a JSON schema
+    ``const``): the tool call's counterpart of a span whose content the grammar fixes — the
+    model writes every token of the call, the servers' strict grammar allows only this
+    argument, so both paths evaluate the same expression and compare as mechanisms."""
+    fixed = copy.deepcopy([dict(tool) for tool in tools])
+    for tool in fixed:
+        if tool["function"]["name"] == evaluator:
+            properties = tool["function"]["parameters"]["properties"]
+            properties[PARAMETER] = {**properties[PARAMETER], "const": expression}
+    return fixed
 
 
 def _stream(client: Any, **request: Any) -> Iterable[Any]:

@@ -8,14 +8,17 @@ Same model (SmolLM2-135M-Instruct), same server, same questions ("What is 17 tim
   span holding the question's expression (the model writes each token, the grammar allows only
   these); the adapter forces evald's value, the model finishes the answer.
 - ``tool``: the same question with ``tools=[calc, strop]`` described from the evaluators'
-  manifests and ``tool_choice="required"``: SmolLM2's template has no tool format, so no
-  server tool parser fits it, and the servers' own grammar for ``required`` makes the model
-  write the call (a JSON list) and parse it into ``tool_calls``. The client runs the tool
-  (through evald or in-process, whichever the run measured faster), appends the assistant turn
-  and the tool message, and streams the second request (prefix caching on, as the servers
-  ship). The servers run a chat template that is SmolLM2's own plus the tools, the tool calls
-  and the tool message (``vs_tools_chat_template.jinja``); without tools it renders what the
-  model's template renders.
+  manifests (strict, calc's argument fixed to the question's expression by a JSON schema
+  ``const``: the call's counterpart of the span's fixed content) and ``tool_choice=
+  "required"``. SmolLM2's own template has no tool format; the servers run it extended with
+  the Hermes one (``vs_tools_chat_template.jinja``: the tools in the system message,
+  ``<tool_call>``, ``<tool_response>``; without tools it renders what the model's template
+  renders), and both parse the call with their ``hermes`` tool parser (SGLang streams no
+  ``tool_calls`` without a parser, vLLM refuses ``required`` without one); the servers'
+  grammar for ``required`` makes the model write the call. The client runs the tool (through
+  evald or in-process, whichever the run measured faster), appends the assistant turn and the
+  tool message, and streams the second request (same tools, ``tool_choice="auto"``; prefix
+  caching on, as the servers ship).
 
 Per path at each concurrency (``--concurrency 1 8 32``; a batch of ``max(c, --answers)``
 answers at once): time per answer (p50, p90), time to the value in the stream, answers/s over
@@ -51,6 +54,7 @@ from evald_lab.bench._vs_tools_paths import (
     Answer,
     Question,
     ToolRun,
+    fixed_tools,
     questions,
     span_answer,
     span_tag,
@@ -258,7 +262,8 @@ def measure(
         return done
 
     def run_tool(question: Question) -> Answer:
-        return tool_answer(client, served.model, question, tools, tool, max_tokens)
+        fixed = fixed_tools(tools, "calc", question.expression)
+        return tool_answer(client, served.model, question, fixed, tool, max_tokens)
 
     paths = {"span": run_span, "tool": run_tool}
     for _ in range(warmup):  # grammars compiled, the tools' prefix cached: tool calling's best case
@@ -383,6 +388,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "sglang_scheduler": args.scheduler,
         "evaluators": list(EVALUATORS),
         "tool_choice_first_turn": "required",
+        "tool_parser": "hermes",
+        "span_content_and_tool_argument": "the question's expression, fixed by the grammar",
         "chat_template": CHAT_TEMPLATE.name,
     }
 
