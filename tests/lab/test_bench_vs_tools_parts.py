@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine_adapter import standard_evaluators
-from evald_lab.bench._vs_tools_paths import Answer, Question, questions, tools_from
+from evald_lab.bench._vs_tools_paths import Answer, Question, fixed_tools, questions, tools_from
 from evald_lab.bench._vs_tools_summary import cell_summary, ratios, stated
 from evald_lab.bench.vs_tools import CHAT_TEMPLATE
 
@@ -86,6 +86,16 @@ def test_tools_come_from_the_manifests() -> None:
     calc = tools[0]["function"]
     assert calc["description"].startswith(specs[0].description)
     assert calc["parameters"]["required"] == ["expression"]
+
+
+def test_the_tool_argument_is_fixed_like_the_span_content() -> None:
+    tools = tools_from(standard_evaluators(["calc", "strop"]))
+    fixed = fixed_tools(tools, "calc", "17 * 23 + 91")
+    calc, strop = (t["function"]["parameters"]["properties"]["expression"] for t in fixed)
+    assert calc == {**calc, "type": "string", "const": "17 * 23 + 91"}
+    assert "const" not in strop
+    assert all(t["function"]["strict"] for t in fixed)  # the servers hold the call to it
+    assert "const" not in tools[0]["function"]["parameters"]["properties"]["expression"]
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **more: Any) -> str:
