@@ -256,7 +256,7 @@ def measure(
         tag = span_tag(calc, question.expression, served.free_text)
         done = span_answer(client, served.model, question, tag, max_tokens)
         # What the answer must state: evald's value for the span's content, asked apart from
-        # the server (after the answer, outside its time).
+        # the server after the answer's own time (in the batch's wall time: well under 1 ms).
         done.extra["forced"] = done.value
         done.value = None if done.expression is None else tool.run("calc", done.expression)[0]
         return done
@@ -266,7 +266,7 @@ def measure(
         return tool_answer(client, served.model, question, fixed, tool, max_tokens)
 
     paths = {"span": run_span, "tool": run_tool}
-    for _ in range(warmup):  # grammars compiled, the tools' prefix cached: tool calling's best case
+    for _ in range(warmup):  # the server warm, the tools' prefix cached: tool calling's best case
         question = next(asked)
         for call in paths.values():
             call(question)
