@@ -62,12 +62,13 @@ $(SGLANG_STAMP): pyproject.toml deploy/sglang-cpu/install.sh deploy/sglang-cpu/p
 	bash deploy/sglang-cpu/install.sh $(SGLANG_VENV) .
 	touch $(SGLANG_STAMP)
 
-# The SGLang adapter against real SGLang CPU servers (both schedulers, one server each). On a CPU
+# The SGLang adapter against real SGLang CPU servers (both schedulers, one server each), and the
+# vs-tools benchmark's end-to-end run on its own server. On a CPU
 # that cannot run SGLang's kernel (install.sh exits 3 and says why) the tests skip with the reason.
 sglang-test: setup
 	@status=0; $(MAKE) --no-print-directory sglang-venv || status=$$?; \
 	if [ $$status -ne 0 ] && ! grep -q . $(SGLANG_VENV)/.unsupported 2>/dev/null; then exit $$status; fi
-	$(BIN)/python -m pytest -m sglang_server tests/engine_adapter/sglang
+	$(BIN)/python -m pytest -m sglang_server tests/engine_adapter/sglang tests/lab/test_bench_vs_tools.py
 
 run: setup
 	$(BIN)/python -m evald_lab.demo

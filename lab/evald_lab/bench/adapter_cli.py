@@ -34,6 +34,7 @@ _MEASUREMENTS = (
     ("vllm-forwards", "evald_lab.bench.vllm_forwards", "vLLM: forwards and time per result"),
     ("vllm-stall", "evald_lab.bench.vllm_stall", "vLLM: plain requests next to a slow span"),
     ("vllm-overhead", "evald_lab.bench.vllm_overhead", "vLLM: the adapter's cost per row and step"),
+    ("vs-tools", "evald_lab.bench.vs_tools", "SGLang and vLLM: evaluated spans vs tool calling"),
 )
 
 
