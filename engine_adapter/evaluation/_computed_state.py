@@ -19,7 +19,6 @@ Thread-safety: like the injector, driven from one thread; evaluations complete e
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -176,16 +175,7 @@ class ComputedFieldsState:
         if step.due is None:
             return False
         record = self._spans[step.span_count - 1]
-        if record.result is None:
-            if self._evaluator is not None:
-                self._evaluator.flush()
-            budget = record.deadline_at - self._clock()
-            if timeout_s is not None:
-                budget = min(budget, timeout_s)
-            if budget > 0 and record.future is not None:
-                started = self._clock()
-                concurrent.futures.wait([record.future], timeout=budget)
-                record.waited_s += self._clock() - started
+        record.block(self._evaluator, self._clock, timeout_s)
         return bool(self.forced_tokens())
 
     def give_up(self, message: str) -> None:
@@ -333,21 +323,11 @@ class ComputedFieldsState:
         return value
 
     def _resolve(self, due: Due, record: SpanRecord) -> bool:
+        """Takes the value if it is known, or the deadline error if it is due. Never blocks."""
         if record.result is not None:
             return True
-        future = record.future
-        if future is not None and future.done():
-            try:
-                result = future.result()
-            except Exception as exc:
-                result = EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
-        elif self._clock() >= record.deadline_at:
-            result = EvalResult(
-                None,
-                ErrorCode.DEADLINE_EXCEEDED,
-                f"no value within the deadline of {self._deadline_ms} ms",
-            )
-        else:
+        result = record.outcome(self._clock(), self._deadline_ms)
+        if result is None:
             return False
         self._set_result(due, record, result)
         return True

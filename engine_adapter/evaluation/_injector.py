@@ -30,7 +30,6 @@ evaluations complete on other threads; the injector only reads their futures).
 
 from __future__ import annotations
 
-import concurrent.futures
 import enum
 import re
 import time
@@ -306,16 +305,7 @@ class Injector:
         if state.phase is not _Phase.RESULT:
             return False
         record = self._spans[state.span_count - 1]
-        if record.result is None:
-            if self._evaluator is not None:
-                self._evaluator.flush()
-            budget = record.deadline_at - self._clock()
-            if timeout_s is not None:
-                budget = min(budget, timeout_s)
-            if budget > 0 and record.future is not None:
-                started = self._clock()
-                concurrent.futures.wait([record.future], timeout=budget)
-                record.waited_s += self._clock() - started
+        record.block(self._evaluator, self._clock, timeout_s)
         return bool(self.forced_tokens())
 
     def give_up(self, message: str) -> None:
@@ -484,19 +474,8 @@ class Injector:
         """Takes the value if it is known, or the deadline error if it is due. Never blocks."""
         if record.result is not None:
             return True
-        future = record.future
-        if future is not None and future.done():
-            try:
-                result = future.result()
-            except Exception as exc:
-                result = EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
-        elif self._clock() >= record.deadline_at:
-            result = EvalResult(
-                None,
-                ErrorCode.DEADLINE_EXCEEDED,
-                f"no result within the span deadline of {self._deadline_ms} ms",
-            )
-        else:
+        result = record.outcome(self._clock(), self._deadline_ms)
+        if result is None:
             return False
         self._set_result(binding_index, record, result)
         return True

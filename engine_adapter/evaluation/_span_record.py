@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine_adapter.spans import EvalResult
+from engine_adapter.spans import EvalResult, SpanEvaluator
+from evald.contract import ErrorCode
 
 __all__ = ["SpanRecord"]
 
@@ -38,6 +40,44 @@ class SpanRecord:
     diverged: bool = False
     """The sequence left the result region before it was complete (only possible without the
     grammar, or when an engine samples instead of forcing); nothing more was forced."""
+
+    def outcome(self, now: float, deadline_ms: int) -> EvalResult | None:
+        """The evaluation's answer once it came back, the deadline error once the deadline has
+        passed (``now``), else None. Never blocks."""
+        future = self.future
+        if future is not None and future.done():
+            try:
+                return future.result()
+            except Exception as exc:
+                return EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
+        if now >= self.deadline_at:
+            return EvalResult(
+                None,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"no value within the deadline of {deadline_ms} ms",
+            )
+        return None
+
+    def block(
+        self,
+        evaluator: SpanEvaluator | None,
+        clock: Callable[[], float],
+        timeout_s: float | None,
+    ) -> None:
+        """Waits for the answer, at most until the deadline (or ``timeout_s``), after flushing
+        ``evaluator`` (a submission must be on its way before anyone waits for it); the time
+        spent is added to :attr:`waited_s`."""
+        if self.result is not None:
+            return
+        if evaluator is not None:
+            evaluator.flush()
+        budget = self.deadline_at - clock()
+        if timeout_s is not None:
+            budget = min(budget, timeout_s)
+        if budget > 0 and self.future is not None:
+            started = clock()
+            concurrent.futures.wait([self.future], timeout=budget)
+            self.waited_s += clock() - started
 
     @property
     def value(self) -> str | None:
