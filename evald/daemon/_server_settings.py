@@ -129,7 +129,8 @@ def _socket_mode(table: ConfigTable, base: ServerSettings) -> int:
 
 
 def _cpus(table: ConfigTable, base: ServerSettings) -> frozenset[int]:
-    """``cpus``: a Linux cpu-list string (which CPUs, never how many)."""
+    """``cpus``: a Linux cpu-list string (which CPUs, never how many); empty: every CPU the
+    daemon is given, the default (as ``metrics_listen = ""`` is off)."""
     value = table.data.get("cpus")
     if value is not None and not isinstance(value, str):
         message = (
@@ -138,7 +139,7 @@ def _cpus(table: ConfigTable, base: ServerSettings) -> frozenset[int]:
         )
         raise table.error("cpus", message)
     text = table.get_str("cpus", "")
-    if value is None:
+    if value is None or not text.strip():  # empty, as the packaged config states it: unset
         return base.cpus
     try:
         return parse_cpu_list(text)

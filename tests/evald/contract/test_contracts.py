@@ -124,6 +124,8 @@ def _value(key: str, raw: Any, default: Any) -> Any:
     """A shipped config's value in the dataclass's terms."""
     if key == "socket_mode":
         return int(raw, 8)
+    if key == "cpus":  # a cpu-list, read as the daemon reads it
+        return parse_config(f"[server]\ncpus = {raw!r}\n").server.cpus
     if isinstance(default, int) and isinstance(raw, str):
         return parse_size(raw, key)
     return raw

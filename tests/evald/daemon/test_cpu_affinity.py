@@ -77,7 +77,7 @@ def test_cpu_lists_read_and_write_as_linux_does(text: str, cpus: set[int], writt
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ('""', "an empty CPU list"),
+        ('","', "expected a Linux CPU list"),
         ('"3-1"', "runs backwards"),
         ('"one"', "expected a Linux CPU list"),
         ('"1,,2"', "expected a Linux CPU list"),
@@ -95,6 +95,7 @@ def test_workers_default_to_one_per_configured_cpu() -> None:
     assert parse_config('[server]\ncpus = "2-3,6"\n').server.resolved_threads == 3
     assert parse_config('[server]\ncpus = "1"\nthreads = 2\n').server.resolved_threads == 2
     assert parse_config("").server.cpus == frozenset()
+    assert parse_config('[server]\ncpus = ""\n').server.cpus == frozenset()  # empty: unset
 
 
 # A real daemon --------------------------------------------------------------------------------
