@@ -20,6 +20,7 @@ Thread-safety: like the injector, driven from one thread; evaluations complete e
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from engine_adapter.evaluation._json_tracker import Due, JsonTracker
 from engine_adapter.evaluation._span_record import SpanRecord
 from engine_adapter.evaluation._token_codec import TokenCodec
 from engine_adapter.spans import (
+    ERROR_CODE_REGEX,
     SCHEMA_MISMATCH,
     ComputedField,
     ComputedPlan,
@@ -39,6 +41,8 @@ from engine_adapter.spans import (
 from evald.contract import ErrorCode
 
 __all__ = ["ComputedFieldsState"]
+
+_ERROR_CODE = re.compile(ERROR_CODE_REGEX)
 
 
 class _Step(NamedTuple):
@@ -344,6 +348,8 @@ class ComputedFieldsState:
                                     result.fuel_used, result.eval_time_us)  # fmt: skip
         if rendered is None:
             code = result.error_code or ErrorCode.INTERNAL
+            if not _ERROR_CODE.fullmatch(code):  # as the injector: the grammar allows no other
+                code = ErrorCode.INTERNAL
             rendered = render_error(code)
             if result.value is not None or result.error_code != code:
                 result = EvalResult(None, code, result.message, result.fuel_used,

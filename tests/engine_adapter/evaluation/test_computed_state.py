@@ -358,3 +358,24 @@ def test_the_error_alternative_is_the_documented_one() -> None:
     answer = grammar.computed.schema["properties"]["answer"]  # type: ignore[union-attr]
     assert answer == {"anyOf": [{"type": "number"}, dict(ERROR_SCHEMA)]}
     assert grammar.computed.schema["required"] == ["expression", "answer"]  # type: ignore[union-attr]
+
+
+class OddCodeEvaluator:
+    """Stands in for an evaluator that answers an error code outside the codes' language (a
+    fault evald itself never produces)."""
+
+    def submit(
+        self, evaluator: str, content: str, deadline_ms: int
+    ) -> concurrent.futures.Future[EvalResult]:
+        done: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+        done.set_result(EvalResult(None, "Not A Code!", "odd"))
+        return done
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_error_code_outside_the_codes_language_is_forced_as_internal() -> None:
+    run = Run(ESSAY, OddCodeEvaluator())
+    run.write('{"expression": "1 + 1"')
+    assert run.document()["answer"] == {"$error": "internal"}
