@@ -2,6 +2,7 @@
 # End-to-end check of the SGLang adapter on one GPU, in one command (a few minutes):
 #
 #   deploy/gpu-check.sh [gpu_check options, e.g. --requests 64 --concurrency 32]
+#   deploy/gpu-check.sh --tp-size 2        # on a node with two GPUs: tensor parallelism
 #
 # It installs SGLang 0.5.23, this package and its lab (lab/, the evald-lab distribution, where
 # the check lives) into a virtual environment, then runs

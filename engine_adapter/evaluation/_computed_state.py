@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from engine_adapter.evaluation._json_tracker import Due, JsonTracker
-from engine_adapter.evaluation._span_record import SpanRecord
+from engine_adapter.evaluation._span_record import SpanRecord, deadline_at
 from engine_adapter.evaluation._token_codec import TokenCodec
 from engine_adapter.spans import (
     ERROR_CODE_REGEX,
@@ -278,7 +278,7 @@ class ComputedFieldsState:
             begin_offset=due.anchor,
             closed_at_token=len(self._history),
             submitted_at=now,
-            deadline_at=now + self._deadline_s,
+            deadline_at=deadline_at(self._evaluator, now, self._deadline_s),
             field=field.pointer,
         )
         del self._spans[step.span_count :]

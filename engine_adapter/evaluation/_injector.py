@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from engine_adapter.evaluation._span_record import SpanRecord
+from engine_adapter.evaluation._span_record import SpanRecord, deadline_at
 from engine_adapter.evaluation._token_codec import TokenCodec
 from engine_adapter.spans import (
     ERROR_CODE_REGEX,
@@ -438,7 +438,7 @@ class Injector:
             begin_offset=state.mark - len(self._begins[state.binding]),
             closed_at_token=len(self._history),
             submitted_at=now,
-            deadline_at=now + self._deadline_s,
+            deadline_at=deadline_at(self._evaluator, now, self._deadline_s),
         )
         del self._spans[state.span_count :]
         self._spans.append(record)

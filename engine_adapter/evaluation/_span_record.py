@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_adapter.spans import EvalResult, SpanEvaluator
 from evald.contract import ErrorCode
 
-__all__ = ["SpanRecord"]
+__all__ = ["SpanRecord", "deadline_at"]
+
+
+def deadline_at(evaluator: SpanEvaluator | None, now: float, deadline_s: float) -> float:
+    """When a span submitted ``now`` to ``evaluator`` is late: ``now + deadline_s``, or never
+    (``inf``) for an evaluator that decides deadlines itself (``decides_deadlines``, see
+    :class:`~engine_adapter.spans.SpanEvaluator`): its future then carries the deadline error,
+    the same on every process that shares it."""
+    if getattr(evaluator, "decides_deadlines", False):
+        return math.inf
+    return now + deadline_s
 
 
 @dataclass(eq=False)
@@ -76,7 +87,8 @@ class SpanRecord:
             budget = min(budget, timeout_s)
         if budget > 0 and self.future is not None:
             started = clock()
-            concurrent.futures.wait([self.future], timeout=budget)
+            # An evaluator that decides deadlines completes the future by its deadline itself.
+            concurrent.futures.wait([self.future], timeout=None if math.isinf(budget) else budget)
             self.waited_s += clock() - started
 
     @property

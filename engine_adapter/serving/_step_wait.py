@@ -67,13 +67,23 @@ class StepWaits:
             return False
         if injector.forced_tokens():
             return True
+        left = self.take_wait()
+        if left > 0 and injector.wait(timeout_s=left):
+            return True
+        return self.end_in_band(injector)
+
+    def take_wait(self) -> float:
+        """Counts one row that must wait and returns what is left of the step's budget (its
+        window opens now if this is the step's first wait)."""
         self.waits += 1
         now = self._clock()
         if self._window_end is None:
             self._window_end = now + self.budget_s
-        left = self._window_end - now
-        if left > 0 and injector.wait(timeout_s=left):
-            return True
+        return max(0.0, self._window_end - now)
+
+    def end_in_band(self, injector: SpanState) -> bool:
+        """After the wait: the known result is forced, or the span ends ``deadline_exceeded``
+        now. Returns whether there is something to force."""
         if injector.result_known:  # the span deadline passed meanwhile: its error is forced
             return bool(injector.forced_tokens())
         self.gave_up += 1

@@ -38,6 +38,7 @@ from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
 
 from engine_adapter.evaluation import SpanRecord, SpanState, open_span_state
 from engine_adapter.serving import AdapterRuntime, StepWaits, allows
+from engine_adapter.sglang._rank_sync import rank_sync
 from engine_adapter.spans import ComputedPlan, SpanBinding
 
 __all__ = ["EvaluatorGrammar"]
@@ -75,9 +76,12 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         self._runtime = runtime
         self._computed = computed
         # The runtime is the engine-level runtime (codec, deadline, flush once per step) and,
-        # for this tenant, where the spans go.
+        # for this tenant, where the spans go: with tensor parallelism, through the rank
+        # exchange (rank 0 evaluates; every rank sees the same outcomes at the same step).
+        self._sync = rank_sync()
+        evaluator = runtime if self._sync is None else self._sync.evaluator(runtime)
         self._injector = open_span_state(
-            runtime, self._bindings, runtime, auto_flush=False, computed=computed
+            runtime, self._bindings, evaluator, auto_flush=False, computed=computed
         )
         self._unfed_tail = 0
         """Tokens accepted after the grammar terminated (the matcher ignores them too)."""
@@ -300,6 +304,8 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
             waits = self.step_waits
             if waits is None:  # ``inline`` scheduling, kept for comparisons: the step waits
                 injector.wait()  # bounded by the span's deadline
+            elif self._sync is not None:  # the same budget, one decision for every rank
+                self._sync.settle(injector, waits, self.pending_future())
             else:  # a step already built when the span closed: a small budget, then in band
                 waits.settle(injector)
             forced = injector.forced_tokens()
@@ -309,6 +315,8 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
     def _log_finished_spans(self) -> None:
         if self._runtime.config.span_log is None:
             return
+        if self._sync is not None and not self._sync.is_leader:
+            return  # one line per span: the rank that evaluated it writes it
         injector = self._injector
         spans = injector.spans
         # A span is logged once its region is complete (the last one may still be forced).

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.serving import StepWaits
+from engine_adapter.sglang._rank_sync import rank_sync
 
 if TYPE_CHECKING:
     from engine_adapter.sglang._grammar_object import EvaluatorGrammar
@@ -117,6 +118,24 @@ class SpanScheduler:
         self._parked: dict[int, Any] = {}  # id(req) -> req, in the order they left
         self._jumped_at = -2
         """``stats.steps`` when the last jump batch was built."""
+        self.sync = rank_sync()
+        """With tensor parallelism, the exchange that gives every rank the same span outcomes
+        and checks that they decide alike (``engine_adapter.sglang._rank_sync``)."""
+
+    def exchange(self) -> None:
+        """With tensor parallelism, publishes the span outcomes on every rank at the start of
+        a step (first thing in ``get_next_batch_to_run``) whenever evaluations are in play:
+        spans not yet published, requests sitting out, or a jump in the step before (its
+        decisions are checked). These follow from the batches, the same on every rank.
+
+        Raises:
+            RankDivergence: the ranks decided differently (the scheduler must stop).
+        """
+        sync = self.sync
+        if sync is None:
+            return
+        if sync.has_open or self._parked or self._jumped_at == self.stats.steps - 1:
+            sync.exchange()
 
     # ------------------------------------------------------------------ SGLang's calls
 
@@ -174,6 +193,8 @@ class SpanScheduler:
         for req in leaving:
             self._parked[id(req)] = req
         self.stats.parked += len(leaving)
+        if self.sync is not None:
+            self.sync.note("out", self.stats.steps, *(req.rid for req in leaving))
 
     def rejoin_batch(self, scheduler: Any, running_batch: Any) -> tuple[Any, Any] | None:
         """``(extend batch, running batch)`` for the parked requests that can come back now,
@@ -213,6 +234,9 @@ class SpanScheduler:
                 continue  # no KV room for the region yet: try again next step
             del self._parked[key]
             jumped.append(req)
+            if self.sync is not None:
+                tail = req.output_ids[-8:]
+                self.sync.note("back", self.stats.steps, req.rid, len(req.output_ids), *tail)
         if not jumped:
             return None
         batch = _extend_batch(scheduler, jumped)
@@ -243,7 +267,10 @@ class SpanScheduler:
             return
         if len(getattr(scheduler, "waiting_queue", ())):
             return
-        futures = [f for f in _pending_futures(self._parked.values()) if f is not None]
+        if self.sync is not None:  # the leader sleeps on evald; the others on its broadcast
+            futures = list(self.sync.idle_futures())
+        else:
+            futures = [f for f in _pending_futures(self._parked.values()) if f is not None]
         self.stats.idle_waits += 1
         if futures:
             concurrent.futures.wait(

@@ -103,7 +103,7 @@ _INTERNALS = {
     "sglang.srt.managers.schedule_batch.Req": (
         "seqlen", "finished", "refresh_fill_ids", "extend_len", "output_ids", "grammar",
         "to_finish", "prefix_len", "extend_end", "already_computed", "kv", "sampling_params",
-        "rid", "return_logprob",
+        "rid", "return_logprob", "grammar_key", "set_finish_with_abort",
     ),
     "sglang.srt.managers.schedule_batch.ReqKvInfo": ("kv_committed_len",),
     "sglang.srt.managers.schedule_batch.NextBatchPlan": ("batch_to_run", "running_batch"),
@@ -114,9 +114,13 @@ _INTERNALS = {
     ),
     "sglang.srt.mem_cache.common": ("evict_from_tree_cache",),
     "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend": (
-        "executor", "get_cached_or_future_value",
+        "executor", "get_cached_or_future_value", "set_cache",
     ),
-    "sglang.srt.constrained.grammar_manager.GrammarManager": ("grammar_backend",),
+    "sglang.srt.layers.dp_attention": ("get_dp_tp_group",),
+    "sglang.srt.constrained.grammar_manager.GrammarManager": (
+        "grammar_backend", "get_ready_grammar_requests",
+    ),
+    "sglang.srt.constrained.base_grammar_backend.InvalidGrammarObject": ("error_message",),
 }  # fmt: skip
 
 
@@ -229,6 +233,11 @@ def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
         _around_process_req_with_grammar,
         HookType.AROUND,
     )
+    yield (
+        f"{_GRAMMAR_MANAGER}.get_ready_grammar_requests",
+        _around_get_ready_grammar_requests,
+        HookType.AROUND,
+    )
     yield f"{_BACKEND}.dispatch_structural_tag", _around_dispatch_structural_tag, HookType.AROUND
     yield f"{_BACKEND}.dispatch_json", _around_dispatch_json, HookType.AROUND
     yield f"{_BACKEND}.compile_framed_grammar", _after_compile_framed_grammar, HookType.AFTER
@@ -273,8 +282,8 @@ def check_server_args(server_args: Any) -> None:
     """Refuses options v1 cannot run with.
 
     Raises:
-        UnsupportedConfiguration: speculative decoding, TP > 1, PP > 1, or a grammar backend
-            other than xgrammar (the message says what to change).
+        UnsupportedConfiguration: speculative decoding, PP > 1, ``inline`` scheduling with
+            TP > 1, or a grammar backend other than xgrammar (the message says what to change).
     """
     problems = []
     algorithm = getattr(server_args, "speculative_algorithm", None)
@@ -283,15 +292,19 @@ def check_server_args(server_args: Any) -> None:
         "NONE",
     ):
         problems.append(
-            f"speculative decoding (--speculative-algorithm {algorithm}): drafted tokens are "
-            "verified without the adapter's forced tokens; start without it"
+            f"speculative decoding (--speculative-algorithm {algorithm}): the draft model "
+            "proposes the tokens after a span's close and the target model verifies them, so "
+            "a result region would be accepted from the model instead of forced from evald; "
+            "start without --speculative-algorithm and the --speculative-* options that go "
+            "with it (for a model whose launch recipe turns EAGLE or MTP on, the same: "
+            "docs/sglang.md, 'GPU servers')"
         )
     tp_size = int(getattr(server_args, "tp_size", 1) or 1)
-    if tp_size > 1:
+    if tp_size > 1 and scheduling_mode() == "inline":
         problems.append(
-            f"--tp-size {tp_size}: every TP rank runs the grammar and would decide a span's "
-            "timeout on its own, so ranks could force different tokens; use --tp-size 1 and "
-            "scale out with --dp-size or more servers behind the router"
+            f"--tp-size {tp_size} with {SCHEDULING_ENV}=inline: inline scheduling waits for a "
+            "value inside a step, which tensor-parallel ranks cannot do together; unset "
+            f"{SCHEDULING_ENV} (jump scheduling works with any --tp-size)"
         )
     pp_size = int(getattr(server_args, "pp_size", 1) or 1)
     if pp_size > 1:
@@ -377,6 +390,35 @@ def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> A
         setattr(params, field, text)
 
 
+def _around_get_ready_grammar_requests(
+    original: Any, manager: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """With tensor parallelism, a request whose grammar one rank refused is refused on every
+    rank (:meth:`~engine_adapter.sglang._rank_sync.RankSync.agree_on_refusals`)."""
+    reqs = original(manager, *args, **kwargs)
+    if getattr(getattr(manager, "grammar_backend", None), _TENANTS_ATTR, None) is None:
+        return reqs
+    from engine_adapter.sglang._rank_sync import rank_sync
+
+    sync = rank_sync()
+    if sync is not None:
+        sync.agree_on_refusals(reqs, lambda req, message: _refuse(manager, req, message))
+    return reqs
+
+
+def _refuse(manager: Any, req: Any, message: str) -> None:
+    """Refuses ``req`` as the rank that refused it did: an invalid grammar (cached under its
+    key, so a later request with it is refused at once on this rank too) and the abort."""
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+    invalid = InvalidGrammarObject(message)
+    key = getattr(req, "grammar_key", None)
+    if key is not None:
+        manager.grammar_backend.set_cache(key, invalid)
+    req.grammar = invalid
+    req.set_finish_with_abort(message)
+
+
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
     default = getattr(backend, _RUNTIME_ATTR, None)
     if default is None:
@@ -443,6 +485,9 @@ def _around_get_next_batch_to_run(original: Any, scheduler: Any, *args: Any, **k
         return original(scheduler, *args, **kwargs)
     running = kwargs.get("running_batch", args[0] if args else scheduler.running_batch)
     started = time.perf_counter_ns()
+    # Tensor parallelism: every rank takes the same outcomes now. Not caught: a failed or
+    # diverged exchange must stop the scheduler (the ranks cannot agree any more).
+    state.exchange()
     try:
         state.sit_out(scheduler, running)
     except Exception:  # the adapter must never take the scheduler down

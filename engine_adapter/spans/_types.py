@@ -47,6 +47,11 @@ class SpanEvaluator(Protocol):
     Implementations: the evald stream client, the in-process WASM host, the Python reference.
     ``submit`` must return at once; the future always completes (with an error result on
     failure, never an exception) no later than ``deadline_ms`` plus a small margin.
+
+    An evaluator whose answers must be the same on several engine processes (SGLang's tensor
+    parallel ranks, ``engine_adapter.sglang._rank_sync``) sets ``decides_deadlines = True``: it
+    completes a late span's future with ``deadline_exceeded`` itself, and span states then never
+    end a span by their own process's clock.
     """
 
     def submit(

@@ -50,6 +50,7 @@ __all__ = [
     "SPIN_TOKEN",
     "TOKEN",
     "SglangServer",
+    "rank_cpus",
     "sglang_python",
     "start_server",
     "unsupported_reason",
@@ -107,6 +108,12 @@ class SglangServer:
     port: int
     scheduler: str
     log_path: Path
+    tp_size: int = 1
+
+    @property
+    def name(self) -> str:
+        """The scheduler, and the tensor-parallel size when above one (``overlap-tp2``)."""
+        return self.scheduler if self.tp_size == 1 else f"{self.scheduler}-tp{self.tp_size}"
 
     @property
     def url(self) -> str:
@@ -207,6 +214,7 @@ def start_server(
     extra_args: Sequence[str] = (),
     prefix: Sequence[str] = (),
     partition: CpuPartition | None = None,
+    tp_size: int = 1,
 ) -> SglangServer:
     """Starts the server with ``env`` added to this environment and waits for ``/health``.
 
@@ -216,15 +224,19 @@ def start_server(
     kernel has no fp32 paths). ``prefix`` runs the server under another command.
     ``partition``: the server runs on the engine's CPUs (``taskset``) with its OpenMP threads
     bound to them (``SGLANG_CPU_OMP_THREADS_BIND``); evald's daemon takes the others.
+    ``tp_size``: SGLang's ``--tp-size``, each rank's OpenMP threads bound to its own share of
+    this process's CPUs (:func:`rank_cpus`), as SGLang's CPU backend asks.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
+    if tp_size > 1 and partition is not None:
+        raise ValueError("a partitioned server runs one rank (tp_size 1)")
     folder = model_folder()
     port = free_port()
     command = [
         *prefix, str(python), "-m", "sglang.launch_server",
         "--model-path", str(folder), "--served-model-name", SERVED_MODEL,
-        "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", "1",
+        "--device", "cpu", "--grammar-backend", "xgrammar", "--tp-size", str(tp_size),
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "bfloat16" if has_amx() else "float32",
         "--mem-fraction-static", MEM_FRACTION_STATIC, "--max-running-requests", "32",
@@ -236,6 +248,8 @@ def start_server(
     if partition is not None:
         command[:0] = partition.engine_prefix()
         env = {**partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND"), **env}
+    if tp_size > 1:
+        env = {"SGLANG_CPU_OMP_THREADS_BIND": rank_cpus(tp_size), **env}
     environ = {
         **os.environ,
         "SGLANG_USE_CPU_ENGINE": "1",
@@ -254,6 +268,21 @@ def start_server(
         start_new_session=True,  # its own group, so stop() reaches every SGLang process
         preexec_fn=set_parent_death_signal,  # and a test run killed with -9 takes it along
     )
-    server = SglangServer(process, port, scheduler, log_path)
+    server = SglangServer(process, port, scheduler, log_path, tp_size)
     wait_healthy(process, server.url, "SGLang", server.log, server.stop, READY_TIMEOUT_S)
     return server
+
+
+def rank_cpus(tp_size: int) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``tp_size`` ranks: this process's CPUs in
+    ``tp_size`` equal runs, one per rank (``"0|1"`` on two CPUs, ``"0-7|8-15"`` on sixteen).
+
+    Raises:
+        ValueError: fewer CPUs than ranks.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if tp_size < 1 or len(cpus) < tp_size:
+        raise ValueError(f"tp_size {tp_size}: this process may use {len(cpus)} CPUs")
+    share = len(cpus) // tp_size
+    runs = [cpus[i * share : (i + 1) * share] for i in range(tp_size)]
+    return "|".join(str(run[0]) if len(run) == 1 else ",".join(str(c) for c in run) for run in runs)

@@ -408,6 +408,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default="", help="tenant token for --evald-target")
     parser.add_argument("--deadline-ms", type=int, default=500, help="EVALD_DEADLINE_MS")
     parser.add_argument("--mem-fraction", type=float, default=0.3, help="--mem-fraction-static")
+    parser.add_argument(
+        "--tp-size",
+        type=int,
+        default=1,
+        help="SGLang's --tp-size: tensor-parallel ranks, one GPU each (default 1)",
+    )
     parser.add_argument("--server-timeout", type=float, default=900.0, help="start-up limit, s")
     parser.add_argument("--out", type=Path, default=Path("reports/gpu"), help="report folder")
     parser.add_argument(
@@ -491,7 +497,7 @@ def _launch_and_run(
             "--grammar-backend",
             "xgrammar",
             "--tp-size",
-            "1",
+            str(args.tp_size),
             "--dtype",
             "bfloat16",
             "--served-model-name",

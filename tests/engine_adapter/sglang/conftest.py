@@ -125,11 +125,23 @@ def fault_daemon(sglang_root: Path, fault_socket: Path) -> Iterator[Daemon]:
         handle.stop()
 
 
-@pytest.fixture(scope="session", params=sglang_server.SCHEDULERS)
+#: The real servers the tests run against: each scheduler with one rank, then with two
+#: tensor-parallel ranks (each rank's OpenMP threads on its own core).
+SERVERS = [(scheduler, 1) for scheduler in sglang_server.SCHEDULERS] + [
+    (scheduler, 2) for scheduler in sglang_server.SCHEDULERS
+]
+
+
+@pytest.fixture(
+    scope="session",
+    params=SERVERS,
+    ids=[s if tp == 1 else f"{s}-tp{tp}" for s, tp in SERVERS],
+)
 def server(
     request: pytest.FixtureRequest, server_daemon: Daemon, fault_socket: Path, sglang_root: Path
 ) -> Iterator[sglang_server.SglangServer]:
-    """A real SGLang server with the adapter, once per scheduler (``normal``, ``overlap``)."""
+    """A real SGLang server with the adapter, once per scheduler (``normal``, ``overlap``) and
+    tensor-parallel size (1, 2)."""
     python = sglang_server.sglang_python(ROOT)
     if python is None:
         reason = sglang_server.unsupported_reason(ROOT)
@@ -139,22 +151,23 @@ def server(
             else "the SGLang venv is absent (.venv-sglang; build it with `make sglang-venv`, or "
             "point EVALD_SGLANG_PYTHON at a Python with SGLang 0.5.23 and this repository)"
         )
-    scheduler = request.param
+    scheduler, tp_size = request.param
+    name = scheduler if tp_size == 1 else f"{scheduler}-tp{tp_size}"
     env = {
         "EVALD_TARGET": server_daemon.target,
         "EVALD_TOKEN": sglang_server.TOKEN,
         "EVALD_DEADLINE_MS": str(sglang_server.DEADLINE_MS),
         "EVALD_ALLOWED_TARGETS": f"unix:{fault_socket}",
-        "EVALD_SPAN_LOG": str(sglang_root / f"spans-{scheduler}.jsonl"),
+        "EVALD_SPAN_LOG": str(sglang_root / f"spans-{name}.jsonl"),
     }
     handle = sglang_server.start_server(
-        python, env, sglang_root / f"sglang-{scheduler}.log", scheduler=scheduler
+        python, env, sglang_root / f"sglang-{name}.log", scheduler=scheduler, tp_size=tp_size
     )
     try:
         yield handle
     finally:
         handle.stop()
-        print(f"SGLang log ({scheduler}): {handle.log_path}")
+        print(f"SGLang log ({name}): {handle.log_path}")
 
 
 @pytest.fixture(scope="session")
@@ -171,8 +184,7 @@ def plugin_off_texts(sglang_root: Path) -> dict[str, str]:
         handle = sglang_server.start_server(python, {}, sglang_root / "sglang-plugin-off.log")
     try:
         return {
-            prompt: handle.generate(prompt, max_new_tokens=24)["text"]
-            for prompt in PLAIN_PROMPTS
+            prompt: handle.generate(prompt, max_new_tokens=24)["text"] for prompt in PLAIN_PROMPTS
         }
     finally:
         handle.stop()
@@ -180,7 +192,7 @@ def plugin_off_texts(sglang_root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def span_log(server: sglang_server.SglangServer, sglang_root: Path) -> Path:
-    return sglang_root / f"spans-{server.scheduler}.jsonl"
+    return sglang_root / f"spans-{server.name}.jsonl"
 
 
 @pytest.fixture(scope="session")

@@ -275,13 +275,15 @@ def child_enabled(results: Any) -> None:
         from sglang.srt.server_args import ServerArgs
 
         refusals = {}
-        for name, options in {
-            "tp": {"tp_size": 2},
-            "spec": {"speculative_algorithm": "NGRAM"},
-            "backend": {"grammar_backend": "llguidance"},
-        }.items():
+        for name, options, scheduling in [
+            ("tp", {"tp_size": 2}, None),
+            ("tp-inline", {"tp_size": 2}, "inline"),
+            ("spec", {"speculative_algorithm": "NGRAM"}, None),
+            ("backend", {"grammar_backend": "llguidance"}, None),
+        ]:
             try:
-                ServerArgs(model_path="dummy", **options).resolve_once()
+                with environment(EVALD_SGLANG_SCHEDULING=scheduling):
+                    ServerArgs(model_path="dummy", **options).resolve_once()
                 refusals[name] = "accepted"
             except plugin.UnsupportedConfiguration as exc:
                 refusals[name] = str(exc)
@@ -296,7 +298,7 @@ def child_enabled(results: Any) -> None:
         tokenizer = load_tokenizer()
         try:
             base_grammar_backend.create_grammar_backend(
-                ServerArgs(model_path="dummy", tp_size=2), tokenizer, len(tokenizer)
+                ServerArgs(model_path="dummy", pp_size=2), tokenizer, len(tokenizer)
             )
             report["scheduler_refusal"] = "accepted"
         except plugin.UnsupportedConfiguration as exc:

@@ -52,11 +52,12 @@ def test_hooks_are_installed_by_load_plugins_in_a_spawned_child(
     assert report["before_load"].startswith("evald SGLang adapter: hooks not installed on")
     assert "dispatch_structural_tag" in report["before_load"], "unpatched classes are detected"
     assert report["hooks"] and all(report["hooks"].values())
-    # SGLang's grammar layer alone (this venv has no scheduler): the seven grammar and settings
-    # hooks (dispatch_json among them, for computed JSON schemas); the scheduler's four are
-    # checked in a real server (test_sglang_server.py).
+    # SGLang's grammar layer alone (this venv has no scheduler): the eight grammar and settings
+    # hooks (dispatch_json among them, for computed JSON schemas; get_ready_grammar_requests,
+    # for tensor-parallel ranks' refusals); the scheduler's four are checked in a real server
+    # (test_sglang_server.py).
     assert report["scheduler_available"] is False
-    assert len(report["hooks"]) == 7
+    assert len(report["hooks"]) == 8
     assert any(target.endswith(".dispatch_json") for target in report["hooks"])
 
 
@@ -72,8 +73,8 @@ def test_spawned_child_evaluates_a_span_through_the_daemon(
 @pytest.mark.parametrize(
     ("name", "words"),
     [
-        ("tp", ["--tp-size 2", "--tp-size 1"]),
-        ("spec", ["speculative decoding", "NGRAM"]),
+        ("tp-inline", ["--tp-size 2", "EVALD_SGLANG_SCHEDULING=inline", "unset"]),
+        ("spec", ["speculative decoding", "NGRAM", "start without --speculative-algorithm"]),
         ("backend", ["--grammar-backend llguidance", "xgrammar"]),
     ],
 )
@@ -87,10 +88,23 @@ def test_unsupported_options_are_refused_before_resolution(
     assert "Unset EVALD_TARGET" in message
 
 
-def test_scheduler_refuses_tp_when_building_the_grammar_backend(
+def test_tensor_parallelism_is_accepted(child: dict[str, Any]) -> None:
+    """``--tp-size 2`` with jump scheduling (the default): the ranks exchange span outcomes
+    (``_rank_sync``); the real two-rank servers are in test_sglang_tensor_parallel.py."""
+    # resolution goes on past the adapter's check (and may stop later for want of a model)
+    assert "evald SGLang adapter" not in child["refusals"]["tp"]
+    from types import SimpleNamespace
+
+    from engine_adapter.sglang import plugin
+
+    with environment(EVALD_SGLANG_SCHEDULING=None):
+        plugin.check_server_args(SimpleNamespace(tp_size=8, pp_size=1))
+
+
+def test_scheduler_refuses_pp_when_building_the_grammar_backend(
     child: dict[str, Any],
 ) -> None:
-    assert "--tp-size 2" in child["scheduler_refusal"]
+    assert "--pp-size 2" in child["scheduler_refusal"]
 
 
 def test_without_a_target_the_plugin_registers_nothing() -> None:

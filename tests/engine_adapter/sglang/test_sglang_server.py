@@ -315,8 +315,23 @@ def assert_no_step_waited(spans: list[dict[str, Any]], evaluator: str, count: in
     assert max(span["waited_ms"] for span in mine) <= WAITED_MS_BOUND, mine
 
 
+def assert_never_a_deadline_apart(server: SglangServer, answers: list[Any]) -> None:
+    """No plain request's tokens came a span deadline apart (a step that waited for a late
+    value would hold them that long).
+
+    With two tensor-parallel ranks on two cores, one per rank, a step of eight requests takes
+    most of a second on this CPU and several when the machine is busy, so a gap of one span
+    deadline cannot be told from a few slow steps there; what the scheduler decided says it
+    instead (the span log's ``waited_ms``, :func:`assert_no_step_waited`, in every test that
+    calls this)."""
+    if server.tp_size == 1:
+        assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < (
+            DEADLINE_MS / 1e3
+        )
+
+
 def test_hung_evald_ends_every_span_without_stalling_others(
-    server: SglangServer, server_specs: Any, fault_daemon: Daemon
+    server: SglangServer, server_specs: Any, fault_daemon: Daemon, span_log: Path
 ) -> None:
     """evald stopped (SIGSTOP) mid-run: every span ends at its deadline with
     ``deadline_exceeded``, every request finishes, and a plain request's tokens keep pace, never
@@ -325,15 +340,17 @@ def test_hung_evald_ends_every_span_without_stalling_others(
     params = tenant(TOKEN, evald_target=fault_daemon.target)
     warm_up(server, tag, params)
     fast = beside_plain(server, tag, params)
+    offset = log_offset(span_log)
     with stopped(fault_daemon.pid):
         started = time.monotonic()
         answers = beside_plain(server, tag, params)
         elapsed = time.monotonic() - started
     assert_spans_timed_out(answers)
     assert elapsed >= 2 * DEADLINE_MS / 1000.0  # two spans, one after the other, each timed out
-    assert elapsed < 2 * DEADLINE_MS / 1000.0 + 60.0
+    assert elapsed < 2 * DEADLINE_MS / 1000.0 + 60.0 * server.tp_size
     assert_plain_kept_pace(answers, fast)
-    assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < DEADLINE_MS / 1e3
+    assert_never_a_deadline_apart(server, answers)
+    assert_no_step_waited(spans_logged_since(span_log, offset), "calc", 2 * (CONCURRENCY - 2))
 
 
 @pytest.mark.parametrize("late", list(LATE_TOKENS))
@@ -352,7 +369,7 @@ def test_a_plain_request_keeps_pace_beside_another_tenants_late_evaluator(
         assert [f[2] for f in spans_in(answer["text"])] == ["9", "16"], answer["text"]
     assert_spans_timed_out(answers)
     assert_plain_kept_pace(answers, fast)
-    assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < DEADLINE_MS / 1e3
+    assert_never_a_deadline_apart(server, answers)
     assert_no_step_waited(spans_logged_since(span_log, offset), "spin", 2 * (CONCURRENCY - 2))
 
 
@@ -378,7 +395,7 @@ def test_result_openers_that_share_nothing_freeze_no_one(
     for answer in answers[: CONCURRENCY - 2]:
         assert answer["text"] == expected and finished_by_stop(answer), answer
     assert_plain_kept_pace(answers, fast)
-    assert max(longest_gap(times) for _, times in answers[CONCURRENCY - 2 :]) < DEADLINE_MS / 1e3
+    assert_never_a_deadline_apart(server, answers)
     assert_no_step_waited(spans_logged_since(span_log, offset), "spin", 2 * (CONCURRENCY - 2))
 
 
@@ -469,7 +486,7 @@ def test_requests_aborted_while_their_span_waits_finish_and_free_their_kv(
     def parked(i: int) -> dict[str, Any]:
         """Streams request ``i``, flags when its span has closed, returns its last chunk."""
         body = {
-            "text": "Compute:", "rid": f"parked-{server.scheduler}-{i}", "stream": True,
+            "text": "Compute:", "rid": f"parked-{server.name}-{i}", "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": 120,
                                 "structural_tag": json.dumps(tag),
                                 "custom_params": tenant(SPIN_TOKEN)},
@@ -495,7 +512,7 @@ def test_requests_aborted_while_their_span_waits_finish_and_free_their_kv(
         time.sleep(0.3)
         passes = server.forward_passes()
         for i in range(half):
-            server.abort(f"parked-{server.scheduler}-{i}")
+            server.abort(f"parked-{server.name}-{i}")
         results = [f.result() for f in futures]
     for answer in results:
         assert answer["meta_info"]["finish_reason"]["type"] == "abort", answer["meta_info"]
