@@ -242,6 +242,8 @@ class RankSync:
         fail on another (evald restarted, an evaluator registered in between); the request
         would then run on some ranks only. ``refuse(req, message)`` refuses it here.
         """
+        if not reqs:  # the same on every rank: SGLang synchronised which are ready
+            return
         mine = [(getattr(req, "rid", None), _refusal(req)) for req in reqs]
         everyone = self._gather(mine)
         for index, req in enumerate(reqs):

@@ -37,6 +37,11 @@ confined with the engine or evald unless their own service says so, so the kerne
 over every core, the engine's included (with two hogs on two cores, one beside each).
 
     engine-adapter bench sglang-stall [--rounds 5] [--hogs 0 2] [--isolation none partitioned]
+                                      [--tp-size 1 2]
+
+``--tp-size 2`` runs the servers with two tensor-parallel ranks, each rank's OpenMP threads on
+its own share of the cores (``engine_adapter.testing.sglang.rank_cpus``; with the cores shared
+with evald and the hogs, jump scheduling).
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald (in a session of its own, as
 a service runs: its own scheduling group, docs/design.md) and SGLang servers.
@@ -165,6 +170,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--isolation", nargs="+", choices=ISOLATIONS, default=["none"],
         help="none: every core shared; partitioned: the engine's cores and evald's apart",
     )  # fmt: skip
+    parser.add_argument(
+        "--tp-size", nargs="+", type=int, default=[1],
+        help="SGLang's --tp-size, each rank on its own share of the cores (isolation none, "
+        "jump scheduling only): 1 2 runs both",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=REPORT_DIR)
     parser.add_argument("--report", default="stall.json", help="the report's file name in --out")
 
@@ -205,15 +215,20 @@ def _run_isolation(
     arms = tuple(dict.fromkeys(["fast", *args.arms]))
     daemon: DaemonProcess = start_daemon(root / "evald", config, own_session=True)
     try:
-        for scheduler, mode in itertools.product(args.schedulers, args.modes):
+        for scheduler, mode, tp in itertools.product(args.schedulers, args.modes, args.tp_size):
+            if tp > 1 and (partition is not None or mode == "inline"):
+                continue  # one rank per partition; inline scheduling is refused with TP
             env = {
                 "EVALD_TARGET": daemon.target,
                 "EVALD_TOKEN": TOKEN,
                 "EVALD_DEADLINE_MS": str(DEADLINE_MS),
                 "EVALD_SGLANG_SCHEDULING": mode,
             }
-            log = root / f"sglang-{scheduler}-{mode}.log"
-            server = start_server(python, env, log, scheduler=scheduler, partition=partition)
+            name = scheduler if tp == 1 else f"{scheduler}-tp{tp}"
+            log = root / f"sglang-{name}-{mode}.log"
+            server = start_server(
+                python, env, log, scheduler=scheduler, partition=partition, tp_size=tp
+            )
             try:
                 for count, tokens in itertools.product(args.hogs, args.plain_tokens):
                     with hogs(count):
@@ -222,11 +237,11 @@ def _run_isolation(
                             max_tokens=tokens, plain_after_s=args.plain_after,
                             evaluated=args.evaluated, arms=arms, daemon_pid=daemon.pid,
                         )  # fmt: skip
-                    result.update(mode=mode, isolation=isolation, hogs=count)
+                    result.update(mode=mode, isolation=isolation, hogs=count, tp_size=tp)
                     if partition is not None:
                         result.update(engine_cpus=partition.engine, evald_cpus=partition.evald)
                     hogged = "quiet" if not count else f"{count} hogs"
-                    key = f"{isolation}/{scheduler}/{mode}/{hogged}/{tokens} tok"
+                    key = f"{isolation}/{name}/{mode}/{hogged}/{tokens} tok"
                     results[key] = result
                     print_arms(key, result["arms"])
                     write_report(results, report)  # a cut-short run keeps its part

@@ -36,6 +36,11 @@ class NeverCalled:
         raise AssertionError("rank 1 flushed an evaluator")
 
 
+class FINISH_ABORT:  # SGLang's abort reason, by the name the exchange reads
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 def _rank(rank: int, port: int, spin_wasm: str, diverge: bool, out: Any) -> None:
     """One rank: two spans (a value, and a guest that loops past its 300 ms deadline), then
     exchanges until both are published; with ``diverge``, rank 1 makes a decision rank 0 did
@@ -67,6 +72,16 @@ def _rank(rank: int, port: int, spin_wasm: str, diverge: bool, out: Any) -> None
             if rank == 0:
                 time.sleep(0.002)
         results = [(f.result().value, f.result().error_code) for f in (value, late)]
+        # Two compiled requests; rank 1 refused the second one's grammar.
+        reqs = [
+            SimpleNamespace(rid="a", to_finish=None),
+            SimpleNamespace(
+                rid="b", to_finish=FINISH_ABORT("unknown evaluator 'x'") if rank == 1 else None
+            ),
+        ]
+        refused: list[tuple[str, str]] = []
+        sync.agree_on_refusals(reqs, lambda req, message: refused.append((req.rid, message)))
+        results.append(refused)
         diverged = None
         if diverge:
             if rank == 1:
@@ -113,7 +128,9 @@ def run_ranks(tmp_path: Path, diverge: bool) -> dict[int, Any]:
 def test_every_rank_sees_each_outcome_at_the_same_exchange(tmp_path: Path) -> None:
     found = run_ranks(tmp_path, diverge=False)
     (seen0, results0, _, published0), (seen1, results1, _, published1) = found[0], found[1]
-    assert results0 == results1 == [("42", None), (None, "deadline_exceeded")]
+    assert results0[:2] == results1[:2] == [("42", None), (None, "deadline_exceeded")]
+    # a grammar refused on one rank is refused on the other, with that rank's message
+    assert results0[2] == [("b", "unknown evaluator 'x'")] and results1[2] == []
     assert seen0 == seen1  # published at the same exchange on both ranks
     assert (True, False) in seen0  # the value came back before the late span's deadline
     assert published0 == published1 == 2
