@@ -48,18 +48,23 @@ def forcing() -> str:
 
 @pytest.mark.timeout(900)  # the server starts (on a busy machine, minutes)
 def test_two_ranks_serve_and_one_scheduler_runs_the_adapter(server: VllmServer) -> None:
-    """The log names two ranks, each with its own CPUs, and one scheduler with the adapter's
-    tracker for both (each rank's worker loads the plugin too; no scheduler runs there)."""
-    ranks = server.tensor_parallel
-    assert ranks == 2
+    """The log names two ranks, each with OpenMP threads on CPUs of its own, and one scheduler
+    with the adapter's tracker, the engine core's, for both (each rank's worker loads the
+    plugin too; no scheduler runs there)."""
+    assert server.tensor_parallel == 2
     answer = server.complete("The capital of France is", max_tokens=8)
     assert text_of(answer)
-    assert f"-tp{ranks}-" in answer["system_fingerprint"], answer["system_fingerprint"]
+    assert "-tp2-" in answer["system_fingerprint"], answer["system_fingerprint"]
     log = server.log()
-    for rank in range(ranks):
-        assert f"world_size={ranks} rank={rank} " in log
-        assert re.search(rf"local_rank={rank}, core ids=\[\d", log), rank
-    assert log.count("evald vLLM adapter: result regions go through vLLM's verify step") == 1
+    for rank in (0, 1):
+        assert f"world_size=2 rank={rank} " in log
+    bound = {
+        int(rank): {int(cpu) for cpu in cpus.split(",")}
+        for rank, cpus in re.findall(r"local_rank=(\d+), core ids=\[([\d, ]+)\]", log)
+    }
+    assert set(bound) == {0, 1} and not bound[0] & bound[1], bound
+    tracker = [line for line in log.splitlines() if "go through vLLM's verify step" in line]
+    assert len(tracker) == 1 and tracker[0].startswith("(EngineCore"), tracker
 
 
 def test_values_and_errors_each_evaluated_once(
