@@ -9,8 +9,10 @@ is healthy; this package holds what both share — SmolLM2 as a folder the serve
 (:func:`fixed_tag`), the spans of a reply (:func:`spans_in`), a daemon stopped for a block
 (:func:`stopped`), an address that accepts and never answers (:class:`SilentAddress`), the
 computed-field requests both servers are tested with (:data:`ESSAY_SCHEMA`,
-:func:`checked_document`), and the machine's CPUs split between the engine and evald
-(:class:`CpuPartition`).
+:func:`checked_document`), the machine's CPUs split between the engine and evald
+(:class:`CpuPartition`) and between tensor-parallel ranks (:func:`rank_cpu_lists`), and SmolLM2
+with its attention heads padded so those ranks can split them
+(:func:`tensor_parallel_model_folder`).
 
 The evald daemon itself comes from :mod:`evald.testing`. Nothing in the adapter imports this
 package; importing it imports neither SGLang nor vLLM.
@@ -44,7 +46,8 @@ from engine_adapter.testing._computed_cases import (
     policy_schema,
     unknown_evaluator_schema,
 )
-from engine_adapter.testing._server_runs import CpuPartition
+from engine_adapter.testing._padded_heads import tensor_parallel_model_folder
+from engine_adapter.testing._server_runs import CpuPartition, rank_cpu_lists
 
 __all__ = [
     "ESSAY_PROMPT",
@@ -67,7 +70,9 @@ __all__ = [
     "numbers_in",
     "policy_schema",
     "post",
+    "rank_cpu_lists",
     "spans_in",
     "stopped",
+    "tensor_parallel_model_folder",
     "unknown_evaluator_schema",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "adapter_checkout",
     "daemon_config",
     "metric_lines",
+    "rank_cpu_lists",
     "stop_process",
     "stream_chunks",
     "tenant",
@@ -116,10 +117,14 @@ class CpuPartition:
         """The command that runs the engine's server (all its processes) on its CPUs."""
         return ["taskset", "-c", self.engine]
 
-    def engine_env(self, bind_variable: str) -> dict[str, str]:
+    def engine_env(self, bind_variable: str, ranks: int = 1) -> dict[str, str]:
         """The engine's environment: its OpenMP threads bound to its CPUs through
         ``bind_variable`` (where its CPU kernels bind them: SGLang only with AMX or on Arm),
-        one OpenMP thread per CPU wherever they are not."""
+        one OpenMP thread per CPU wherever they are not. With tensor-parallel ``ranks``, each
+        rank gets its own share of the CPUs (:func:`rank_cpu_lists`), and the engine sets each
+        rank's thread count from its list."""
+        if ranks > 1:
+            return {bind_variable: rank_cpu_lists(ranks, self.engine)}
         return {bind_variable: self.engine, "OMP_NUM_THREADS": str(_cpu_count(self.engine))}
 
     def daemon_config(self, config: str) -> str:
@@ -134,13 +139,42 @@ def _cpu_list(cpus: list[int]) -> str:
     return ",".join(str(cpu) for cpu in cpus)
 
 
-def _cpu_count(cpu_list: str) -> int:
-    """How many CPUs a Linux cpu-list names (``"0-13,16"``: 15)."""
-    count = 0
+def _cpu_ids(cpu_list: str) -> list[int]:
+    """The CPUs a Linux cpu-list names, in its order (``"0-2,16"``: 0, 1, 2, 16)."""
+    cpus: list[int] = []
     for item in cpu_list.split(","):
         first, _, last = item.strip().partition("-")
-        count += int(last or first) - int(first) + 1
-    return count
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """How many CPUs a Linux cpu-list names (``"0-13,16"``: 15)."""
+    return len(_cpu_ids(cpu_list))
+
+
+def rank_cpu_lists(ranks: int, cpu_list: str | None = None) -> str:
+    """The CPUs of ``cpu_list`` (default: those this process may use) split into ``ranks``
+    runs of consecutive entries, as even as they divide, one cpu-list per tensor-parallel rank
+    joined by ``|`` (2 CPUs, 2 ranks: ``"0|1"``): the form ``VLLM_CPU_OMP_THREADS_BIND`` and
+    ``SGLANG_CPU_OMP_THREADS_BIND`` take for several ranks. Unset, vLLM binds each rank to a
+    NUMA node of its own, and refuses to start with fewer nodes than ranks.
+
+    Raises:
+        ValueError: fewer CPUs than ranks (a rank would have none).
+    """
+    if cpu_list is None:
+        cpu_list = _cpu_list(sorted(os.sched_getaffinity(0)))
+    cpus = _cpu_ids(cpu_list)
+    if ranks < 1 or len(cpus) < ranks:
+        raise ValueError(f"cannot split the CPUs {cpu_list!r} between {ranks} ranks")
+    share, extra = divmod(len(cpus), ranks)
+    lists, start = [], 0
+    for rank in range(ranks):
+        end = start + share + (rank < extra)
+        lists.append(_cpu_list(cpus[start:end]))
+        start = end
+    return "|".join(lists)
 
 
 def venv_python(variable: str, venv: str, root: Path | None = None) -> Path | None:

@@ -23,6 +23,7 @@ from engine_adapter.evaluation import TokenCodec
 from engine_adapter.serving import AdapterConfig
 from engine_adapter.spans import EvalResult
 from engine_adapter.testing._common import fixed_tag, free_port, model_folder, post, stopped
+from engine_adapter.testing._padded_heads import tensor_parallel_model_folder
 from engine_adapter.testing._server_runs import (
     SLOW_TENANT_DEADLINE_MS,
     SPAN_DEADLINE_MS,
@@ -31,6 +32,7 @@ from engine_adapter.testing._server_runs import (
     adapter_checkout,
     daemon_config,
     metric_lines,
+    rank_cpu_lists,
     stop_process,
     stream_chunks,
     tenant,
@@ -71,6 +73,8 @@ CONFIG = daemon_config(
 
 #: The adapter's per-span deadline on the test server (a hung evald costs a span this long).
 DEADLINE_MS = SPAN_DEADLINE_MS
+#: Where vLLM's CPU workers read their OpenMP threads' CPUs (one cpu-list per rank, ``|``).
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 READY_TIMEOUT_S = 300.0
 
 
@@ -88,6 +92,8 @@ class VllmServer:
     port: int
     model: str
     log_path: Path
+    tensor_parallel: int = 1
+    """Its ranks (``--tensor-parallel-size``)."""
 
     @property
     def url(self) -> str:
@@ -153,12 +159,19 @@ def start_server(
     dtype: str = "float32",
     args: Sequence[str] = (),
     partition: CpuPartition | None = None,
+    tensor_parallel: int = 1,
 ) -> VllmServer:
     """Starts the server with ``env`` added to this environment and ``args`` added to its
     command line, and waits for ``/health``. ``partition``: the server runs on the engine's
     CPUs (``taskset``) with its OpenMP threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``);
-    evald's daemon takes the others."""
+    evald's daemon takes the others. ``tensor_parallel``: that many ranks
+    (``--tensor-parallel-size``), each a worker process with its own share of the engine's
+    CPUs (the whole machine's without a partition), serving SmolLM2 with its heads padded so
+    the ranks can split them (:func:`tensor_parallel_model_folder`)."""
     folder = model_folder()
+    if tensor_parallel > 1:
+        folder = tensor_parallel_model_folder(folder, tensor_parallel)
+        args = ("--tensor-parallel-size", str(tensor_parallel), *args)
     port = free_port()
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -168,7 +181,9 @@ def start_server(
     ]  # fmt: skip
     if partition is not None:
         command[:0] = partition.engine_prefix()
-        env = {**partition.engine_env("VLLM_CPU_OMP_THREADS_BIND"), **env}
+        env = {**partition.engine_env(OMP_BIND, tensor_parallel), **env}
+    elif tensor_parallel > 1:
+        env = {OMP_BIND: rank_cpu_lists(tensor_parallel), **env}
     environ = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -182,7 +197,7 @@ def start_server(
     process = subprocess.Popen(
         command, env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=str(log_path.parent)
     )
-    server = VllmServer(process, port, "smollm2", log_path)
+    server = VllmServer(process, port, "smollm2", log_path, tensor_parallel)
     wait_healthy(process, server.url, "vLLM", server.log, server.stop, READY_TIMEOUT_S)
     return server
 

@@ -51,6 +51,7 @@ __all__ = [
     "UnsupportedConfiguration",
     "check_config",
     "install",
+    "log_forcing",
     "max_drafts",
     "random_verify_is_broken",
     "register",
@@ -214,8 +215,9 @@ def check_config(vllm_config: Any) -> None:
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if getattr(scheduler_config, "async_scheduling", False):
         problems.append(
-            "async scheduling: the next step is scheduled before this step's token is known, "
-            "so a span that just closed could not be held; start with --no-async-scheduling"
+            "async scheduling (on by default on GPUs): the next step is scheduled before this "
+            "step's token is known, so a span that just closed could not be held; start vLLM "
+            "with --no-async-scheduling"
         )
     parallel = getattr(vllm_config, "parallel_config", None)
     pp_size = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
@@ -404,6 +406,14 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
     codec = TokenCodec.from_tokenizer(tokenizer, vocab_size=vocab_size)
     drafts = max_drafts(scheduler.vllm_config)
     greedy_only = bool(drafts) and random_verify_is_broken()
+    log_forcing(drafts, greedy_only)
+    return SpanTracker(config, codec, max_drafts=drafts, greedy_drafts_only=greedy_only)
+
+
+def log_forcing(drafts: int, greedy_only: bool) -> None:
+    """Says at start-up how result regions will be forced: through the verify step (``drafts``
+    forced tokens a forward, plus one), one token per step while a request samples randomly
+    where ``greedy_only``, or one token per step with the option that would change it."""
     if drafts:
         logger.info(
             "evald vLLM adapter: result regions go through vLLM's verify step, up to %d "
@@ -416,13 +426,12 @@ def _build_tracker(scheduler: Any, config: AdapterConfig) -> Any:
             "forced one token per step instead",
             RANDOM_VERIFY_BROKEN,
         )
-    else:
+    elif not drafts:
         logger.info(
             "evald vLLM adapter: one forced token per step; for a whole result in one forward "
             "start vLLM with --speculative-config '%s'",
             json.dumps(speculative_config()),
         )
-    return SpanTracker(config, codec, max_drafts=drafts, greedy_drafts_only=greedy_only)
 
 
 def _share_vllm_log_handlers() -> None:

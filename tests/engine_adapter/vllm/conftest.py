@@ -4,6 +4,9 @@ The server (``.venv-vllm``, built by ``make vllm-venv``) is started with the ada
 against ``daemon``, once for each way of forcing results (:data:`FORCING`; every test that uses
 it runs under both, one server at a time); it may also use a second evald at a fixed socket
 (``EVALD_ALLOWED_TARGETS``), which the fault tests start, stop (SIGSTOP) and kill at will.
+A module may start its own server instead: vLLM's n-gram proposer (:func:`ngram_server`), or
+two tensor-parallel ranks (:func:`tp_server`). The daemon serves its metrics
+(``Daemon.metrics_port``), so a test can read how many evaluations reached it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ sys.path.insert(0, str(HERE.parents[1] / "evald"))
 
 from daemon_harness import Daemon, start_daemon  # noqa: E402
 
+from engine_adapter.testing import free_port  # noqa: E402
 from engine_adapter.testing.vllm import (  # noqa: E402
     CONFIG,
     DEADLINE_MS,
@@ -63,7 +67,9 @@ def vllm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def daemon(vllm_root: Path) -> Iterator[Daemon]:
-    handle = start_daemon(vllm_root / "evald", CONFIG, own_session=True)
+    port = free_port()
+    config = CONFIG.replace("[server]\n", f'[server]\nmetrics_listen = "127.0.0.1:{port}"\n', 1)
+    handle = start_daemon(vllm_root / "evald", config, own_session=True, metrics_port=port)
     try:
         yield handle
     finally:
@@ -148,6 +154,27 @@ def ngram_server(
     env = server_env(daemon, fault_socket, span_log)
     args = ("--speculative-config", json.dumps(NGRAM))
     handle = start_server(python, env, vllm_root / "vllm-ngram.log", args=args)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        print(f"vLLM log: {handle.log_path}")
+
+
+#: The ranks of the tensor-parallel server (``test_vllm_tensor_parallel.py``).
+TP_RANKS = 2
+
+
+@pytest.fixture(scope="module")
+def tp_server(
+    daemon: Daemon, fault_socket: Path, span_log: Path, vllm_root: Path
+) -> Iterator[VllmServer]:
+    """A server of :data:`TP_RANKS` tensor-parallel ranks, each a worker process on a CPU of its
+    own, forcing results through the verify step (the adapter's proposer), for one module."""
+    python = python_or_skip()
+    env = server_env(daemon, fault_socket, span_log)
+    log = vllm_root / f"vllm-tp{TP_RANKS}.log"
+    handle = start_server(python, env, log, args=FORCING["drafts"], tensor_parallel=TP_RANKS)
     try:
         yield handle
     finally:

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from engine_adapter.testing.vllm import vllm_python
-from engine_adapter.vllm.plugin import UnsupportedConfiguration, check_config, max_drafts
+from engine_adapter.vllm.plugin import (
+    UnsupportedConfiguration,
+    check_config,
+    log_forcing,
+    max_drafts,
+)
 from engine_adapter.vllm.proposer import FORCED_ONLY, ForcedOnlyProposer, speculative_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -159,3 +164,38 @@ def test_unsupported_configurations_are_refused(changes: dict[str, Any], needle:
     with pytest.raises(UnsupportedConfiguration, match=needle) as info:
         check_config(config(**changes))
     assert "Unset EVALD_TARGET" in str(info.value)
+
+
+def test_async_scheduling_refusal_names_the_gpu_default_and_the_flag() -> None:
+    """vLLM turns async scheduling on by default on GPUs: the refusal a GPU user meets first
+    says so, and what to pass."""
+    with pytest.raises(UnsupportedConfiguration) as info:
+        check_config(config(scheduler_config=SimpleNamespace(async_scheduling=True)))
+    message = str(info.value)
+    assert "on by default on GPUs" in message
+    assert "start vLLM with --no-async-scheduling" in message
+
+
+@pytest.mark.parametrize(
+    ("drafts", "greedy_only", "says", "never"),
+    [
+        (16, False, ["verify step, up to 17 forced tokens"], ["one forced token per step"]),
+        (16, True, ["verify step, up to 17", "vllm-project/vllm#55005"], ["--speculative-config"]),
+        (0, False, ["one forced token per step", "--speculative-config"], ["verify step"]),
+    ],
+)
+def test_the_start_up_log_says_how_results_are_forced(
+    caplog: pytest.LogCaptureFixture,
+    drafts: int,
+    greedy_only: bool,
+    says: list[str],
+    never: list[str],
+) -> None:
+    """A server with the adapter's proposer where the verify step works (a GPU) is told it
+    forces through the verify step, never that it forces one token per step."""
+    with caplog.at_level("INFO", logger="engine_adapter.vllm"):
+        log_forcing(drafts, greedy_only)
+    for needle in says:
+        assert needle in caplog.text, caplog.text
+    for needle in never:
+        assert needle not in caplog.text, caplog.text
