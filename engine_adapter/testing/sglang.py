@@ -32,6 +32,7 @@ from engine_adapter.testing._server_runs import (
     adapter_checkout,
     daemon_config,
     metric_lines,
+    rank_cpu_lists,
     stop_process,
     stream_chunks,
     tenant,
@@ -50,7 +51,6 @@ __all__ = [
     "SPIN_TOKEN",
     "TOKEN",
     "SglangServer",
-    "rank_cpus",
     "sglang_python",
     "start_server",
     "unsupported_reason",
@@ -225,7 +225,8 @@ def start_server(
     ``partition``: the server runs on the engine's CPUs (``taskset``) with its OpenMP threads
     bound to them (``SGLANG_CPU_OMP_THREADS_BIND``); evald's daemon takes the others.
     ``tp_size``: SGLang's ``--tp-size``, each rank's OpenMP threads bound to its own share of
-    this process's CPUs (:func:`rank_cpus`), as SGLang's CPU backend asks.
+    this process's CPUs (:func:`~engine_adapter.testing.rank_cpu_lists`), as SGLang's CPU
+    backend asks.
     """
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler {scheduler!r}: expected one of {SCHEDULERS}")
@@ -249,7 +250,7 @@ def start_server(
         command[:0] = partition.engine_prefix()
         env = {**partition.engine_env("SGLANG_CPU_OMP_THREADS_BIND"), **env}
     if tp_size > 1:
-        env = {"SGLANG_CPU_OMP_THREADS_BIND": rank_cpus(tp_size), **env}
+        env = {"SGLANG_CPU_OMP_THREADS_BIND": rank_cpu_lists(tp_size), **env}
     environ = {
         **os.environ,
         "SGLANG_USE_CPU_ENGINE": "1",
@@ -271,18 +272,3 @@ def start_server(
     server = SglangServer(process, port, scheduler, log_path, tp_size)
     wait_healthy(process, server.url, "SGLang", server.log, server.stop, READY_TIMEOUT_S)
     return server
-
-
-def rank_cpus(tp_size: int) -> str:
-    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``tp_size`` ranks: this process's CPUs in
-    ``tp_size`` equal runs, one per rank (``"0|1"`` on two CPUs, ``"0-7|8-15"`` on sixteen).
-
-    Raises:
-        ValueError: fewer CPUs than ranks.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    if tp_size < 1 or len(cpus) < tp_size:
-        raise ValueError(f"tp_size {tp_size}: this process may use {len(cpus)} CPUs")
-    share = len(cpus) // tp_size
-    runs = [cpus[i * share : (i + 1) * share] for i in range(tp_size)]
-    return "|".join(str(run[0]) if len(run) == 1 else ",".join(str(c) for c in run) for run in runs)

@@ -40,7 +40,7 @@ over every core, the engine's included (with two hogs on two cores, one beside e
                                       [--tp-size 1 2]
 
 ``--tp-size 2`` runs the servers with two tensor-parallel ranks, each rank's OpenMP threads on
-its own share of the cores (``engine_adapter.testing.sglang.rank_cpus``; with the cores shared
+its own share of the cores (``engine_adapter.testing.rank_cpu_lists``; with the cores shared
 with evald and the hogs, jump scheduling).
 
 Needs ``.venv-sglang`` (``make sglang-venv``); starts its own evald (in a session of its own, as
