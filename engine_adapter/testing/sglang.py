@@ -191,10 +191,13 @@ class SglangServer:
         return values
 
     def forward_passes(self) -> dict[str, float]:
-        """The server's own count of forward passes, by kind (``prefill``, ``decode``)."""
+        """The server's own count of forward passes, by kind (``prefill``, ``decode``): rank
+        0's (with tensor parallelism every rank runs each forward and counts it)."""
         counts = {"prefill": 0.0, "decode": 0.0}
         for name, value in self.metrics().items():
-            if name.startswith("sglang:cuda_graph_passes_total{"):
+            if name.startswith("sglang:cuda_graph_passes_total{") and (
+                "tp_rank=" not in name or 'tp_rank="0"' in name
+            ):
                 kind = "prefill" if 'mode="prefill' in name else "decode"
                 counts[kind] += value
         return counts
