@@ -260,6 +260,13 @@ class EvaluatorGrammar(BaseGrammarObject):  # type: ignore[misc]
         return getattr(self.grammar, "key_string", None)
 
     @property
+    def evald_lowered_key(self) -> str | None:
+        """The text the request's grammar was compiled from, after lowering with its tenant's
+        evaluators (tensor-parallel ranks compare it: ``_rank_sync.agree_on_refusals``)."""
+        key = self.key_string
+        return key if isinstance(key, str) else None
+
+    @property
     def bindings(self) -> tuple[SpanBinding, ...]:
         return self._bindings
 

@@ -46,7 +46,15 @@ from engine_adapter.serving import StepWaits
 from engine_adapter.spans import EvalResult, SpanEvaluator
 from evald.contract import ErrorCode
 
-__all__ = ["RankDivergence", "RankEvaluator", "RankSync", "RankSyncStats", "rank_sync"]
+__all__ = [
+    "RankDivergence",
+    "RankEvaluator",
+    "RankSync",
+    "RankSyncStats",
+    "queue_cache_hits",
+    "rank_sync",
+    "torch_collectives",
+]
 
 logger = logging.getLogger("engine_adapter.sglang")
 
@@ -239,27 +247,32 @@ class RankSync:
         rank): a request refused on any rank is refused on all, with that rank's message.
 
         A compile that reads evald (the tenant's evaluators) could succeed on one rank and
-        fail on another (evald restarted, an evaluator registered in between); the request
-        would then run on some ranks only. ``refuse(req, message)`` refuses it here.
+        fail on another (evald restarted, an evaluator registered in between), or lower the
+        request from two revisions of its evaluators into two grammars; the request would then
+        run on some ranks only, or under masks that differ. Either way it is refused on every
+        rank. ``refuse(req, message)`` refuses it here.
         """
         if not reqs:  # the same on every rank: SGLang synchronised which are ready
             return
-        mine = [(getattr(req, "rid", None), _refusal(req)) for req in reqs]
+        mine = [(getattr(req, "rid", None), _refusal(req), _grammar_digest(req)) for req in reqs]
         everyone = self._gather(mine)
+        if any(len(ranks) != len(reqs) for ranks in everyone) or any(
+            ranks[i][0] != mine[i][0] for ranks in everyone for i in range(len(reqs))
+        ):
+            raise RankDivergence(
+                f"evald adapter: tensor-parallel rank {self.rank} holds other compiled "
+                f"requests than its peers: {[m[0] for m in mine]} here, "
+                f"{[[m[0] for m in ranks] for ranks in everyone]}"
+            )
         for index, req in enumerate(reqs):
-            views = [ranks[index] if index < len(ranks) else (None, None) for ranks in everyone]
-            if any(rid != mine[index][0] for rid, _ in views) or any(
-                len(ranks) != len(reqs) for ranks in everyone
-            ):
-                raise RankDivergence(
-                    f"evald adapter: tensor-parallel rank {self.rank} holds other compiled "
-                    f"requests than its peers: {[r for r, _ in mine]} here, {everyone}"
-                )
+            views = [ranks[index] for ranks in everyone]
             if mine[index][1] is not None:
                 continue
-            refusals = [message for _, message in views if message is not None]
+            refusals = [message for _, message, _ in views if message is not None]
             if refusals:
                 refuse(req, refusals[0])
+            elif len({digest for _, _, digest in views}) > 1:
+                refuse(req, _CHANGED_MEANWHILE)
 
     def idle_futures(self) -> list[concurrent.futures.Future[EvalResult]]:
         """What the leader's idle scheduler may sleep on (the evaluations in flight); nothing on
@@ -295,6 +308,19 @@ class RankSync:
         return None
 
 
+_CHANGED_MEANWHILE = (
+    "evald adapter: the tenant's evaluators changed while this request's grammar was made (the "
+    "tensor-parallel ranks lowered it from different revisions); send it again"
+)
+
+
+def _grammar_digest(req: Any) -> int | None:
+    """What an evaluated request's grammar was lowered to (the same text on every rank unless
+    the tenant's evaluators changed between the ranks' compiles); None for any other."""
+    key = getattr(getattr(req, "grammar", None), "evald_lowered_key", None)
+    return zlib.crc32(key.encode()) if isinstance(key, str) else None
+
+
 def _refusal(req: Any) -> str | None:
     """The abort message of a request SGLang refused (``FINISH_ABORT``), else ``None``."""
     finish = getattr(req, "to_finish", None)
@@ -312,6 +338,29 @@ def _outcome(future: concurrent.futures.Future[EvalResult]) -> EvalResult:
         return future.result()
     except Exception as exc:
         return EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
+
+
+def queue_cache_hits(backend: Any) -> None:
+    """Makes SGLang's grammar cache answer a hit as a compile that is already done.
+
+    A request's cache key holds its tenant's spec revision, which each rank learns from evald
+    on its own: for a while one rank may hit the cache where another misses. A hit goes
+    straight to the waiting queue and a miss through the grammar queue, so the two ranks would
+    admit the request at different steps. As a done future, a hit takes the grammar queue too,
+    where SGLang's grammar manager admits a request on every rank at once (the copy still
+    saves the compile).
+    """
+    cached = backend.get_cached_or_future_value
+
+    def get_cached_or_future_value(key: Any, require_reasoning: bool) -> tuple[Any, bool]:
+        value, hit = cached(key, require_reasoning)
+        if not hit:
+            return value, False
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_result(value)
+        return done, False
+
+    backend.get_cached_or_future_value = get_cached_or_future_value
 
 
 def torch_collectives(group: Any) -> tuple[Broadcast, Gather]:

@@ -352,6 +352,10 @@ def _after_backend_init(
     setattr(backend, _RUNTIME_ATTR, tenants.default)
     setattr(backend, _TENANTS_ATTR, tenants)
     backend.executor = GatedExecutor(backend.executor)
+    from engine_adapter.sglang._rank_sync import queue_cache_hits, rank_sync
+
+    if rank_sync() is not None:
+        queue_cache_hits(backend)
 
 
 def _around_process_req_with_grammar(original: Any, manager: Any, req: Any) -> Any:

@@ -72,11 +72,16 @@ def _rank(rank: int, port: int, spin_wasm: str, diverge: bool, out: Any) -> None
             if rank == 0:
                 time.sleep(0.002)
         results = [(f.result().value, f.result().error_code) for f in (value, late)]
-        # Two compiled requests; rank 1 refused the second one's grammar.
+        # Three compiled requests: rank 1 refused the second one's grammar; the third was
+        # lowered into another text on each rank (the tenant's evaluators changed meanwhile).
+        lowered = SimpleNamespace(evald_lowered_key="same text")
         reqs = [
-            SimpleNamespace(rid="a", to_finish=None),
+            SimpleNamespace(rid="a", to_finish=None, grammar=lowered),
             SimpleNamespace(
                 rid="b", to_finish=FINISH_ABORT("unknown evaluator 'x'") if rank == 1 else None
+            ),
+            SimpleNamespace(
+                rid="c", to_finish=None, grammar=SimpleNamespace(evald_lowered_key=f"rev {rank}")
             ),
         ]
         refused: list[tuple[str, str]] = []
@@ -130,7 +135,11 @@ def test_every_rank_sees_each_outcome_at_the_same_exchange(tmp_path: Path) -> No
     (seen0, results0, _, published0), (seen1, results1, _, published1) = found[0], found[1]
     assert results0[:2] == results1[:2] == [("42", None), (None, "deadline_exceeded")]
     # a grammar refused on one rank is refused on the other, with that rank's message
-    assert results0[2] == [("b", "unknown evaluator 'x'")] and results1[2] == []
+    assert results0[2][0] == ("b", "unknown evaluator 'x'")
+    # grammars lowered from two revisions: refused on both ranks
+    assert [rid for rid, _ in results0[2]] == ["b", "c"]
+    assert [rid for rid, _ in results1[2]] == ["c"]
+    assert "changed while this request's grammar was made" in results1[2][0][1]
     assert seen0 == seen1  # published at the same exchange on both ranks
     assert (True, False) in seen0  # the value came back before the late span's deadline
     assert published0 == published1 == 2
