@@ -51,6 +51,7 @@ __all__ = [
     "RankEvaluator",
     "RankSync",
     "RankSyncStats",
+    "agree_on_compiles",
     "queue_cache_hits",
     "rank_sync",
     "torch_collectives",
@@ -338,6 +339,29 @@ def _outcome(future: concurrent.futures.Future[EvalResult]) -> EvalResult:
         return future.result()
     except Exception as exc:
         return EvalResult(None, ErrorCode.INTERNAL, f"evaluator failed: {exc}")
+
+
+def agree_on_compiles(manager: Any, reqs: list[Any]) -> None:
+    """After SGLang's grammar manager hands out ``reqs`` (the same on every rank): with tensor
+    parallelism, refusals and grammars are agreed (:meth:`RankSync.agree_on_refusals`); a
+    request refused here is refused as the rank that refused it did: an invalid grammar, cached
+    under its key so a later request with it is refused at once on this rank too, and the
+    abort."""
+    sync = rank_sync()
+    if sync is None:
+        return
+
+    def refuse(req: Any, message: str) -> None:
+        from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+        invalid = InvalidGrammarObject(message)
+        key = getattr(req, "grammar_key", None)
+        if key is not None:
+            manager.grammar_backend.set_cache(key, invalid)
+        req.grammar = invalid
+        req.set_finish_with_abort(message)
+
+    sync.agree_on_refusals(reqs, refuse)
 
 
 def queue_cache_hits(backend: Any) -> None:

@@ -92,37 +92,6 @@ _TENANTS_ATTR = "_evald_tenants"
 SCHEDULING_ENV = "EVALD_SGLANG_SCHEDULING"
 SCHEDULING_MODES = ("jump", "inline")
 
-#: The SGLang internals the scheduler hooks read or call, checked by :func:`check_internals`.
-_INTERNALS = {
-    "sglang.srt.managers.schedule_batch.ScheduleBatch": (
-        "init_new", "prepare_for_extend", "prepare_for_decode", "filter_batch",
-        "mix_with_running", "check_decode_mem", "is_empty", "reqs", "batch_is_full",
-        "return_logprob", "decoding_reqs", "contains_last_prefill_chunk",
-        "hisparse_coordinator",
-    ),
-    "sglang.srt.managers.schedule_batch.Req": (
-        "seqlen", "finished", "refresh_fill_ids", "extend_len", "output_ids", "grammar",
-        "to_finish", "prefix_len", "extend_end", "already_computed", "kv", "sampling_params",
-        "rid", "return_logprob", "grammar_key", "set_finish_with_abort",
-    ),
-    "sglang.srt.managers.schedule_batch.ReqKvInfo": ("kv_committed_len",),
-    "sglang.srt.managers.schedule_batch.NextBatchPlan": ("batch_to_run", "running_batch"),
-    "sglang.srt.managers.scheduler.Scheduler": (
-        "running_batch", "waiting_queue", "req_to_token_pool", "token_to_kv_pool_allocator",
-        "tree_cache", "model_config", "enable_overlap", "spec_algorithm", "is_mixed_chunk",
-        "result_queue",
-    ),
-    "sglang.srt.mem_cache.common": ("evict_from_tree_cache",),
-    "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend": (
-        "executor", "get_cached_or_future_value", "set_cache",
-    ),
-    "sglang.srt.layers.dp_attention": ("get_dp_tp_group",),
-    "sglang.srt.constrained.grammar_manager.GrammarManager": (
-        "grammar_backend", "get_ready_grammar_requests",
-    ),
-    "sglang.srt.constrained.base_grammar_backend.InvalidGrammarObject": ("error_message",),
-}  # fmt: skip
-
 
 class PluginError(RuntimeError):
     """The adapter's hooks are not in place; the message names the missing targets."""
@@ -219,8 +188,9 @@ def check_internals() -> list[str]:
     if not scheduler_available():
         return []
     from engine_adapter.serving import missing_internals
+    from engine_adapter.sglang._internals_used import INTERNALS
 
-    return missing_internals(_INTERNALS)
+    return missing_internals(INTERNALS)
 
 
 def hooks() -> Iterator[tuple[str, Callable[..., Any], Any]]:
@@ -398,29 +368,13 @@ def _around_get_ready_grammar_requests(
     original: Any, manager: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """With tensor parallelism, a request whose grammar one rank refused is refused on every
-    rank (:meth:`~engine_adapter.sglang._rank_sync.RankSync.agree_on_refusals`)."""
+    rank (:func:`~engine_adapter.sglang._rank_sync.agree_on_compiles`)."""
     reqs = original(manager, *args, **kwargs)
-    if getattr(getattr(manager, "grammar_backend", None), _TENANTS_ATTR, None) is None:
-        return reqs
-    from engine_adapter.sglang._rank_sync import rank_sync
+    if getattr(getattr(manager, "grammar_backend", None), _TENANTS_ATTR, None) is not None:
+        from engine_adapter.sglang._rank_sync import agree_on_compiles
 
-    sync = rank_sync()
-    if sync is not None:
-        sync.agree_on_refusals(reqs, lambda req, message: _refuse(manager, req, message))
+        agree_on_compiles(manager, reqs)
     return reqs
-
-
-def _refuse(manager: Any, req: Any, message: str) -> None:
-    """Refuses ``req`` as the rank that refused it did: an invalid grammar (cached under its
-    key, so a later request with it is refused at once on this rank too) and the abort."""
-    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
-
-    invalid = InvalidGrammarObject(message)
-    key = getattr(req, "grammar_key", None)
-    if key is not None:
-        manager.grammar_backend.set_cache(key, invalid)
-    req.grammar = invalid
-    req.set_finish_with_abort(message)
 
 
 def _around_dispatch_structural_tag(original: Any, backend: Any, key_string: str) -> Any:
