@@ -13,12 +13,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "ECHO",
     "ESSAY_PROMPT",
     "ESSAY_SCHEMA",
     "NARRATED_SCHEMA",
+    "POLICY",
     "VERDICT",
+    "calc_value",
     "checked_document",
     "extraction_schema",
+    "http_error",
     "numbers_in",
     "policy_schema",
     "unknown_evaluator_schema",
@@ -137,3 +141,30 @@ def checked_document(text: str, schema: Mapping[str, Any], specs: Sequence[Any])
 def numbers_in(text: str) -> set[int]:
     """The integers written in ``text``."""
     return {int(m) for m in re.findall(r"\d+", text)}
+
+
+#: What the per-request tenant registers (tests/engine_adapter/computed_tenant.py): an evaluator
+#: that returns its input object (the facts the model wrote, as the engine built them) and a
+#: booking policy that returns ``VERDICT``.
+ECHO, POLICY = "facts46", "policy46"
+
+
+def calc_value(target: str, token: str, expression: str) -> Any:
+    """evald's own value for ``expression`` (as JSON), or its error object."""
+    from evald.client import Client
+    from evald.contract import ErrorCode
+
+    with Client(target, token) as client:
+        response = client.evaluate("calc", expression)
+    if response.WhichOneof("outcome") == "value":
+        return json.loads(response.value)
+    return {"$error": ErrorCode.from_proto(response.error.code).value}
+
+
+def http_error(call: Any) -> str:
+    """The HTTP error ``call`` raised (``engine_adapter.testing.post``: "HTTP CODE: body")."""
+    try:
+        answer = call()
+    except AssertionError as exc:
+        return str(exc)
+    raise AssertionError(f"expected an HTTP error, got {answer}")

@@ -13,59 +13,27 @@ import signal
 from typing import Any
 
 import pytest
+from computed_tenant import register_policy
 from daemon_harness import Daemon
 
 from engine_adapter.testing import (
+    ECHO,
     ESSAY_PROMPT,
     ESSAY_SCHEMA,
     NARRATED_SCHEMA,
+    POLICY,
     VERDICT,
+    calc_value,
     checked_document,
     extraction_schema,
+    http_error,
     numbers_in,
     policy_schema,
     unknown_evaluator_schema,
 )
 from engine_adapter.testing.sglang import SPIN_TOKEN, TOKEN, SglangServer
-from evald.client import Client
 
 pytestmark = pytest.mark.sglang_server
-
-#: What the per-request tenant registers: an evaluator that returns its input object (the facts
-#: the model wrote, as the engine built them) and a booking policy that returns ``VERDICT``.
-ECHO, POLICY = "facts46", "policy46"
-
-
-def calc_value(daemon: Daemon, expression: str, token: str = TOKEN) -> Any:
-    """evald's own value for ``expression`` (as JSON), or its error code."""
-    from evald.contract import ErrorCode
-
-    with Client(daemon.target, token) as client:
-        response = client.evaluate("calc", expression)
-    if response.WhichOneof("outcome") == "value":
-        return json.loads(response.value)
-    return {"$error": ErrorCode.from_proto(response.error.code).value}
-
-
-def register_policy(daemon: Daemon) -> list[Any]:
-    """``ECHO`` and ``POLICY`` for the spin tenant only; that tenant's evaluators."""
-    from engine_adapter import list_evaluators
-    from evald.testing import named_guest
-
-    with Client(daemon.target, SPIN_TOKEN) as client:
-        client.register(named_guest("echo", ECHO), replace=True)
-        verdict = (json.dumps(VERDICT).encode(), False)
-        client.register(named_guest("payload", POLICY, verdict), replace=True)
-    assert POLICY not in {s.name for s in list_evaluators(daemon.target, TOKEN)}
-    return list_evaluators(daemon.target, SPIN_TOKEN)
-
-
-def http_error(call: Any) -> str:
-    try:
-        answer = call()
-    except AssertionError as exc:  # engine_adapter.testing.post: "HTTP CODE: body"
-        return str(exc)
-    raise AssertionError(f"expected an HTTP error, got {answer}")
 
 
 @pytest.mark.timeout(900)  # may be the first test of a scheduler (its server starts)
@@ -79,7 +47,8 @@ def test_essay_value_arrives_in_the_stream(
     final = texts[-1]
     specs = list(server_specs.values())
     document = checked_document(final, NARRATED_SCHEMA, specs)
-    assert document["answer"] == calc_value(server_daemon, document["expression"]), final
+    expected = calc_value(server_daemon.target, TOKEN, document["expression"])
+    assert document["answer"] == expected, final
     value = f'"answer": {json.dumps(document["answer"])}'
     arrived = next(i for i, text in enumerate(texts) if value in text)
     assert len(texts[arrived]) < len(final), texts  # the model wrote on after it arrived
@@ -92,7 +61,7 @@ def test_openai_response_format_with_a_request_tenants_policy(
     ``custom_params``: that tenant's evaluators compute the facts object and the decision
     object from the facts the model wrote; the server's own tenant, which has no such
     evaluator, gets a 400."""
-    specs = register_policy(server_daemon)
+    specs = register_policy(server_daemon.target, SPIN_TOKEN, TOKEN)
     schema = policy_schema(ECHO, POLICY)
     message = "I am 34 and the repair parts cost 6500 and 1200. Can you book me?"
     response_format = {"type": "json_schema", "json_schema": {"name": "booking", "schema": schema}}

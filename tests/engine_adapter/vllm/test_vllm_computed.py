@@ -14,59 +14,27 @@ import signal
 from typing import Any
 
 import pytest
+from computed_tenant import register_policy
 from daemon_harness import Daemon
 
 from engine_adapter.testing import (
+    ECHO,
     ESSAY_PROMPT,
     ESSAY_SCHEMA,
     NARRATED_SCHEMA,
+    POLICY,
     VERDICT,
+    calc_value,
     checked_document,
     extraction_schema,
+    http_error,
     numbers_in,
     policy_schema,
     unknown_evaluator_schema,
 )
 from engine_adapter.testing.vllm import SPIN_TOKEN, TOKEN, VllmServer
-from evald.client import Client
 
 pytestmark = pytest.mark.vllm
-
-#: What the per-request tenant registers: an evaluator that returns its input object (the facts
-#: the model wrote, as the engine built them) and a booking policy that returns ``VERDICT``.
-ECHO, POLICY = "facts46", "policy46"
-
-
-def calc_value(daemon: Daemon, expression: str) -> Any:
-    """evald's own value for ``expression`` (as JSON), or its error object."""
-    from evald.contract import ErrorCode
-
-    with Client(daemon.target, TOKEN) as client:
-        response = client.evaluate("calc", expression)
-    if response.WhichOneof("outcome") == "value":
-        return json.loads(response.value)
-    return {"$error": ErrorCode.from_proto(response.error.code).value}
-
-
-def register_policy(daemon: Daemon) -> list[Any]:
-    """``ECHO`` and ``POLICY`` for the spin tenant only; that tenant's evaluators."""
-    from engine_adapter import list_evaluators
-    from evald.testing import named_guest
-
-    with Client(daemon.target, SPIN_TOKEN) as client:
-        client.register(named_guest("echo", ECHO), replace=True)
-        verdict = (json.dumps(VERDICT).encode(), False)
-        client.register(named_guest("payload", POLICY, verdict), replace=True)
-    assert POLICY not in {s.name for s in list_evaluators(daemon.target, TOKEN)}
-    return list_evaluators(daemon.target, SPIN_TOKEN)
-
-
-def http_error(call: Any) -> str:
-    try:
-        answer = call()
-    except AssertionError as exc:  # engine_adapter.testing.post: "HTTP CODE: body"
-        return str(exc)
-    raise AssertionError(f"expected an HTTP error, got {answer}")
 
 
 def json_body(schema: dict[str, Any], **xargs: str) -> dict[str, Any]:
@@ -84,7 +52,7 @@ def test_essay_value_arrives_in_the_stream(server: VllmServer, daemon: Daemon, s
     texts = server.stream_texts(ESSAY_PROMPT, max_tokens=80, **json_body(NARRATED_SCHEMA))
     final = texts[-1]
     document = checked_document(final, NARRATED_SCHEMA, list(specs.values()))
-    assert document["answer"] == calc_value(daemon, document["expression"]), final
+    assert document["answer"] == calc_value(daemon.target, TOKEN, document["expression"]), final
     value = f'"answer": {json.dumps(document["answer"])}'
     arrived = next(i for i, text in enumerate(texts) if value in text)
     assert len(texts[arrived]) < len(final), texts  # the model wrote on after it arrived
@@ -97,7 +65,7 @@ def test_openai_response_format_with_a_request_tenants_policy(
     ``vllm_xargs``: that tenant's evaluators compute the facts object and the decision object
     from the facts the model wrote; the server's own tenant, which has no such evaluator, gets
     a 400."""
-    specs = register_policy(daemon)
+    specs = register_policy(daemon.target, SPIN_TOKEN, TOKEN)
     schema = policy_schema(ECHO, POLICY)
     message = [{"role": "user", "content": "I am 34 and the parts cost 6500 and 1200. Book me?"}]
     response_format = {"type": "json_schema", "json_schema": {"name": "booking", "schema": schema}}
