@@ -79,7 +79,8 @@ class RankSyncStats:
     published: int = 0
     """Span outcomes made visible to the scheduler (on every rank alike)."""
     deadlines: int = 0
-    """Of those, spans the leader's clock ended with ``deadline_exceeded``."""
+    """Spans the leader's clock ended with ``deadline_exceeded`` (counted on rank 0, which
+    decides them)."""
     settles: int = 0
     """Exchanges at a row that had to wait within a step's budget."""
 
@@ -220,8 +221,6 @@ class RankSync:
                 )
             span.published.set_result(result)
             self.stats.published += 1
-            if result.error_code == ErrorCode.DEADLINE_EXCEEDED and span.real is not None:
-                self.stats.deadlines += 1
 
     def settle(self, state: SpanState, waits: StepWaits, published: Any) -> bool:
         """A row in a step already built when its span closed, with nothing of its region to
@@ -293,6 +292,7 @@ class RankSync:
             if result is None and span.real is not None and span.real.done():
                 result = _outcome(span.real)
             if result is None and now >= span.deadline_at:
+                self.stats.deadlines += 1
                 result = EvalResult(
                     None,
                     ErrorCode.DEADLINE_EXCEEDED,
