@@ -132,6 +132,24 @@ SERVERS = [(scheduler, 1) for scheduler in sglang_server.SCHEDULERS] + [
 ]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``one_rank`` run against the one-rank servers only: what they check does
+    not depend on the ranks (a benchmark's measurement runs, the CPU evald takes beside hogs),
+    and on two ranks they would only repeat it, slower."""
+
+    def on_two_ranks(item: pytest.Item) -> bool:
+        callspec = getattr(item, "callspec", None)
+        return callspec is not None and callspec.params.get("server", (None, 1))[1] > 1
+
+    two_ranks = [
+        item for item in items if item.get_closest_marker("one_rank") and on_two_ranks(item)
+    ]
+    if two_ranks:
+        dropped = set(map(id, two_ranks))
+        items[:] = [item for item in items if id(item) not in dropped]
+        config.hook.pytest_deselected(items=two_ranks)
+
+
 @pytest.fixture(
     scope="session",
     params=SERVERS,

@@ -420,6 +420,7 @@ BUSY_EVALD_SHARE = 0.25
 
 
 @pytest.mark.timeout(1200)  # beside the hogs SGLang's forward steps take seconds
+@pytest.mark.one_rank
 def test_late_values_leave_a_busy_machine_to_the_engine(
     server: SglangServer,
     server_daemon: Daemon,
@@ -618,6 +619,7 @@ def test_span_log_records_every_span(
         assert 1 <= line["forwards"] <= most, line
 
 
+@pytest.mark.one_rank
 def test_stall_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
     """The stall benchmark's measurement on the session server, every arm (its numbers are not
     checked). The benchmark is the lab's: checked here, where the session's server is, when it
@@ -675,6 +677,7 @@ def register_spinner(daemon: Daemon, token: str = SPIN_TOKEN) -> Any:
     return {s.name: s for s in list_evaluators(daemon.target, token)}["spin"]
 
 
+@pytest.mark.one_rank
 def test_jump_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> None:
     """The forwards-and-latency benchmark's measurement on the session server (numbers not
     checked, but the stream must show each region arriving); the lab's, when it is installed."""
@@ -686,6 +689,7 @@ def test_jump_benchmark_runs(server: SglangServer, server_daemon: Daemon) -> Non
     assert result["concurrent"]["error"]["latency_ms_median"] > 0
 
 
+@pytest.mark.one_rank
 def test_cost_benchmark_rounds_run(server: SglangServer, server_specs: Any) -> None:
     """The cost benchmark's two kinds of round on the session server (numbers not checked);
     the lab's, when it is installed."""

@@ -3,7 +3,8 @@ evaluated once, by rank 0, and every rank decides the same thing at the same ste
 
 The rest of the real-server suite (test_sglang_server.py: values, errors, tenants, evald
 stopped or killed, spinning and slow tenants, the OpenAI API, the span log, the forward
-counters) runs against the same two-rank servers; these tests check what only two ranks have.
+counters) runs against the same two-rank servers, but for the tests marked ``one_rank`` (the
+benchmarks' runs, the CPU evald takes beside hogs); these tests check what only two ranks have.
 Each rank's scheduler logs with its rank (``TP0``, ``TP1``), so the server's log shows what each
 decided.
 """
