@@ -133,21 +133,32 @@ SERVERS = [(scheduler, 1) for scheduler in sglang_server.SCHEDULERS] + [
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``one_rank`` run against the one-rank servers only: what they check does
-    not depend on the ranks (a benchmark's measurement runs, the CPU evald takes beside hogs),
-    and on two ranks they would only repeat it, slower."""
+    """What the two-rank servers run. The one with the overlap scheduler (SGLang's default)
+    runs the whole suite but the tests marked ``one_rank``: what those check does not depend
+    on the ranks (a benchmark's measurement runs, the CPU evald takes beside hogs), and on two
+    ranks they would only repeat it, slower. The one with the normal scheduler runs the tests
+    marked ``rank_agreement`` only: how the ranks agree on each span's outcome (values,
+    deadlines, a stopped or killed evald, aborts while parked) is where the schedulers differ
+    at two ranks; the rest would repeat the one-rank runs and the overlap server's, at the
+    cost of CI minutes."""
 
-    def on_two_ranks(item: pytest.Item) -> bool:
+    def server_of(item: pytest.Item) -> tuple[str, int] | None:
         callspec = getattr(item, "callspec", None)
-        return callspec is not None and callspec.params.get("server", (None, 1))[1] > 1
+        return None if callspec is None else callspec.params.get("server")
 
-    two_ranks = [
-        item for item in items if item.get_closest_marker("one_rank") and on_two_ranks(item)
-    ]
-    if two_ranks:
-        dropped = set(map(id, two_ranks))
-        items[:] = [item for item in items if id(item) not in dropped]
-        config.hook.pytest_deselected(items=two_ranks)
+    def left_to_the_other_servers(item: pytest.Item) -> bool:
+        server = server_of(item)
+        if server is None or server[1] == 1:
+            return False
+        if item.get_closest_marker("one_rank"):
+            return True
+        return server[0] == "normal" and not item.get_closest_marker("rank_agreement")
+
+    dropped = [item for item in items if left_to_the_other_servers(item)]
+    if dropped:
+        ids = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in ids]
+        config.hook.pytest_deselected(items=dropped)
 
 
 @pytest.fixture(

@@ -3,8 +3,10 @@ evaluated once, by rank 0, and every rank decides the same thing at the same ste
 
 The rest of the real-server suite (test_sglang_server.py: values, errors, tenants, evald
 stopped or killed, spinning and slow tenants, the OpenAI API, the span log, the forward
-counters) runs against the same two-rank servers, but for the tests marked ``one_rank`` (the
-benchmarks' runs, the CPU evald takes beside hogs); these tests check what only two ranks have.
+counters) runs against the two-rank server with the overlap scheduler, but for the tests marked
+``one_rank`` (the benchmarks' runs, the CPU evald takes beside hogs); the one with the normal
+scheduler runs the tests marked ``rank_agreement``, these among them. These tests check what
+only two ranks have.
 Each rank's scheduler logs with its rank (``TP0``, ``TP1``), so the server's log shows what each
 decided.
 """
@@ -31,7 +33,7 @@ from engine_adapter.testing import fixed_tag, spans_in
 from engine_adapter.testing._common import free_port
 from engine_adapter.testing.sglang import CONFIG, SPIN_TOKEN, TOKEN, SglangServer
 
-pytestmark = pytest.mark.sglang_server
+pytestmark = [pytest.mark.sglang_server, pytest.mark.rank_agreement]
 
 _RANK_LINE = re.compile(r"^\[[^\]]* TP(\d+)\] (.*)$")
 
