@@ -133,14 +133,15 @@ SERVERS = [(scheduler, 1) for scheduler in sglang_server.SCHEDULERS] + [
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """What the two-rank servers run. The one with the overlap scheduler (SGLang's default)
-    runs the whole suite but the tests marked ``one_rank``: what those check does not depend
-    on the ranks (a benchmark's measurement runs, the CPU evald takes beside hogs), and on two
-    ranks they would only repeat it, slower. The one with the normal scheduler runs the tests
-    marked ``rank_agreement`` only: how the ranks agree on each span's outcome (values,
-    deadlines, a stopped or killed evald, aborts while parked) is where the schedulers differ
-    at two ranks; the rest would repeat the one-rank runs and the overlap server's, at the
-    cost of CI minutes."""
+    """Which real servers run which tests. The two-rank one with the overlap scheduler
+    (SGLang's default) runs the whole suite but the tests marked ``one_rank``: what those check
+    does not depend on the ranks (a benchmark's measurement runs, the CPU evald takes beside
+    hogs), and on two ranks they would only repeat it, slower. The two-rank one with the normal
+    scheduler runs the tests marked ``rank_agreement`` only: how the ranks agree on each span's
+    outcome (values, deadlines, a stopped or killed evald, aborts while parked) is where the
+    schedulers differ at two ranks; the rest would repeat the one-rank runs and the overlap
+    server's, at the cost of CI minutes. Tests marked ``overlap_only`` run with the overlap
+    scheduler only."""
 
     def server_of(item: pytest.Item) -> tuple[str, int] | None:
         callspec = getattr(item, "callspec", None)
@@ -148,7 +149,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def left_to_the_other_servers(item: pytest.Item) -> bool:
         server = server_of(item)
-        if server is None or server[1] == 1:
+        if server is None:
+            return False
+        if server[0] != "overlap" and item.get_closest_marker("overlap_only"):
+            return True
+        if server[1] == 1:
             return False
         if item.get_closest_marker("one_rank"):
             return True

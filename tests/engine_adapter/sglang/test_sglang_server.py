@@ -423,6 +423,7 @@ BUSY_EVALD_SHARE = 0.25
 
 @pytest.mark.timeout(1200)  # beside the hogs SGLang's forward steps take seconds
 @pytest.mark.one_rank
+@pytest.mark.overlap_only  # what it bounds, evald's CPU, does not depend on the scheduler
 def test_late_values_leave_a_busy_machine_to_the_engine(
     server: SglangServer,
     server_daemon: Daemon,
