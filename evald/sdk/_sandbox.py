@@ -310,15 +310,13 @@ class Scratch:
                 raise EvaldError(
                     ErrorCode.INVALID_ARGUMENT, f"cannot run {argv[0]}: {exc.strerror}"
                 ) from None
-            timed_out = False
+            cpu_s: float | None = None
             try:
-                proc.wait(timeout=max(self._deadline - time.monotonic(), 0.0))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                cpu_s = _wait(proc, self._deadline)
             finally:
                 _stop(proc, info_path)
         output = _read_output(log_path)
-        if timed_out:
+        if cpu_s is None:
             raise BuildError(
                 f"compiling {what} did not finish within the build's wall-clock limit of "
                 f"{self.sandbox.limits.timeout_s:g} s (--timeout); every process of the build "
@@ -326,7 +324,9 @@ class Scratch:
                 output,
             )
         if proc.returncode != 0:
-            raise BuildError(_failure(what, proc.returncode, output, self.sandbox.limits), output)
+            raise BuildError(
+                _failure(what, proc.returncode, output, self.sandbox.limits, cpu_s), output
+            )
         return output
 
     def _view(self, cwd: Path, needs: Iterable[Path], env: Mapping[str, str]) -> list[str]:
@@ -345,6 +345,26 @@ class Scratch:
         for name, value in env.items():
             args += ["--setenv", name, value]
         return [*args, "--chdir", str(cwd)]
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> float | None:
+    """Waits for ``proc`` until ``deadline`` (``time.monotonic``) and reaps it; returns the CPU
+    seconds it and every process under it used (``wait4``: the sandbox reaps the compiler and
+    its helpers, so their time is in its own), or None if the deadline came first.
+
+    ``Popen.wait`` gives no resource usage; the kernel's is the one account of what a run
+    used, including a process it killed at the hard CPU limit."""
+    pause = 0.001
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
 
 
 def _stop(proc: subprocess.Popen[bytes], info_path: Path) -> None:
@@ -382,10 +402,18 @@ _OUT_OF_MEMORY: Final = (
 )  # fmt: skip
 
 
-def _failure(what: str, returncode: int, output: str, limits: BuildLimits) -> str:
-    """Why a compiler run failed, naming a limit when a signal ended it or memory ran out."""
+def _failure(
+    what: str, returncode: int, output: str, limits: BuildLimits, cpu_s: float | None = None
+) -> str:
+    """Why a compiler run failed, naming a limit when a signal ended it or memory ran out.
+
+    ``cpu_s``: the CPU seconds the run used, every process of it together. The kernel sends
+    ``SIGXCPU`` at the CPU limit and ``SIGKILL`` a CPU second later; a compiler that outlives
+    the first (one that ignores it, or one whose threads kept it from acting on it in time)
+    ends by the second, which is still the CPU limit when the run used that much."""
     signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
-    if signum == signal.SIGXCPU:
+    at_cpu_limit = cpu_s is not None and cpu_s >= limits.cpu_s
+    if signum == signal.SIGXCPU or (signum == signal.SIGKILL and at_cpu_limit):
         return (
             f"compiling {what} was stopped: a compiler process used the build's {limits.cpu_s} "
             "CPU seconds (--cpu-seconds)"

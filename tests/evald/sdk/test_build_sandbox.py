@@ -26,7 +26,9 @@ from sdk_cli import Run, cli
 from toolchains import require_toolchain
 
 import evald.sdk as sdk
+from evald.sdk._compiler import BuildError
 from evald.sdk._rust import _probe
+from evald.sdk._sandbox import Scratch
 
 #: The message of a build refused for want of bwrap starts so.
 NO_BWRAP = (
@@ -360,11 +362,51 @@ def test_a_comptime_loop_ends_at_the_cpu_limit(tmp_path: Path) -> None:
     source.write_text(source.read_text() + COMPTIME_LOOP)
     run = cli("build", folder, "--no-grammar-check", "--cpu-seconds", "2", "--timeout", "300")
     assert run.status == 2
-    assert run.err.endswith(
+    # SIGXCPU at 2 CPU seconds ends it, or now and then (Zig's threads busy) SIGKILL at 3
+    at_soft_limit = (
         "error: invalid_module: compiling main.zig was stopped: a compiler process used the "
         "build's 2 CPU seconds (--cpu-seconds)\n"
-    ), run.err
+    )
+    at_hard_limit = (
+        "error: invalid_module: compiling main.zig failed: the compiler was killed by SIGKILL "
+        "(the build's limits: 300 s wall clock for the build (--timeout), 2 CPU seconds "
+        "(--cpu-seconds) and"
+    )
+    assert run.err.endswith(at_soft_limit) or at_hard_limit in run.err, run.err
     assert _processes_naming(str(source)) == []
+
+
+#: A compiler that ignores ``SIGXCPU`` and loops: the kernel kills it at the hard CPU limit,
+#: with ``SIGKILL``, a CPU second past the one the build set.
+IGNORES_SIGXCPU = ["/bin/sh", "-c", "trap '' XCPU; while :; do :; done"]
+
+
+def test_a_compiler_killed_at_the_hard_cpu_limit_is_told_as_the_cpu_limit(
+    tmp_path: Path,
+) -> None:
+    """``SIGXCPU`` at the limit, ``SIGKILL`` a CPU second later: an unsandboxed run the second
+    ends still names ``--cpu-seconds``, read from the CPU the kernel says the run used. In
+    bwrap the sandbox does not hand its compiler's CPU time on: there the message names the
+    signal and lists every limit (the next test's, and Zig's comptime loop's when its threads
+    keep it from acting on ``SIGXCPU`` in time)."""
+    sandbox = sdk.BuildSandbox(limits=sdk.BuildLimits(cpu_s=1), unsandboxed=True)
+    with Scratch(sandbox, tmp_path) as scratch, pytest.raises(BuildError) as raised:
+        scratch.run(IGNORES_SIGXCPU, what="loop.zig", cwd=tmp_path)
+    assert str(raised.value) == (
+        "compiling loop.zig was stopped: a compiler process used the build's 1 CPU seconds "
+        "(--cpu-seconds)"
+    )
+
+
+def test_a_compiler_killed_before_the_cpu_limit_is_told_by_its_signal(tmp_path: Path) -> None:
+    """A ``SIGKILL`` that is not the CPU limit's (here the compiler's own, at once) says the
+    signal and every limit, and no CPU limit it did not reach."""
+    sandbox = sdk.BuildSandbox(limits=sdk.BuildLimits(cpu_s=5))
+    with Scratch(sandbox, tmp_path) as scratch, pytest.raises(BuildError) as raised:
+        scratch.run(["/bin/sh", "-c", "kill -KILL $$"], what="main.zig", cwd=tmp_path)
+    assert str(raised.value).startswith(
+        "compiling main.zig failed: the compiler was killed by SIGKILL (the build's limits: "
+    ), str(raised.value)
 
 
 def test_a_compiler_past_the_memory_limit_fails_naming_it(tmp_path: Path) -> None:
