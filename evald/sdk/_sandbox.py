@@ -349,11 +349,10 @@ class Scratch:
 
 def _wait(proc: subprocess.Popen[bytes], deadline: float) -> float | None:
     """Waits for ``proc`` until ``deadline`` (``time.monotonic``) and reaps it; returns the CPU
-    seconds it and every process under it used (``wait4``: the sandbox reaps the compiler and
-    its helpers, so their time is in its own), or None if the deadline came first.
-
-    ``Popen.wait`` gives no resource usage; the kernel's is the one account of what a run
-    used, including a process it killed at the hard CPU limit."""
+    seconds ``wait4`` says it and the processes it reaped used, or None if the deadline came
+    first. Unsandboxed, that is the compiler's own time, the one account of a run the kernel
+    killed at the hard CPU limit (``Popen.wait`` gives none); bwrap's outer process does not
+    reap its namespace, so for a sandboxed run it is bwrap's own time, near zero."""
     pause = 0.001
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)

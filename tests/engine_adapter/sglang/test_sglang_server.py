@@ -316,6 +316,23 @@ def spans_logged_since(span_log: Path, offset: int) -> list[dict[str, Any]]:
         return [json.loads(line) for line in log.read().decode().splitlines() if line]
 
 
+def spans_logged_by_then(span_log: Path, offset: int, count: int) -> list[dict[str, Any]]:
+    """:func:`spans_logged_since`, once ``count`` lines are there or 10 s have passed (a span
+    is logged the step after its region completes, which may follow the response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = spans_logged_since(span_log, offset) if span_log.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
+
+
+def region_forwards_at_most(server: SglangServer) -> int:
+    """The forwards a result region takes alone on the server: its extend, and with the
+    overlap scheduler a decode step already launched when its span closed, before it."""
+    return 2 if server.scheduler == "overlap" else 1
+
+
 def log_offset(span_log: Path) -> int:
     return span_log.stat().st_size if span_log.exists() else 0
 
@@ -579,7 +596,7 @@ def test_a_whole_result_in_one_forward(
     assert plain_forwards - plain["meta_info"]["completion_tokens"] in past_the_end, (
         before, after, plain["meta_info"],
     )  # fmt: skip
-    logged = len(span_log.read_text().splitlines()) if span_log.exists() else 0
+    offset = log_offset(span_log)
     before = server.forward_passes()
     answer = server.generate("Compute:", max_new_tokens=120, structural_tag=tag)
     after = server.forward_passes()
@@ -588,9 +605,9 @@ def test_a_whole_result_in_one_forward(
     assert spans_in(text) == [
         ("calc", "17 * 23 + 91", "482", None), ("calc", "1 / 0", None, "division_by_zero")
     ]  # fmt: skip
-    lines = span_lines_after(span_log, logged, count=len(regions))
+    lines = spans_logged_by_then(span_log, offset, count=len(regions))
     assert [line["content"] for line in lines] == ["17 * 23 + 91", "1 / 0"], lines
-    most = 2 if server.scheduler == "overlap" else 1
+    most = region_forwards_at_most(server)
     assert all(1 <= line["forwards"] <= most for line in lines), lines
     # Decode steps that forced a region's first token before its extend.
     forced_first = sum(line["forwards"] - 1 for line in lines)
@@ -606,20 +623,6 @@ def test_a_whole_result_in_one_forward(
     assert after["prefill"] - before["prefill"] == 1 + len(regions)
 
 
-def span_lines_after(span_log: Path, logged: int, count: int) -> list[dict[str, Any]]:
-    """The span log's lines past its first ``logged``, once ``count`` of them are there (a
-    span is logged the step after its region completes, which may follow the response)."""
-    deadline = time.monotonic() + 10
-    lines: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        if span_log.exists():
-            lines = [json.loads(line) for line in span_log.read_text().splitlines()[logged:]]
-            if len(lines) >= count:
-                break
-        time.sleep(0.2)
-    return lines
-
-
 def test_span_log_records_every_span(
     server: SglangServer, span_log: Path, server_specs: Any
 ) -> None:
@@ -633,21 +636,15 @@ def test_span_log_records_every_span(
             "Compute:", max_new_tokens=60, structural_tag=fixed_tag("So ", (calc, c), ".")))
         for c in contents
     ]  # fmt: skip
+    offset = log_offset(span_log)
     run_all(calls)
-    deadline = time.monotonic() + 10
-    lines: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        if span_log.exists():
-            lines = [json.loads(line) for line in span_log.read_text().splitlines()]
-            if {c for c in contents} <= {line["content"] for line in lines}:
-                break
-        time.sleep(0.2)
+    lines = spans_logged_by_then(span_log, offset, count=len(contents))
     mine = {line["content"]: line for line in lines if line["content"] in contents}
     assert set(mine) == set(contents), lines
+    most = region_forwards_at_most(server)
     for content, line in mine.items():
         i = int(content.split()[0])
         assert line["value"] == str(i * 7 + i) and line["waited_ms"] == 0, line
-        most = 2 if server.scheduler == "overlap" else 1
         assert 1 <= line["forwards"] <= most, line
 
 

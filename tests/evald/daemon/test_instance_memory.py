@@ -2,9 +2,9 @@
 bounded; against a real daemon, measured by its resident memory.
 
 With ``max_modules = 1``, registering, calling and deleting a module that fills 48 MiB, 16
-times, once left the idle daemon at 848 MiB: a deletion evicted only the deleting thread's instances
-(the control thread has none), and each worker kept up to 64. Now every worker's instances of a
-deleted or replaced module go, and a tenant's kept instances hold at most its
+times, once left the idle daemon at 848 MiB: a deletion evicted only the deleting thread's
+instances (the control thread has none), and each worker kept up to 64. Now every worker's
+instances of a deleted or replaced module go, and a tenant's kept instances hold at most its
 ``instance_cache_bytes``, every worker together.
 
 Each test runs under both isolation modes. Under ``reuse`` a kept instance keeps every page its
