@@ -39,7 +39,7 @@ from engine_adapter.testing._server_runs import (
     venv_python,
     wait_healthy,
 )
-from evald.daemon import set_parent_death_signal
+from evald.daemon import child_start
 
 __all__ = [
     "CONFIG",
@@ -263,14 +263,17 @@ def start_server(
     }
     environ["PYTHONPATH"] = adapter_checkout()  # the adapter under test, not the venv's copy
     log = open(log_path, "wb")  # owned by the server process for its lifetime
+    # A test run killed with -9 takes the server along (the parent-death signal), and the test
+    # process, which holds gRPC channels, starts it without forking (evald.daemon.child_start).
+    start = child_start(command, death_signal=signal.SIGTERM)
     process = subprocess.Popen(
-        command,
+        start.argv,
         env=environ,
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=str(log_path.parent),
         start_new_session=True,  # its own group, so stop() reaches every SGLang process
-        preexec_fn=set_parent_death_signal,  # and a test run killed with -9 takes it along
+        preexec_fn=start.preexec_fn,
     )
     server = SglangServer(process, port, scheduler, log_path, tp_size)
     wait_healthy(process, server.url, "SGLang", server.log, server.stop, READY_TIMEOUT_S)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from evald.daemon._admission import host_limits
+from evald.daemon._child_start import ChildStart, child_start
 from evald.daemon._config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -31,12 +32,7 @@ from evald.daemon._config import (
 )
 from evald.daemon._cpu_affinity import format_cpu_list, parse_cpu_list
 from evald.daemon._gatekeeping import send_limit
-from evald.daemon._parent_watch import (
-    PARENT_FD_FLAG,
-    ParentLink,
-    set_parent_death_signal,
-    watch_parent,
-)
+from evald.daemon._parent_watch import PARENT_FD_FLAG, ParentLink, watch_parent
 from evald.daemon._registry import STANDARD_OWNER, check_not_reserved
 from evald.daemon._server import (
     SERVICE_NAME,
@@ -74,6 +70,7 @@ __all__ = [
     "SERVICE_NAME",
     "STANDARD_OWNER",
     "STORE_HEALTH_SERVICE",
+    "ChildStart",
     "Config",
     "ConfigError",
     "EvaldServer",
@@ -85,6 +82,7 @@ __all__ = [
     "TenantLimits",
     "check_not_reserved",
     "check_store_url",
+    "child_start",
     "default_state_dir",
     "format_cpu_list",
     "hash_token",
@@ -99,7 +97,6 @@ __all__ = [
     "running_daemon_pid",
     "send_limit",
     "serve",
-    "set_parent_death_signal",
     "store_database",
     "watch_parent",
 ]

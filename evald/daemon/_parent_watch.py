@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 
-__all__ = ["PARENT_FD_FLAG", "ParentLink", "set_parent_death_signal", "watch_parent"]
+__all__ = ["PARENT_FD_FLAG", "ParentLink", "watch_parent"]
 
 #: The ``evald serve`` option that names the inherited read end.
 PARENT_FD_FLAG = "--parent-fd"
@@ -96,22 +96,3 @@ def watch_parent(fd: int, *, grace_s: float) -> threading.Thread:
     thread = threading.Thread(target=wait_for_end, name="evald-parent-watch", daemon=True)
     thread.start()
     return thread
-
-
-def set_parent_death_signal(signum: int = signal.SIGTERM) -> None:
-    """``prctl(PR_SET_PDEATHSIG, signum)`` for a child that cannot take ``--parent-fd``.
-
-    For ``Popen(preexec_fn=...)`` when the child is another program (an inference server): the
-    kernel sends ``signum`` to the child when the thread that started it exits, so call
-    ``Popen`` from the thread that lives as long as the child should (the main thread).
-    A no-op where ``prctl`` is missing (not Linux).
-    """
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return
-    pr_set_pdeathsig = 1
-    prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)

@@ -41,13 +41,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
 from evald.contract import ErrorCode, EvaldError
+from evald.daemon import child_start
 from evald.sdk._compiler import BuildError
 
 __all__ = [
@@ -199,9 +200,9 @@ def _processes_of_user(uid: int) -> int:
     return count
 
 
-def _rlimits(limits: BuildLimits) -> dict[int, int]:
-    """Each limit at most the builder's own hard limit (an unprivileged process cannot raise
-    one)."""
+def _rlimits(limits: BuildLimits) -> dict[int, tuple[int, int]]:
+    """(soft, hard) for each limit, at most the builder's own hard limit (an unprivileged process
+    cannot raise one). CPU: SIGXCPU at the soft limit (which names it), SIGKILL a second later."""
     uid = os.getuid()
     wanted = {
         resource.RLIMIT_CPU: limits.cpu_s,
@@ -213,18 +214,10 @@ def _rlimits(limits: BuildLimits) -> dict[int, int]:
     chosen = {}
     for which, value in wanted.items():
         hard = resource.getrlimit(which)[1]
-        chosen[which] = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        soft = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        grace = soft + 1 if which == resource.RLIMIT_CPU else soft
+        chosen[which] = (soft, grace if hard == resource.RLIM_INFINITY else min(grace, hard))
     return chosen
-
-
-def _apply(limits: Mapping[int, int]) -> Callable[[], None]:
-    def apply() -> None:  # in the child, between fork and exec: system calls only
-        for which, value in limits.items():
-            # CPU: SIGXCPU at the limit (which names it), SIGKILL a second later
-            hard = value + 1 if which == resource.RLIMIT_CPU else value
-            resource.setrlimit(which, (value, hard))
-
-    return apply
 
 
 class Scratch:
@@ -300,11 +293,14 @@ class Scratch:
             if self._bwrap is not None:
                 view = self._view(cwd, needs, environment)
                 argv, keep = [*view, "--info-fd", str(info.fileno()), "--", *argv], (info.fileno(),)
+            # The limits through prlimit, not a preexec_fn: the builder may hold gRPC (a test,
+            # an SDK user's service) and must not fork (evald.daemon.child_start).
+            start = child_start(argv, rlimits=self._rlimits)
             try:
                 proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     cwd=cwd, env=environment, start_new_session=True, pass_fds=keep,
-                    preexec_fn=_apply(self._rlimits),
+                    preexec_fn=start.preexec_fn,
                 )  # fmt: skip
             except OSError as exc:
                 raise EvaldError(

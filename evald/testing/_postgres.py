@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import set_parent_death_signal
+from evald.daemon import child_start
 
 __all__ = ["PostgresServer", "postgres_bindir", "start_postgres"]
 
@@ -90,10 +90,10 @@ class PostgresServer:
         path.chmod(0o600)
         return path
 
-    def _ids(self) -> tuple[int | None, int | None]:
+    def _ids(self) -> tuple[int, int] | None:
         """(uid, gid) the server runs as (None: this process's)."""
         if self.user is None:
-            return None, None
+            return None
         entry = pwd.getpwnam(self.user)
         return entry.pw_uid, entry.pw_gid
 
@@ -101,36 +101,35 @@ class PostgresServer:
         """Starts (or starts again) the server and waits until it takes connections."""
         if self.running():
             return
-        uid, gid = self._ids()
+        # SIGQUIT: an immediate shutdown when the starter dies, however it dies. Started through
+        # child_start: the process starting it may hold gRPC, and must not fork (evald.daemon).
+        start = child_start(
+            [
+                str(self.bindir / "postgres"),
+                "-D",
+                str(self.data_dir),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.root),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=100",
+            ],
+            death_signal=signal.SIGQUIT,
+            user=self._ids(),
+        )
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(
-                [
-                    str(self.bindir / "postgres"),
-                    "-D",
-                    str(self.data_dir),
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.root),
-                    "-c",
-                    "listen_addresses=127.0.0.1",
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "synchronous_commit=off",
-                    "-c",
-                    "full_page_writes=off",
-                    "-c",
-                    "max_connections=100",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # SIGQUIT: an immediate shutdown when the starter dies, however it dies.
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGQUIT),
-                user=uid,
-                group=gid,
-                extra_groups=[] if uid is not None else None,
+                start.argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=start.preexec_fn
             )
         finally:
             log.close()
@@ -246,7 +245,7 @@ def start_postgres(root: Path | None = None) -> PostgresServer:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         folder.chmod(0o700)
     try:
-        subprocess.run(
+        initdb = child_start(
             [
                 str(bindir / "initdb"),
                 "-D",
@@ -260,12 +259,14 @@ def start_postgres(root: Path | None = None) -> PostgresServer:
                 "--locale=C",
                 "--no-sync",
             ],
+            user=server._ids(),
+        )
+        subprocess.run(
+            initdb.argv,
             check=True,
             capture_output=True,
             timeout=120,
-            user=server._ids()[0],
-            group=server._ids()[1],
-            extra_groups=[] if user is not None else None,
+            preexec_fn=initdb.preexec_fn,
         )
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(folder, ignore_errors=True)

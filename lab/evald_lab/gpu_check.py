@@ -95,18 +95,20 @@ def _process(
     ``--parent-fd``, another program through the parent-death signal (``_process`` is called
     from the main thread, which lives as long as the check).
     """
-    from evald.daemon import ParentLink, set_parent_death_signal
+    from evald.daemon import ParentLink, child_start
 
     link = ParentLink() if evald else None
+    argv = [*command, *(link.child_args() if link else [])]
+    start = child_start(argv, death_signal=None if link else signal.SIGTERM)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*command, *(link.child_args() if link else [])],
+            start.argv,
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
             pass_fds=link.pass_fds if link else (),
-            preexec_fn=None if link else set_parent_death_signal,
+            preexec_fn=start.preexec_fn,
         )
         if link:
             link.spawned()
