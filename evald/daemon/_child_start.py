@@ -79,7 +79,8 @@ def child_start(
     Raises:
         RuntimeError: ``user`` was asked for and ``setpriv`` is missing (a Popen ``user=``
             would fork: install util-linux).
-        ValueError: a limit on a resource ``prlimit`` is not asked for here.
+        ValueError: a limit on a resource outside ``_PRLIMIT_OPTIONS`` (this module names
+            prlimit's option for each resource it sets).
     """
     prefix: list[str] = []
     fallbacks: list[Callable[[], None]] = []

@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import child_start
+from evald.daemon import StoreSettings, child_start
 
 __all__ = ["PostgresServer", "postgres_bindir", "start_postgres"]
 
 ADMIN = "evald_admin"
 _START_TIMEOUT_S = 60.0
+#: How long the harness's own connections (setting a store up, the operator) wait for a backend.
+#: A machine busy with other work forks and initialises one slowly (the first connection to a
+#: new database builds its catalog caches); the store's 3 s default is for daemons, which retry.
+CONNECT_TIMEOUT_S = 30.0
 
 
 def postgres_bindir() -> Path | None:
@@ -78,6 +82,15 @@ class PostgresServer:
     def url(self, user: str = ADMIN, database: str = "postgres") -> str:
         """A ``postgresql://`` URL for ``user`` (no password: it goes apart)."""
         return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
+
+    def store_settings(self, user: str = ADMIN, database: str = "postgres") -> StoreSettings:
+        """Settings for the harness's own connections as ``user``: its password file, and
+        :data:`CONNECT_TIMEOUT_S` (not for a daemon under test, whose timeout is the test's)."""
+        return StoreSettings(
+            url=self.url(user, database),
+            password_file=str(self.password_file(user)),
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+        )
 
     @property
     def admin_url(self) -> str:

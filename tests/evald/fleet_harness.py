@@ -50,9 +50,7 @@ def logins(server: PostgresServer) -> None:
     """The session's two login roles (roles are the cluster's, not one database's)."""
     bootstrap = f"fleet_bootstrap_{os.getpid()}"
     server.create_database(bootstrap)
-    init_store(
-        StoreSettings(url=server.url(database=bootstrap), password_file=str(server.password_file()))
-    )
+    init_store(server.store_settings(database=bootstrap))
     server.create_login(DAEMON_LOGIN, "evald_daemon")
     server.create_login(OPERATOR_LOGIN, "evald_operator")
 
@@ -75,7 +73,8 @@ class Fleet:
         return self.server.url(user, self.name)
 
     def settings(self, user: str = DAEMON_LOGIN) -> StoreSettings:
-        return StoreSettings(url=self.url(user), password_file=str(self.server.password_file(user)))
+        """The harness's settings for ``user`` (a busy machine's connect timeout)."""
+        return self.server.store_settings(user, self.name)
 
     def config(self, *local_tenants: str, poll_s: float = 5.0, extra: Sequence[str] = ()) -> str:
         """A daemon config following this fleet's store (``local_tenants``: its own tables)."""

@@ -298,3 +298,31 @@ def test_the_control_plane_benchmark_runs(tmp_path: Path) -> None:
     assert result["hot_path"]["ratio_p50"] > 0
     saved = json.loads((tmp_path / "control_plane.json").read_text())
     assert saved["benchmark"] == "control_plane" and (tmp_path / "control_plane.png").exists()
+
+
+def test_a_failed_control_plane_setup_leaves_no_cluster_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setup step that fails after the cluster started (on a busy machine, a connection that
+    times out) stops the cluster and removes its folder. The failure is a fake (a raising
+    ``init_store``): a timeout cannot be had on demand; the cluster is real."""
+    from evald.contract import ErrorCode, EvaldError
+    from evald.testing import PostgresServer, postgres_bindir, start_postgres
+    from evald_lab.bench import control_plane
+
+    if postgres_bindir() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    started: list[PostgresServer] = []
+
+    def start() -> PostgresServer:
+        started.append(start_postgres())
+        return started[-1]
+
+    def fail(*_: object) -> int:
+        raise EvaldError(ErrorCode.UNAVAILABLE, "connection timeout expired (injected)")
+
+    monkeypatch.setattr(control_plane, "start_postgres", start)
+    monkeypatch.setattr(control_plane, "init_store", fail)
+    with pytest.raises(EvaldError, match="injected"):
+        control_plane.run(2, 20, 1, tmp_path)
+    assert len(started) == 1 and not started[0].running() and not started[0].root.exists()

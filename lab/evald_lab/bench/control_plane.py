@@ -39,7 +39,7 @@ import grpc
 
 from evald.client import CallError, Client, DataCallError, DataConnection
 from evald.contract import pb, pb_grpc
-from evald.daemon import StoreSettings, hash_token, init_store, store_database
+from evald.daemon import hash_token, init_store, store_database
 from evald.testing import DaemonProcess, named_guest, start_daemon, start_postgres, tenant_table
 from evald_lab.bench._common import (
     DEFAULT_OUT_DIR,
@@ -129,25 +129,20 @@ class _Bench:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.server = start_postgres()
-        self.server.create_database("bench")
-        init_store(
-            StoreSettings(
-                url=self.server.url(database="bench"),
-                password_file=str(self.server.password_file()),
-            )
-        )
-        self.server.create_login("pod", "evald_daemon")
-        self.server.create_login("ops", "evald_operator")
-        self.operator = store_database(
-            StoreSettings(
-                url=self.server.url("ops", "bench"),
-                password_file=str(self.server.password_file("ops")),
-            ),
-            application="bench",
-        )
         self.daemons: list[DaemonProcess] = []
         self.clients: list[Client] = []
+        self.server = start_postgres()
+        try:
+            self.server.create_database("bench")
+            init_store(self.server.store_settings(database="bench"))
+            self.server.create_login("pod", "evald_daemon")
+            self.server.create_login("ops", "evald_operator")
+            self.operator = store_database(
+                self.server.store_settings("ops", "bench"), application="bench"
+            )
+        except BaseException:
+            self.server.close()  # a failed setup leaves no cluster running
+            raise
 
     def fleet_config(self, root: Path) -> str:
         return "\n".join(
