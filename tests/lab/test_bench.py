@@ -256,10 +256,17 @@ def test_a_failed_heavy_tenants_configuration_leaves_nothing_running(
     before = set(process_descendants(os.getpid()))
     with pytest.raises(InjectedFailure):
         heavy_tenants._one(tmp_path, 19, "service", 5)
+    # What this configuration started: not what older processes (the session's PostgreSQL,
+    # its daemons) started meanwhile, and not this process's multiprocessing resource tracker,
+    # which one per process serves every later use and lives as long as the process.
+    now = process_descendants(os.getpid())
+    under_older = {pid for older in before & now.keys() for pid in process_descendants(older)}
     left = {
         pid: cmd
-        for pid, cmd in process_descendants(os.getpid()).items()
-        if pid not in before and process_alive(pid)
+        for pid, cmd in now.items()
+        if pid not in before | under_older
+        and "multiprocessing.resource_tracker" not in cmd
+        and process_alive(pid)
     }
     assert not left
 

@@ -164,7 +164,7 @@ def test_a_compilation_starved_past_its_wall_clock_limit_is_unavailable_not_inva
 ) -> None:
     daemon = start_daemon(tmp_path, _config(compile_timeout_s=1))
     try:
-        with _stalled_worker(daemon):
+        with _stalled_worker(daemon) as stalled:
             started = time.monotonic()
             with pytest.raises(CallError) as starved:
                 daemon.client("alpha").register(module("echo", "starved"))
@@ -172,7 +172,17 @@ def test_a_compilation_starved_past_its_wall_clock_limit_is_unavailable_not_inva
             assert 1.0 <= time.monotonic() - started < 60.0
         assert starved.value.code is not None and starved.value.code.value == "unavailable"
         assert "too busy to compile" in str(starved.value)
-        info = daemon.client("alpha").register(module("echo", "starved"))  # a fresh worker
+        # A fresh worker compiles the next one. On a machine busier still, the fresh worker (at
+        # the lowest priority) can itself miss the 1 s: the daemon says so, and it is retried.
+        for _attempt in range(5):
+            try:
+                info = daemon.client("alpha").register(module("echo", "starved"))
+                break
+            except CallError as busy:
+                assert "too busy to compile" in str(busy), busy
+        else:
+            pytest.fail("five fresh workers in a row were too busy to compile within 1 s")
+        assert _compile_worker(daemon) != stalled
         assert daemon.client("alpha").evaluate(info.name, b"x").value == "x"
     finally:
         assert daemon.stop() == 0
